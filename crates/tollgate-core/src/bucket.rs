@@ -1,0 +1,475 @@
+//! The token bucket with debt (SPEC §2): one pure transition for every rate.
+//!
+//! A rate is `amount` per `period_ms`, with a `capacity` (the burst). The
+//! level is kept as an integer scaled by `period_ms` (token·ms), so refilling
+//! over `elapsed` ms adds exactly `elapsed * amount` and every division is an
+//! integer ceiling. The same arithmetic runs in Redis Lua, where doubles are
+//! exact below 2^53; [`BucketSpec::new`] rejects limits whose scaled values
+//! could exceed [`MAX_SCALED`].
+//!
+//! Nothing here reads a clock or touches a store: each function maps
+//! `(spec, state, now, request)` to `(outcome, new state, expiry)`.
+
+use serde::{Deserialize, Serialize};
+
+/// The largest scaled value (token·ms) a bucket may hold: 2^53, the limit of
+/// exact integer arithmetic in IEEE doubles (Redis Lua numbers).
+pub const MAX_SCALED: i64 = 1 << 53;
+
+/// How long past "full again" an idle key is kept, in ms (SPEC §2 rule 6).
+pub const EXPIRY_GRACE_MS: u64 = 60_000;
+
+/// A validated rate: `amount` per `period_ms`, bursting to `capacity`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "RawSpec", into = "RawSpec")]
+pub struct BucketSpec {
+    amount: u64,
+    period_ms: u64,
+    capacity: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct RawSpec {
+    amount: u64,
+    period_ms: u64,
+    capacity: u64,
+}
+
+impl TryFrom<RawSpec> for BucketSpec {
+    type Error = InvalidSpec;
+    fn try_from(r: RawSpec) -> Result<Self, InvalidSpec> {
+        BucketSpec::new(r.amount, r.period_ms, r.capacity)
+    }
+}
+
+impl From<BucketSpec> for RawSpec {
+    fn from(s: BucketSpec) -> Self {
+        RawSpec {
+            amount: s.amount,
+            period_ms: s.period_ms,
+            capacity: s.capacity,
+        }
+    }
+}
+
+/// Why a rate cannot be a bucket.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidSpec {
+    /// `amount` was zero.
+    #[error("amount must be at least 1")]
+    ZeroAmount,
+    /// `period_ms` was zero.
+    #[error("period_ms must be at least 1")]
+    ZeroPeriod,
+    /// `capacity` was zero.
+    #[error("capacity (burst) must be at least 1")]
+    ZeroCapacity,
+    /// `capacity * period_ms` or `amount * period_ms` is past 2^53.
+    #[error("capacity × period_ms and amount × period_ms must not exceed 2^53 (exact arithmetic)")]
+    TooLarge,
+}
+
+impl BucketSpec {
+    /// A bucket that refills `amount` every `period_ms` and holds at most
+    /// `capacity`.
+    ///
+    /// # Errors
+    ///
+    /// Any of the three is zero, or a scaled value would exceed [`MAX_SCALED`].
+    pub fn new(amount: u64, period_ms: u64, capacity: u64) -> Result<Self, InvalidSpec> {
+        if amount == 0 {
+            return Err(InvalidSpec::ZeroAmount);
+        }
+        if period_ms == 0 {
+            return Err(InvalidSpec::ZeroPeriod);
+        }
+        if capacity == 0 {
+            return Err(InvalidSpec::ZeroCapacity);
+        }
+        let max = MAX_SCALED as u128;
+        if u128::from(capacity) * u128::from(period_ms) > max
+            || u128::from(amount) * u128::from(period_ms) > max
+        {
+            return Err(InvalidSpec::TooLarge);
+        }
+        Ok(Self {
+            amount,
+            period_ms,
+            capacity,
+        })
+    }
+
+    /// Tokens added per period.
+    pub fn amount(&self) -> u64 {
+        self.amount
+    }
+
+    /// The period in ms.
+    pub fn period_ms(&self) -> u64 {
+        self.period_ms
+    }
+
+    /// The burst: most tokens the bucket holds.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// The capacity in scaled units (token·ms).
+    pub fn capacity_scaled(&self) -> i64 {
+        (self.capacity * self.period_ms) as i64
+    }
+
+    /// `tokens` in scaled units (exact, in i128).
+    pub fn scale(&self, tokens: i64) -> i128 {
+        i128::from(tokens) * i128::from(self.period_ms)
+    }
+
+    /// Whole tokens in a scaled level, rounded toward negative infinity.
+    pub fn unscale(&self, level: i64) -> i64 {
+        level.div_euclid(self.period_ms as i64)
+    }
+
+    /// The largest cost a take with `max_wait_ms` can ever be granted:
+    /// `capacity + max_wait_ms × rate`, in whole tokens (rounded down).
+    pub fn max_cost(&self, max_wait_ms: u64) -> u64 {
+        let scaled = u128::from(self.capacity) * u128::from(self.period_ms)
+            + u128::from(max_wait_ms) * u128::from(self.amount);
+        u64::try_from(scaled / u128::from(self.period_ms)).unwrap_or(u64::MAX)
+    }
+}
+
+/// A bucket's stored state: the scaled level (negative is debt) and the time
+/// of the last refill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct BucketState {
+    /// Level in token·ms (tokens × `period_ms`); negative while in debt.
+    pub level: i64,
+    /// Time of the last refill, ms.
+    pub ts: u64,
+}
+
+/// The answer to a take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Take {
+    /// Granted; the caller waits `wait_ms` before acting (0: act now).
+    Granted {
+        /// How long to wait before acting, ms.
+        wait_ms: u64,
+    },
+    /// Refused, nothing taken. Retried after `retry_after_ms`, the same take
+    /// is granted with at most `max_wait_ms` of wait.
+    Refused {
+        /// When to retry, ms from now (at least 1).
+        retry_after_ms: u64,
+    },
+    /// `cost > capacity + max_wait × rate`: can never be granted.
+    ExceedsCapacity,
+}
+
+/// A transition's result: the answer, the state to save and the time after
+/// which the saved state may be dropped (a missing state is a full bucket).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transition<T> {
+    /// The answer.
+    pub outcome: T,
+    /// The state to save.
+    pub state: BucketState,
+    /// When the key may expire, ms on the same clock as `now`.
+    pub expires_at: u64,
+}
+
+fn ceil_div(n: i128, d: i128) -> i128 {
+    debug_assert!(d > 0);
+    if n <= 0 { n / d } else { (n + d - 1) / d }
+}
+
+fn clamp_i64(v: i128) -> i64 {
+    v.clamp(-i128::from(MAX_SCALED), i128::from(MAX_SCALED)) as i64
+}
+
+fn sat_u64(v: i128) -> u64 {
+    v.clamp(0, i128::from(u64::MAX)) as u64
+}
+
+/// Rules 1–2: a missing state is a full bucket; refill by elapsed time, capped
+/// at capacity; a clock that steps back never refills twice.
+pub fn refill(spec: &BucketSpec, state: Option<BucketState>, now: u64) -> BucketState {
+    let cap = spec.capacity_scaled();
+    match state {
+        None => BucketState {
+            level: cap,
+            ts: now,
+        },
+        Some(s) => {
+            let elapsed = now.saturating_sub(s.ts);
+            let level = i128::from(s.level) + i128::from(elapsed) * i128::from(spec.amount);
+            BucketState {
+                level: clamp_i64(level.min(i128::from(cap))),
+                ts: s.ts.max(now),
+            }
+        }
+    }
+}
+
+/// Rule 6: when a key holding `level` may be dropped, written at `now`.
+pub fn expires_at(spec: &BucketSpec, level: i64, now: u64) -> u64 {
+    let missing = i128::from(spec.capacity_scaled()) - i128::from(level);
+    let to_full = sat_u64(ceil_div(missing, i128::from(spec.amount)));
+    now.saturating_add(to_full).saturating_add(EXPIRY_GRACE_MS)
+}
+
+/// Rules 1–5: take `cost` tokens, waiting at most `max_wait_ms`.
+///
+/// A refusal (and an exceeds-capacity answer) takes nothing: the returned
+/// state is only the refilled one.
+pub fn take(
+    spec: &BucketSpec,
+    state: Option<BucketState>,
+    now: u64,
+    cost: u64,
+    max_wait_ms: u64,
+) -> Transition<Take> {
+    let s = refill(spec, state, now);
+    let amount = i128::from(spec.amount);
+    let cost_scaled = i128::from(cost) * i128::from(spec.period_ms);
+    let after = i128::from(s.level) - cost_scaled;
+    let wait = if after < 0 {
+        ceil_div(-after, amount)
+    } else {
+        0
+    };
+    if wait > i128::from(max_wait_ms) {
+        let exceeds =
+            cost_scaled > i128::from(spec.capacity_scaled()) + i128::from(max_wait_ms) * amount;
+        let outcome = if exceeds {
+            Take::ExceedsCapacity
+        } else {
+            Take::Refused {
+                retry_after_ms: sat_u64((wait - i128::from(max_wait_ms)).max(1)),
+            }
+        };
+        return Transition {
+            outcome,
+            state: s,
+            expires_at: expires_at(spec, s.level, now),
+        };
+    }
+    let level = clamp_i64(after);
+    Transition {
+        outcome: Take::Granted {
+            wait_ms: sat_u64(wait),
+        },
+        state: BucketState { level, ts: s.ts },
+        expires_at: expires_at(spec, level, now),
+    }
+}
+
+/// Adjust by a signed `delta` of tokens (positive takes, negative gives back):
+/// rules 1–2, then `level = min(capacity, level - delta)`. Never refuses;
+/// debt is bounded only by [`MAX_SCALED`] (the next take waits for it).
+///
+/// Settle is `adjust(actual - estimate)`; refund is `adjust(-estimate)`.
+pub fn adjust(
+    spec: &BucketSpec,
+    state: Option<BucketState>,
+    now: u64,
+    delta: i64,
+) -> Transition<()> {
+    let s = refill(spec, state, now);
+    let level = (i128::from(s.level) - spec.scale(delta)).min(i128::from(spec.capacity_scaled()));
+    let level = clamp_i64(level);
+    Transition {
+        outcome: (),
+        state: BucketState { level, ts: s.ts },
+        expires_at: expires_at(spec, level, now),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn turns() -> BucketSpec {
+        // 20 turns/min, burst 5.
+        BucketSpec::new(20, 60_000, 5).unwrap()
+    }
+
+    fn tokens() -> BucketSpec {
+        // 60,000 tokens/min, burst 60,000.
+        BucketSpec::new(60_000, 60_000, 60_000).unwrap()
+    }
+
+    #[test]
+    fn spec_validation() {
+        assert_eq!(BucketSpec::new(0, 1, 1), Err(InvalidSpec::ZeroAmount));
+        assert_eq!(BucketSpec::new(1, 0, 1), Err(InvalidSpec::ZeroPeriod));
+        assert_eq!(BucketSpec::new(1, 1, 0), Err(InvalidSpec::ZeroCapacity));
+        assert_eq!(
+            BucketSpec::new(1, 1 << 27, 1 << 27),
+            Err(InvalidSpec::TooLarge)
+        );
+        assert!(BucketSpec::new(1, 1 << 26, 1 << 27).is_ok());
+        assert_eq!(
+            BucketSpec::new(1 << 30, 1 << 24, 1),
+            Err(InvalidSpec::TooLarge)
+        );
+    }
+
+    #[test]
+    fn missing_state_is_full() {
+        let s = refill(&turns(), None, 77);
+        assert_eq!(
+            s,
+            BucketState {
+                level: 300_000,
+                ts: 77
+            }
+        );
+    }
+
+    #[test]
+    fn refill_is_capped_and_clock_step_back_never_refills_twice() {
+        let spec = turns();
+        let s = BucketState {
+            level: 0,
+            ts: 1_000,
+        };
+        assert_eq!(refill(&spec, Some(s), 2_000).level, 20_000);
+        assert_eq!(refill(&spec, Some(s), 1_000_000).level, 300_000);
+        // Stepping back: no refill, ts kept at the later time.
+        let back = refill(&spec, Some(s), 500);
+        assert_eq!(
+            back,
+            BucketState {
+                level: 0,
+                ts: 1_000
+            }
+        );
+        // And moving forward again counts only from the later time.
+        assert_eq!(refill(&spec, Some(back), 1_500).level, 10_000);
+    }
+
+    #[test]
+    fn example_1_turns() {
+        let spec = turns();
+        let mut state = None;
+        for _ in 0..5 {
+            let t = take(&spec, state, 0, 1, 0);
+            assert_eq!(t.outcome, Take::Granted { wait_ms: 0 });
+            state = Some(t.state);
+        }
+        for _ in 0..5 {
+            let t = take(&spec, state, 1_000, 1, 0);
+            assert_eq!(
+                t.outcome,
+                Take::Refused {
+                    retry_after_ms: 2_000
+                }
+            );
+            // One third of a token, nothing taken.
+            assert_eq!(t.state.level, 20_000);
+            state = Some(t.state);
+        }
+        // Retried at the hint, it is granted.
+        let t = take(&spec, state, 3_000, 1, 0);
+        assert_eq!(t.outcome, Take::Granted { wait_ms: 0 });
+    }
+
+    #[test]
+    fn example_3_refusal_and_inclusive_boundary() {
+        let spec = tokens();
+        let empty = Some(BucketState { level: 0, ts: 0 });
+        let t = take(&spec, empty, 0, 6_000, 2_000);
+        assert_eq!(
+            t.outcome,
+            Take::Refused {
+                retry_after_ms: 4_000
+            }
+        );
+        assert_eq!(t.state, BucketState { level: 0, ts: 0 });
+        let t = take(&spec, empty, 0, 6_000, 6_000);
+        assert_eq!(t.outcome, Take::Granted { wait_ms: 6_000 });
+        assert_eq!(t.state.level, -360_000_000);
+        // One ms short of the boundary is refused with a 1 ms hint.
+        let t = take(&spec, empty, 0, 6_000, 5_999);
+        assert_eq!(t.outcome, Take::Refused { retry_after_ms: 1 });
+        // Retrying at the hint: granted within max_wait.
+        let t = take(&spec, empty, 4_000, 6_000, 2_000);
+        assert_eq!(t.outcome, Take::Granted { wait_ms: 2_000 });
+    }
+
+    #[test]
+    fn wait_is_a_ceiling() {
+        // 1 token per 3 ms: 1 token short needs ceil(3) = 3 ms; a third of a
+        // token short needs 1 ms.
+        let spec = BucketSpec::new(1, 3, 1).unwrap();
+        let t = take(&spec, Some(BucketState { level: 0, ts: 0 }), 0, 1, 10);
+        assert_eq!(t.outcome, Take::Granted { wait_ms: 3 });
+        let t = take(&spec, Some(BucketState { level: 2, ts: 0 }), 0, 1, 10);
+        assert_eq!(t.outcome, Take::Granted { wait_ms: 1 });
+    }
+
+    #[test]
+    fn exceeds_capacity_is_separate_and_takes_nothing() {
+        let spec = tokens();
+        // capacity 60,000 + 2,000 ms × 1 token/ms = 62,000 fits, 62,001 never.
+        assert_eq!(spec.max_cost(2_000), 62_000);
+        let t = take(&spec, None, 0, 62_001, 2_000);
+        assert_eq!(t.outcome, Take::ExceedsCapacity);
+        assert_eq!(t.state.level, spec.capacity_scaled());
+        let t = take(&spec, None, 0, 62_000, 2_000);
+        assert_eq!(t.outcome, Take::Granted { wait_ms: 2_000 });
+        // Huge costs do not overflow.
+        let t = take(&spec, None, 0, u64::MAX, u64::MAX / 2);
+        assert_eq!(t.outcome, Take::ExceedsCapacity);
+    }
+
+    #[test]
+    fn debt_then_the_next_take_waits() {
+        let spec = tokens();
+        let t = take(&spec, None, 0, 62_000, 2_000);
+        assert_eq!(t.outcome, Take::Granted { wait_ms: 2_000 });
+        // 2,000 tokens of debt: a 1-token take needs 2,001 ms.
+        let t2 = take(&spec, Some(t.state), 0, 1, 10_000);
+        assert_eq!(t2.outcome, Take::Granted { wait_ms: 2_001 });
+    }
+
+    #[test]
+    fn adjust_settle_and_refund() {
+        let spec = tokens();
+        let t = take(&spec, None, 0, 6_000, 0);
+        let level = t.state.level;
+        // Settle: actual 8,000 vs estimate 6,000 takes 2,000 more.
+        let s = adjust(&spec, Some(t.state), 0, 2_000);
+        assert_eq!(s.state.level, level - 2_000 * 60_000);
+        // Refund gives it back, capped at capacity.
+        let r = adjust(&spec, Some(s.state), 0, -1_000_000);
+        assert_eq!(r.state.level, spec.capacity_scaled());
+        // Unbounded debt within MAX_SCALED, never refused.
+        let d = adjust(&spec, None, 0, 1_000_000);
+        assert_eq!(spec.unscale(d.state.level), -940_000);
+        let huge = adjust(&spec, None, 0, i64::MAX);
+        assert_eq!(huge.state.level, -MAX_SCALED);
+    }
+
+    #[test]
+    fn expiry_rule() {
+        let spec = turns();
+        // Empty at t=0: full after 5 × 3,000 ms, plus the 60 s grace.
+        assert_eq!(expires_at(&spec, 0, 0), 15_000 + 60_000);
+        assert_eq!(expires_at(&spec, spec.capacity_scaled(), 10), 60_010);
+        // Debt extends it; the ceiling holds for a partial token.
+        assert_eq!(expires_at(&spec, -1, 0), 15_001 + 60_000);
+        let t = take(&spec, None, 0, 1, 0);
+        assert_eq!(t.expires_at, 3_000 + 60_000);
+    }
+
+    #[test]
+    fn unscale_rounds_down() {
+        let spec = turns();
+        assert_eq!(spec.unscale(20_000), 0);
+        assert_eq!(spec.unscale(-1), -1);
+        assert_eq!(spec.unscale(120_000), 2);
+    }
+}

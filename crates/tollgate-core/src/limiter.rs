@@ -1,0 +1,407 @@
+//! The [`Limiter`]: plans resolved per user, decisions from the store.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::bucket::MAX_SCALED;
+use crate::clock::Clock;
+use crate::decision::{Decision, Waited};
+use crate::error::LimiterError;
+use crate::lease::{Admit, TurnParams};
+use crate::plan::{Plan, PlanBook};
+use crate::store::{
+    ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome, SettleRequest, Store, TurnRequest,
+};
+
+/// Longest accepted user id, invocation id or reservation id, bytes.
+pub const MAX_ID_LEN: usize = 512;
+
+/// A granted run lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunLease {
+    /// Lease expiry, ms; `None` when admitted only by shadow mode (no lease
+    /// was taken, so there is nothing to renew or release).
+    pub expires_at_ms: Option<u64>,
+    /// The invocation already held a live lease: nothing was charged.
+    pub refreshed: bool,
+}
+
+impl Waited for RunLease {
+    fn wait_ms(&self) -> u64 {
+        0
+    }
+}
+
+/// A granted token reservation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    /// Names it for settle and refund.
+    pub id: ReservationId,
+    /// How long the caller must still wait before the model call, ms.
+    pub wait_ms: u64,
+    /// How long the limiter already waited on the caller's behalf, ms.
+    pub waited_ms: u64,
+}
+
+impl Waited for Reservation {
+    fn wait_ms(&self) -> u64 {
+        self.wait_ms + self.waited_ms
+    }
+}
+
+/// The result of a settle or refund.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settled {
+    /// The user's token level after it, whole tokens (negative: debt).
+    pub balance: i64,
+    /// `false`: the reservation was already closed and nothing changed.
+    pub applied: bool,
+}
+
+/// Admission decisions for users, on a [`Store`] and a [`Clock`].
+///
+/// Plans can be swapped atomically at any time with
+/// [`set_plans`](Self::set_plans); a decision sees either the old or the new
+/// plans, never a mix.
+pub struct Limiter<S> {
+    store: S,
+    clock: Arc<dyn Clock>,
+    plans: ArcSwap<PlanBook>,
+}
+
+impl<S> std::fmt::Debug for Limiter<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limiter").finish_non_exhaustive()
+    }
+}
+
+fn check_id(field: &'static str, v: &str) -> Result<(), LimiterError> {
+    if v.is_empty() {
+        return Err(LimiterError::invalid(field, "must not be empty"));
+    }
+    if v.len() > MAX_ID_LEN {
+        return Err(LimiterError::invalid(
+            field,
+            format!("must be at most {MAX_ID_LEN} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+impl<S: Store> Limiter<S> {
+    /// A limiter deciding with `plans` on `store`, waiting on `clock` (which
+    /// should be the clock the store reads).
+    pub fn new(store: S, clock: impl Clock, plans: PlanBook) -> Self {
+        Self {
+            store,
+            clock: Arc::new(clock),
+            plans: ArcSwap::from_pointee(plans),
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// The plans in force.
+    pub fn plans(&self) -> Arc<PlanBook> {
+        self.plans.load_full()
+    }
+
+    /// Swaps in new plans atomically. Lowered capacities apply at the next
+    /// refill (levels are capped there).
+    pub fn set_plans(&self, plans: PlanBook) {
+        self.plans.store(Arc::new(plans));
+    }
+
+    /// The effective plan of `user`.
+    ///
+    /// # Errors
+    ///
+    /// [`LimiterError::UnknownUser`] when the user has no plan and there is
+    /// no default.
+    pub fn plan_for(&self, user: &str) -> Result<Arc<Plan>, LimiterError> {
+        check_id("user", user)?;
+        self.plans
+            .load()
+            .resolve(user)
+            .cloned()
+            .ok_or_else(|| LimiterError::UnknownUser {
+                user: user.to_owned(),
+            })
+    }
+
+    /// Admits a turn (SPEC §3): turn bucket and run lease, all or nothing.
+    /// Retrying with the same live `invocation_id` refreshes its lease and
+    /// charges nothing.
+    pub async fn admit_turn(
+        &self,
+        user: &str,
+        invocation_id: &str,
+    ) -> Result<Decision<RunLease>, LimiterError> {
+        check_id("invocation_id", invocation_id)?;
+        let plan = self.plan_for(user)?;
+        let out = self
+            .store
+            .admit_turn(TurnRequest {
+                user,
+                invocation_id,
+                params: TurnParams {
+                    turns: plan.turns,
+                    max_runs: plan.concurrent_runs,
+                    lease_ttl_ms: plan.lease_ttl_ms,
+                    concurrency_retry_ms: plan.concurrency_retry_ms,
+                },
+            })
+            .await?;
+        Ok(match out.admit {
+            Admit::Admitted {
+                lease_expires_at,
+                refreshed,
+            } => Decision::Allowed {
+                grant: RunLease {
+                    expires_at_ms: Some(lease_expires_at),
+                    refreshed,
+                },
+                shadow_denied: None,
+            },
+            Admit::Denied(d) if plan.shadow => Decision::Allowed {
+                grant: RunLease {
+                    expires_at_ms: None,
+                    refreshed: false,
+                },
+                shadow_denied: Some(d),
+            },
+            Admit::Denied(d) => Decision::Denied(d),
+        })
+    }
+
+    /// Releases the run lease of `invocation_id`. `false`: it held none
+    /// (a denied turn, a second release); not an error.
+    pub async fn release_run(&self, user: &str, invocation_id: &str) -> Result<bool, LimiterError> {
+        check_id("user", user)?;
+        check_id("invocation_id", invocation_id)?;
+        Ok(self.store.release_run(user, invocation_id).await?)
+    }
+
+    /// Renews a live run lease by the plan's TTL. `None`: the lease is lost.
+    pub async fn renew_run(
+        &self,
+        user: &str,
+        invocation_id: &str,
+    ) -> Result<Option<u64>, LimiterError> {
+        check_id("invocation_id", invocation_id)?;
+        let plan = self.plan_for(user)?;
+        Ok(self
+            .store
+            .renew_run(user, invocation_id, plan.lease_ttl_ms)
+            .await?)
+    }
+
+    /// Reserves `estimate` tokens for a model call of `invocation_id` and
+    /// answers how long to wait before calling (decide-only: nothing waits
+    /// here). The run's model calls are counted against `max_llm_calls`.
+    pub async fn reserve_tokens(
+        &self,
+        user: &str,
+        invocation_id: &str,
+        estimate: u64,
+    ) -> Result<Decision<Reservation>, LimiterError> {
+        check_id("invocation_id", invocation_id)?;
+        let plan = self.plan_for(user)?;
+        let out = self
+            .store
+            .reserve_tokens(ReserveRequest {
+                user,
+                invocation_id,
+                tokens: plan.tokens,
+                estimate,
+                max_wait_ms: plan.max_wait_ms,
+                max_llm_calls: plan.max_llm_calls,
+                shadow: plan.shadow,
+            })
+            .await?;
+        Ok(match out {
+            ReserveOutcome::Granted {
+                reservation,
+                wait_ms,
+            } => Decision::Allowed {
+                grant: Reservation {
+                    id: reservation,
+                    wait_ms,
+                    waited_ms: 0,
+                },
+                shadow_denied: None,
+            },
+            ReserveOutcome::Denied {
+                denial,
+                shadow_reservation: Some(id),
+            } => Decision::Allowed {
+                grant: Reservation {
+                    id,
+                    wait_ms: 0,
+                    waited_ms: 0,
+                },
+                shadow_denied: Some(denial),
+            },
+            ReserveOutcome::Denied { denial, .. } => Decision::Denied(denial),
+        })
+    }
+
+    /// Like [`reserve_tokens`](Self::reserve_tokens), but waits out the wait
+    /// on the clock (no thread blocked) before answering, so the grant's
+    /// `wait_ms` is 0 and `waited_ms` says how long it took.
+    ///
+    /// # Cancel safety
+    ///
+    /// If the future is dropped while waiting, the reservation is refunded
+    /// (on a spawned task: a tokio runtime must be running).
+    pub async fn reserve_tokens_and_wait(
+        &self,
+        user: &str,
+        invocation_id: &str,
+        estimate: u64,
+    ) -> Result<Decision<Reservation>, LimiterError>
+    where
+        S: Clone,
+    {
+        let mut decision = self.reserve_tokens(user, invocation_id, estimate).await?;
+        if let Decision::Allowed { grant, .. } = &mut decision
+            && grant.wait_ms > 0
+        {
+            let plan = self.plan_for(user)?;
+            let guard = RefundOnDrop {
+                store: Some(self.store.clone()),
+                user: user.to_owned(),
+                tokens: plan.tokens,
+                id: grant.id.clone(),
+            };
+            let deadline = self.clock.now_ms().saturating_add(grant.wait_ms);
+            self.clock.sleep_until(deadline).await;
+            guard.disarm();
+            grant.waited_ms = grant.wait_ms;
+            grant.wait_ms = 0;
+        }
+        Ok(decision)
+    }
+
+    /// Settles a reservation with the real usage: adjusts the user's tokens
+    /// by `actual - estimate`. A repeat changes nothing (`applied: false`).
+    ///
+    /// # Errors
+    ///
+    /// [`LimiterError::UnknownReservation`] if the user has no such
+    /// reservation; [`LimiterError::InvalidRequest`] if `actual` is too large
+    /// to account exactly.
+    pub async fn settle(
+        &self,
+        user: &str,
+        reservation: &ReservationId,
+        actual: u64,
+    ) -> Result<Settled, LimiterError> {
+        self.close(user, reservation, Some(actual)).await
+    }
+
+    /// Refunds a reservation: gives its estimate back. A repeat (or a refund
+    /// after a settle) changes nothing.
+    pub async fn refund(
+        &self,
+        user: &str,
+        reservation: &ReservationId,
+    ) -> Result<Settled, LimiterError> {
+        self.close(user, reservation, None).await
+    }
+
+    async fn close(
+        &self,
+        user: &str,
+        reservation: &ReservationId,
+        actual: Option<u64>,
+    ) -> Result<Settled, LimiterError> {
+        check_id("reservation_id", &reservation.invocation_id)?;
+        let plan = self.plan_for(user)?;
+        if let Some(a) = actual
+            && plan.tokens.scale(i64::try_from(a).unwrap_or(i64::MAX)) > i128::from(MAX_SCALED)
+        {
+            return Err(LimiterError::invalid(
+                "actual",
+                format!(
+                    "must be at most {} for this plan",
+                    MAX_SCALED as u64 / plan.tokens.period_ms()
+                ),
+            ));
+        }
+        let out = self
+            .store
+            .settle(SettleRequest {
+                user,
+                tokens: plan.tokens,
+                reservation,
+                actual,
+            })
+            .await?;
+        match out {
+            SettleOutcome::Applied { balance } => Ok(Settled {
+                balance,
+                applied: true,
+            }),
+            SettleOutcome::AlreadyClosed { balance } => Ok(Settled {
+                balance,
+                applied: false,
+            }),
+            SettleOutcome::Unknown => {
+                Err(LimiterError::UnknownReservation(reservation.to_string()))
+            }
+        }
+    }
+}
+
+/// Refunds a reservation if dropped before [`disarm`](Self::disarm).
+struct RefundOnDrop<S: Store> {
+    store: Option<S>,
+    user: String,
+    tokens: crate::bucket::BucketSpec,
+    id: ReservationId,
+}
+
+impl<S: Store> RefundOnDrop<S> {
+    fn disarm(mut self) {
+        self.store = None;
+    }
+}
+
+impl<S: Store> Drop for RefundOnDrop<S> {
+    fn drop(&mut self) {
+        let Some(store) = self.store.take() else {
+            return;
+        };
+        let user = std::mem::take(&mut self.user);
+        let id = self.id.clone();
+        let tokens = self.tokens;
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(async move {
+                    let req = SettleRequest {
+                        user: &user,
+                        tokens,
+                        reservation: &id,
+                        actual: None,
+                    };
+                    if let Err(e) = store.settle(req).await {
+                        tracing::warn!(user, reservation = %id, error = %e, "refund of an abandoned wait failed");
+                    }
+                });
+            }
+            Err(_) => {
+                tracing::warn!(user, reservation = %id, "no runtime to refund an abandoned wait");
+            }
+        }
+    }
+}

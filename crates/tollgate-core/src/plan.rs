@@ -1,0 +1,467 @@
+//! Plans as data (SPEC §6): plain, deserializable config validated into
+//! typed [`Plan`]s with clear, field-addressed errors.
+//!
+//! The core owns these types; the server owns loading them from a file.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::bucket::{BucketSpec, MAX_SCALED};
+
+/// Default run lease TTL (SPEC §3): 120 s.
+pub const DEFAULT_LEASE_TTL_MS: u64 = 120_000;
+/// Default cap on the concurrency retry hint (SPEC §3): 1 s.
+pub const DEFAULT_CONCURRENCY_RETRY_MS: u64 = 1_000;
+/// Default model calls per run (SPEC §1): 500.
+pub const DEFAULT_MAX_LLM_CALLS: u64 = 500;
+
+/// A rate as written in config: `amount` per `period_ms`, bursting to `burst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateConfig {
+    /// Tokens (or turns) per period.
+    pub amount: i64,
+    /// The period in ms (60,000 for "per minute").
+    pub period_ms: i64,
+    /// The burst: most the bucket holds. Defaults to `amount`.
+    #[serde(default)]
+    pub burst: Option<i64>,
+}
+
+/// A plan as written in config.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanConfig {
+    /// Turn rate per user.
+    pub turns: RateConfig,
+    /// Token rate per user.
+    pub tokens: RateConfig,
+    /// Longest a model call may wait for tokens, ms (0: refuse at once).
+    #[serde(default)]
+    pub max_wait_ms: i64,
+    /// Concurrent runs per user.
+    pub concurrent_runs: i64,
+    /// Run lease TTL, ms (default 120,000).
+    #[serde(default)]
+    pub lease_ttl_ms: Option<i64>,
+    /// Cap on the concurrency retry hint, ms (default 1,000).
+    #[serde(default)]
+    pub concurrency_retry_ms: Option<i64>,
+    /// Model calls per run (default 500).
+    #[serde(default)]
+    pub max_llm_calls: Option<i64>,
+    /// Shadow mode: decide and count, but never refuse.
+    #[serde(default)]
+    pub shadow: bool,
+}
+
+/// Per-user changes over the user's plan; every field optional.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanOverride {
+    /// Replaces the plan's turn rate.
+    #[serde(default)]
+    pub turns: Option<RateConfig>,
+    /// Replaces the plan's token rate.
+    #[serde(default)]
+    pub tokens: Option<RateConfig>,
+    /// Replaces `max_wait_ms`.
+    #[serde(default)]
+    pub max_wait_ms: Option<i64>,
+    /// Replaces `concurrent_runs`.
+    #[serde(default)]
+    pub concurrent_runs: Option<i64>,
+    /// Replaces `lease_ttl_ms`.
+    #[serde(default)]
+    pub lease_ttl_ms: Option<i64>,
+    /// Replaces `concurrency_retry_ms`.
+    #[serde(default)]
+    pub concurrency_retry_ms: Option<i64>,
+    /// Replaces `max_llm_calls`.
+    #[serde(default)]
+    pub max_llm_calls: Option<i64>,
+    /// Replaces `shadow`.
+    #[serde(default)]
+    pub shadow: Option<bool>,
+}
+
+/// Plans, user assignments and overrides as written in config.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlansConfig {
+    /// The plan of users with no assignment; without it they are refused
+    /// with [`LimiterError::UnknownUser`](crate::LimiterError::UnknownUser).
+    #[serde(default)]
+    pub default_plan: Option<String>,
+    /// Plans by name.
+    #[serde(default)]
+    pub plans: BTreeMap<String, PlanConfig>,
+    /// User id → plan name.
+    #[serde(default)]
+    pub users: BTreeMap<String, String>,
+    /// User id → changes over that user's plan.
+    #[serde(default)]
+    pub overrides: BTreeMap<String, PlanOverride>,
+}
+
+/// A validated plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// The plan's name (`name+override` for a user with an override).
+    pub name: Arc<str>,
+    /// Turn bucket.
+    pub turns: BucketSpec,
+    /// Token bucket.
+    pub tokens: BucketSpec,
+    /// Longest token wait, ms.
+    pub max_wait_ms: u64,
+    /// Concurrent runs.
+    pub concurrent_runs: u32,
+    /// Run lease TTL, ms.
+    pub lease_ttl_ms: u64,
+    /// Cap on the concurrency retry hint, ms.
+    pub concurrency_retry_ms: u64,
+    /// Model calls per run.
+    pub max_llm_calls: u64,
+    /// Shadow mode.
+    pub shadow: bool,
+}
+
+/// One problem in a config, addressed by its field path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    /// Where, e.g. `plans.support.turns.amount`.
+    pub path: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.reason)
+    }
+}
+
+/// A config that failed validation: every problem found, not just the first.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid plans: {}", .errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+pub struct InvalidPlans {
+    /// Each problem.
+    pub errors: Vec<FieldError>,
+}
+
+/// Validated plans with every user's effective plan resolved.
+#[derive(Debug, Clone, Default)]
+pub struct PlanBook {
+    plans: HashMap<String, Arc<Plan>>,
+    users: HashMap<String, Arc<Plan>>,
+    default: Option<Arc<Plan>>,
+}
+
+struct Check {
+    errors: Vec<FieldError>,
+}
+
+impl Check {
+    fn err(&mut self, path: &str, reason: impl Into<String>) {
+        self.errors.push(FieldError {
+            path: path.to_owned(),
+            reason: reason.into(),
+        });
+    }
+
+    fn positive(&mut self, path: &str, v: i64) -> u64 {
+        if v <= 0 {
+            self.err(path, format!("must be at least 1 (got {v})"));
+            1
+        } else {
+            v as u64
+        }
+    }
+
+    fn non_negative(&mut self, path: &str, v: i64) -> u64 {
+        if v < 0 {
+            self.err(path, format!("must not be negative (got {v})"));
+            0
+        } else {
+            v as u64
+        }
+    }
+
+    fn rate(&mut self, path: &str, r: &RateConfig) -> BucketSpec {
+        let amount = self.positive(&format!("{path}.amount"), r.amount);
+        let period = self.positive(&format!("{path}.period_ms"), r.period_ms);
+        let burst = match r.burst {
+            Some(b) if b < 1 => {
+                self.err(
+                    &format!("{path}.burst"),
+                    format!("capacity must be at least 1 (got {b})"),
+                );
+                1
+            }
+            Some(b) => b as u64,
+            None => amount,
+        };
+        match BucketSpec::new(amount, period, burst) {
+            Ok(s) => s,
+            Err(_) => {
+                self.err(
+                    path,
+                    format!(
+                        "burst × period_ms ({burst} × {period}) and amount × period_ms must not exceed 2^53"
+                    ),
+                );
+                BucketSpec::new(1, 1, 1).expect("valid")
+            }
+        }
+    }
+
+    fn plan(&mut self, path: &str, name: &str, c: &PlanConfig) -> Plan {
+        let turns = self.rate(&format!("{path}.turns"), &c.turns);
+        let tokens = self.rate(&format!("{path}.tokens"), &c.tokens);
+        let max_wait_ms = self.non_negative(&format!("{path}.max_wait_ms"), c.max_wait_ms);
+        // The largest grantable cost and the deepest debt a take can leave
+        // must stay exact: burst × period + max_wait × amount <= 2^53.
+        if u128::from(tokens.capacity()) * u128::from(tokens.period_ms())
+            + u128::from(max_wait_ms) * u128::from(tokens.amount())
+            > MAX_SCALED as u128
+        {
+            self.err(
+                &format!("{path}.max_wait_ms"),
+                "tokens.burst × tokens.period_ms + max_wait_ms × tokens.amount must not exceed 2^53",
+            );
+        }
+        let runs = self.positive(&format!("{path}.concurrent_runs"), c.concurrent_runs);
+        let concurrent_runs = u32::try_from(runs).unwrap_or_else(|_| {
+            self.err(&format!("{path}.concurrent_runs"), "must fit in 32 bits");
+            1
+        });
+        let lease_ttl_ms = self.positive(
+            &format!("{path}.lease_ttl_ms"),
+            c.lease_ttl_ms.unwrap_or(DEFAULT_LEASE_TTL_MS as i64),
+        );
+        let concurrency_retry_ms = self.positive(
+            &format!("{path}.concurrency_retry_ms"),
+            c.concurrency_retry_ms
+                .unwrap_or(DEFAULT_CONCURRENCY_RETRY_MS as i64),
+        );
+        let max_llm_calls = self.positive(
+            &format!("{path}.max_llm_calls"),
+            c.max_llm_calls.unwrap_or(DEFAULT_MAX_LLM_CALLS as i64),
+        );
+        Plan {
+            name: name.into(),
+            turns,
+            tokens,
+            max_wait_ms,
+            concurrent_runs,
+            lease_ttl_ms,
+            concurrency_retry_ms,
+            max_llm_calls,
+            shadow: c.shadow,
+        }
+    }
+}
+
+fn apply(base: &PlanConfig, o: &PlanOverride) -> PlanConfig {
+    PlanConfig {
+        turns: o.turns.unwrap_or(base.turns),
+        tokens: o.tokens.unwrap_or(base.tokens),
+        max_wait_ms: o.max_wait_ms.unwrap_or(base.max_wait_ms),
+        concurrent_runs: o.concurrent_runs.unwrap_or(base.concurrent_runs),
+        lease_ttl_ms: o.lease_ttl_ms.or(base.lease_ttl_ms),
+        concurrency_retry_ms: o.concurrency_retry_ms.or(base.concurrency_retry_ms),
+        max_llm_calls: o.max_llm_calls.or(base.max_llm_calls),
+        shadow: o.shadow.unwrap_or(base.shadow),
+    }
+}
+
+impl PlansConfig {
+    /// Validates every plan, assignment and override.
+    ///
+    /// # Errors
+    ///
+    /// Every problem found, each with its field path: zero or negative
+    /// amounts or periods, a burst below 1, a negative `max_wait_ms`, scaled
+    /// values past 2^53, or a reference to an unknown plan.
+    pub fn validate(&self) -> Result<PlanBook, InvalidPlans> {
+        let mut c = Check { errors: Vec::new() };
+        let mut plans = HashMap::new();
+        for (name, p) in &self.plans {
+            let plan = c.plan(&format!("plans.{name}"), name, p);
+            plans.insert(name.clone(), Arc::new(plan));
+        }
+        let default = match &self.default_plan {
+            Some(name) => match plans.get(name) {
+                Some(p) => Some(p.clone()),
+                None => {
+                    c.err("default_plan", format!("unknown plan {name:?}"));
+                    None
+                }
+            },
+            None => None,
+        };
+        let mut users = HashMap::new();
+        for (user, name) in &self.users {
+            match plans.get(name) {
+                Some(p) => {
+                    users.insert(user.clone(), p.clone());
+                }
+                None => c.err(&format!("users.{user}"), format!("unknown plan {name:?}")),
+            }
+        }
+        for (user, o) in &self.overrides {
+            let base_name = self.users.get(user).or(self.default_plan.as_ref());
+            let Some(base_name) = base_name else {
+                c.err(
+                    &format!("overrides.{user}"),
+                    "user has no plan (no assignment and no default_plan)",
+                );
+                continue;
+            };
+            let Some(base) = self.plans.get(base_name) else {
+                continue; // reported above
+            };
+            let merged = apply(base, o);
+            let plan = c.plan(
+                &format!("overrides.{user}"),
+                &format!("{base_name}+override"),
+                &merged,
+            );
+            users.insert(user.clone(), Arc::new(plan));
+        }
+        if c.errors.is_empty() {
+            Ok(PlanBook {
+                plans,
+                users,
+                default,
+            })
+        } else {
+            Err(InvalidPlans { errors: c.errors })
+        }
+    }
+}
+
+impl PlanBook {
+    /// The effective plan of `user`: override, assignment or default.
+    pub fn resolve(&self, user: &str) -> Option<&Arc<Plan>> {
+        self.users.get(user).or(self.default.as_ref())
+    }
+
+    /// A plan by name.
+    pub fn plan(&self, name: &str) -> Option<&Arc<Plan>> {
+        self.plans.get(name)
+    }
+
+    /// The plan names.
+    pub fn plan_names(&self) -> impl Iterator<Item = &str> {
+        self.plans.keys().map(String::as_str)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn support() -> PlanConfig {
+        PlanConfig {
+            turns: RateConfig {
+                amount: 20,
+                period_ms: 60_000,
+                burst: Some(5),
+            },
+            tokens: RateConfig {
+                amount: 60_000,
+                period_ms: 60_000,
+                burst: Some(60_000),
+            },
+            max_wait_ms: 2_000,
+            concurrent_runs: 2,
+            lease_ttl_ms: None,
+            concurrency_retry_ms: None,
+            max_llm_calls: None,
+            shadow: false,
+        }
+    }
+
+    #[test]
+    fn resolves_assignment_override_and_default() {
+        let mut cfg = PlansConfig {
+            default_plan: Some("support".into()),
+            ..Default::default()
+        };
+        cfg.plans.insert("support".into(), support());
+        let mut big = support();
+        big.concurrent_runs = 10;
+        cfg.plans.insert("big".into(), big);
+        cfg.users.insert("u1".into(), "big".into());
+        cfg.overrides.insert(
+            "u2".into(),
+            PlanOverride {
+                max_wait_ms: Some(6_000),
+                ..Default::default()
+            },
+        );
+        let book = cfg.validate().unwrap();
+        assert_eq!(book.resolve("u1").unwrap().concurrent_runs, 10);
+        let u2 = book.resolve("u2").unwrap();
+        assert_eq!(u2.max_wait_ms, 6_000);
+        assert_eq!(&*u2.name, "support+override");
+        let anyone = book.resolve("zz").unwrap();
+        assert_eq!(anyone.lease_ttl_ms, 120_000);
+        assert_eq!(anyone.max_llm_calls, 500);
+        assert_eq!(anyone.concurrency_retry_ms, 1_000);
+    }
+
+    #[test]
+    fn every_error_is_reported_with_its_path() {
+        let mut bad = support();
+        bad.turns.amount = 0;
+        bad.tokens.burst = Some(0);
+        bad.max_wait_ms = -1;
+        bad.concurrent_runs = -3;
+        let mut huge = support();
+        huge.tokens = RateConfig {
+            amount: 1,
+            period_ms: 1 << 30,
+            burst: Some(1 << 30),
+        };
+        let mut cfg = PlansConfig {
+            default_plan: Some("nope".into()),
+            ..Default::default()
+        };
+        cfg.plans.insert("bad".into(), bad);
+        cfg.plans.insert("huge".into(), huge);
+        cfg.users.insert("u1".into(), "missing".into());
+        let err = cfg.validate().unwrap_err();
+        let paths: Vec<&str> = err.errors.iter().map(|e| e.path.as_str()).collect();
+        for p in [
+            "plans.bad.turns.amount",
+            "plans.bad.tokens.burst",
+            "plans.bad.max_wait_ms",
+            "plans.bad.concurrent_runs",
+            "plans.huge.tokens",
+            "default_plan",
+            "users.u1",
+        ] {
+            assert!(paths.contains(&p), "missing {p} in {paths:?}");
+        }
+        assert!(err.to_string().contains("must be at least 1 (got 0)"));
+    }
+
+    #[test]
+    fn deserializes_from_json_and_rejects_unknown_fields() {
+        let json = r#"{"default_plan":"p","plans":{"p":{
+            "turns":{"amount":20,"period_ms":60000,"burst":5},
+            "tokens":{"amount":60000,"period_ms":60000},
+            "concurrent_runs":2,"max_wait_ms":2000}}}"#;
+        let cfg: PlansConfig = serde_json::from_str(json).unwrap();
+        let book = cfg.validate().unwrap();
+        assert_eq!(book.resolve("x").unwrap().tokens.capacity(), 60_000);
+        let bad = json.replace("\"burst\":5", "\"brust\":5");
+        assert!(serde_json::from_str::<PlansConfig>(&bad).is_err());
+    }
+}

@@ -1,0 +1,406 @@
+//! The one async [`Store`] trait every backend implements.
+//!
+//! Each operation is one atomic step on the store (one lock in memory, one
+//! Lua script in Redis) and answers with data; `Err` means the store itself
+//! failed. The store takes `now` from its own clock: an injected [`Clock`]
+//! in memory, Redis `TIME` in Redis.
+//!
+//! [`Clock`]: crate::Clock
+
+use std::fmt;
+use std::future::Future;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::bucket::BucketSpec;
+use crate::decision::Denial;
+use crate::error::StoreError;
+use crate::lease::{Admit, SessionAcquire, SessionGrant, TurnParams};
+
+pub mod memory;
+
+/// How long a reservation (and a run's model-call counter) is remembered
+/// after its last change, ms: a settle or refund later than this answers
+/// unknown reservation.
+pub const RESERVATION_RETENTION_MS: u64 = 3_600_000;
+
+/// Default time a session's lease state, fence counter and records are kept
+/// after the last activity (SPEC §4): 7 days.
+pub const DEFAULT_SESSION_RETENTION_MS: u64 = 7 * 24 * 3_600_000;
+
+/// Names one token reservation: the run's invocation id and the model call's
+/// number within the run (1, 2, …). Its text form is `"{call}.{invocation_id}"`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ReservationId {
+    /// The run.
+    pub invocation_id: String,
+    /// The model call number within the run, from 1.
+    pub call: u64,
+}
+
+impl fmt::Display for ReservationId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.call, self.invocation_id)
+    }
+}
+
+/// A reservation id that is not `"{call}.{invocation_id}"`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed reservation id (expected \"<call>.<invocation_id>\")")]
+pub struct MalformedReservationId;
+
+impl FromStr for ReservationId {
+    type Err = MalformedReservationId;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (digits, inv) = s.split_once('.').ok_or(MalformedReservationId)?;
+        let call: u64 = digits.parse().map_err(|_| MalformedReservationId)?;
+        // Canonical form only: no sign, no leading zeros.
+        if call == 0 || inv.is_empty() || call.to_string() != digits {
+            return Err(MalformedReservationId);
+        }
+        Ok(ReservationId {
+            invocation_id: inv.to_owned(),
+            call,
+        })
+    }
+}
+
+impl Serialize for ReservationId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for ReservationId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Turn admission: the turn bucket and a run lease, all or nothing.
+#[derive(Debug, Clone, Copy)]
+pub struct TurnRequest<'a> {
+    /// The verified user.
+    pub user: &'a str,
+    /// The run asking for a lease.
+    pub invocation_id: &'a str,
+    /// Bucket, cap and lease settings from the user's plan.
+    pub params: TurnParams,
+}
+
+/// The answer to a turn admission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TurnOutcome {
+    /// Admitted or denied.
+    pub admit: Admit,
+    /// Leaked leases that expiry reclaimed on the way (a metric).
+    pub reclaimed: u32,
+}
+
+/// A token reservation before a model call.
+#[derive(Debug, Clone, Copy)]
+pub struct ReserveRequest<'a> {
+    /// The verified user.
+    pub user: &'a str,
+    /// The run making the call.
+    pub invocation_id: &'a str,
+    /// The user's token bucket.
+    pub tokens: BucketSpec,
+    /// Estimated tokens (the cost).
+    pub estimate: u64,
+    /// Longest acceptable wait, ms.
+    pub max_wait_ms: u64,
+    /// Model calls allowed per run; the call past it is refused for good.
+    pub max_llm_calls: u64,
+    /// Shadow mode: a refusal still takes nothing, but the call is counted and
+    /// a reservation (charging nothing) is recorded so it can be settled.
+    pub shadow: bool,
+}
+
+/// The answer to a token reservation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReserveOutcome {
+    /// Reserved; the caller waits `wait_ms` before calling the model.
+    Granted {
+        /// Names the reservation for settle/refund.
+        reservation: ReservationId,
+        /// How long to wait first, ms.
+        wait_ms: u64,
+    },
+    /// Refused; nothing taken.
+    Denied {
+        /// Why.
+        denial: Denial,
+        /// In shadow mode, the zero-charge reservation recorded instead.
+        shadow_reservation: Option<ReservationId>,
+    },
+}
+
+/// Closes a reservation: settle with the real usage, or refund.
+#[derive(Debug, Clone, Copy)]
+pub struct SettleRequest<'a> {
+    /// The verified user (reservations are per user).
+    pub user: &'a str,
+    /// The user's token bucket.
+    pub tokens: BucketSpec,
+    /// The reservation.
+    pub reservation: &'a ReservationId,
+    /// `Some(actual)`: settle, adjusting by `actual - estimate`.
+    /// `None`: refund, adjusting by `-estimate`.
+    pub actual: Option<u64>,
+}
+
+/// The answer to a settle or refund.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettleOutcome {
+    /// Applied now; `balance` is the token level after it (whole tokens,
+    /// negative while in debt).
+    Applied {
+        /// Token level after, whole tokens.
+        balance: i64,
+    },
+    /// Already settled or refunded: nothing changed.
+    AlreadyClosed {
+        /// Token level now, whole tokens.
+        balance: i64,
+    },
+    /// No such reservation for this user (never made, or forgotten after
+    /// [`RESERVATION_RETENTION_MS`]).
+    Unknown,
+}
+
+/// One bucket of a multi-bucket take, with its own parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct BucketTake<'a> {
+    /// The bucket's key (namespaced by the caller, e.g. `provider:openai:gpt-4o:rpm`).
+    pub key: &'a str,
+    /// The rate, as effective now (AIMD may have lowered it).
+    pub spec: BucketSpec,
+    /// The cost.
+    pub cost: u64,
+    /// Longest acceptable wait for this bucket, ms.
+    pub max_wait_ms: u64,
+}
+
+/// A cooldown checked together with a multi-bucket take.
+#[derive(Debug, Clone, Copy)]
+pub struct CooldownCheck<'a> {
+    /// The cooldown's key.
+    pub key: &'a str,
+    /// Longest acceptable wait for the cooldown to pass, ms.
+    pub max_wait_ms: u64,
+}
+
+/// The answer to a multi-bucket take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MultiTake {
+    /// Every bucket granted; wait the largest of their waits (and the
+    /// cooldown's) before acting.
+    Granted {
+        /// How long to wait first, ms.
+        wait_ms: u64,
+    },
+    /// Refused, nothing taken. `index` names the refusing bucket (the one
+    /// with the largest hint), `None` the cooldown.
+    Refused {
+        /// Which bucket refused (`None`: the cooldown).
+        index: Option<usize>,
+        /// When to retry, ms.
+        retry_after_ms: u64,
+    },
+    /// The bucket at `index` can never grant this cost. Nothing taken.
+    ExceedsCapacity {
+        /// Which bucket.
+        index: usize,
+    },
+}
+
+/// Whether a fence is the session's latest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FenceCheck {
+    /// `fence == latest`.
+    pub current: bool,
+    /// The latest issued number (0: never issued).
+    pub latest: u64,
+}
+
+/// The answer to a fenced append.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppendOutcome {
+    /// Appended at position `index` (from 0).
+    Appended {
+        /// The record's position.
+        index: u64,
+    },
+    /// Rejected: the fence is not the latest issued number.
+    Stale {
+        /// The latest issued number.
+        latest: u64,
+    },
+}
+
+/// One user's state, for inspection.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserState {
+    /// Turns available now (whole, refilled to now).
+    pub turns_available: i64,
+    /// Tokens available now (whole, refilled to now; negative is debt).
+    pub tokens_available: i64,
+    /// Live run leases: invocation id and expiry.
+    pub leases: Vec<(String, u64)>,
+    /// Tokens charged over the last minute (sliding-window estimate).
+    pub tokens_last_minute: i64,
+}
+
+/// A user among the top token users.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopUser {
+    /// The user id.
+    pub user: String,
+    /// Tokens charged over the last minute (sliding-window estimate).
+    pub tokens_last_minute: i64,
+}
+
+/// Where tollgate keeps its state. One async trait; the in-memory store
+/// returns ready futures.
+///
+/// Every operation is atomic on the store. Implementations must pass the
+/// conformance suite in `tollgate-testkit`.
+pub trait Store: Send + Sync + 'static {
+    /// Turn admission (SPEC §3): turn bucket and run lease, all or nothing.
+    fn admit_turn(
+        &self,
+        req: TurnRequest<'_>,
+    ) -> impl Future<Output = Result<TurnOutcome, StoreError>> + Send;
+
+    /// Release the run lease of `invocation_id` only. `false`: it held none.
+    fn release_run(
+        &self,
+        user: &str,
+        invocation_id: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Renew a live run lease to `now + ttl_ms`; `None`: the lease is lost.
+    fn renew_run(
+        &self,
+        user: &str,
+        invocation_id: &str,
+        ttl_ms: u64,
+    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send;
+
+    /// Reserve tokens before a model call, counting the call against the
+    /// run's `max_llm_calls`.
+    fn reserve_tokens(
+        &self,
+        req: ReserveRequest<'_>,
+    ) -> impl Future<Output = Result<ReserveOutcome, StoreError>> + Send;
+
+    /// Settle or refund a reservation, at most once.
+    fn settle(
+        &self,
+        req: SettleRequest<'_>,
+    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send;
+
+    /// Take from several buckets and check a cooldown, all or nothing; the
+    /// wait is the largest.
+    fn take_many(
+        &self,
+        takes: &[BucketTake<'_>],
+        cooldown: Option<CooldownCheck<'_>>,
+    ) -> impl Future<Output = Result<MultiTake, StoreError>> + Send;
+
+    /// Set a cooldown to `max(existing, until_ms)`; answers the cooldown's
+    /// end after the change.
+    fn extend_cooldown(
+        &self,
+        key: &str,
+        until_ms: u64,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Acquire a session lease for `holder` (SPEC §4).
+    fn session_acquire(
+        &self,
+        session: &str,
+        holder: &str,
+        ttl_ms: u64,
+    ) -> impl Future<Output = Result<SessionAcquire, StoreError>> + Send;
+
+    /// Renew a session lease; `None`: `holder` does not hold it live.
+    fn session_renew(
+        &self,
+        session: &str,
+        holder: &str,
+        ttl_ms: u64,
+    ) -> impl Future<Output = Result<Option<SessionGrant>, StoreError>> + Send;
+
+    /// Release a session lease; `false`: `holder` did not hold it live.
+    fn session_release(
+        &self,
+        session: &str,
+        holder: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Whether `fence` is the session's latest issued number.
+    fn fence_check(
+        &self,
+        session: &str,
+        fence: u64,
+    ) -> impl Future<Output = Result<FenceCheck, StoreError>> + Send;
+
+    /// Append a record if `fence` is the latest issued number, checked and
+    /// written in one step.
+    fn append_fenced(
+        &self,
+        session: &str,
+        fence: u64,
+        record: &[u8],
+    ) -> impl Future<Output = Result<AppendOutcome, StoreError>> + Send;
+
+    /// Up to `limit` records of a session from position `from`, in order.
+    fn read_records(
+        &self,
+        session: &str,
+        from: u64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<Vec<u8>>, StoreError>> + Send;
+
+    /// Delete a session's records; its fence counter is kept (numbers never
+    /// go back) until retention ends. Answers how many were deleted.
+    fn delete_records(&self, session: &str)
+    -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// One user's buckets (refilled to now) and live leases.
+    fn user_state(
+        &self,
+        user: &str,
+        turns: BucketSpec,
+        tokens: BucketSpec,
+    ) -> impl Future<Output = Result<UserState, StoreError>> + Send;
+
+    /// The `n` users with the most tokens charged over the last minute.
+    fn top_users(&self, n: usize) -> impl Future<Output = Result<Vec<TopUser>, StoreError>> + Send;
+
+    /// Clear a user's buckets (full again); leases and reservations stay.
+    /// `true` if there was anything to clear.
+    fn reset_user(&self, user: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservation_id_round_trips() {
+        let id = ReservationId {
+            invocation_id: "inv.with.dots".into(),
+            call: 12,
+        };
+        assert_eq!(id.to_string(), "12.inv.with.dots");
+        assert_eq!("12.inv.with.dots".parse::<ReservationId>().unwrap(), id);
+        for bad in ["", "x.inv", "0.inv", "3.", "03.inv", "12", "+1.inv"] {
+            assert!(bad.parse::<ReservationId>().is_err(), "{bad}");
+        }
+    }
+}

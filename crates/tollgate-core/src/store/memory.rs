@@ -1,0 +1,871 @@
+//! The in-memory store: one process, exact, concurrent, bounded.
+//!
+//! State is split over lock-striped shards keyed by a hash of the user (or
+//! session, or bucket key), so a hot user serializes only its own shard.
+//! All of one user's state lives in one entry, which makes turn admission a
+//! single critical section. Every operation returns a ready future.
+//!
+//! # Memory
+//!
+//! Entries expire by SPEC §2 rule 6 (buckets), with their latest lease
+//! (leases), [`RESERVATION_RETENTION_MS`] after a run's last model call, and
+//! session retention for sessions. An expired entry reads as missing at once;
+//! its memory is returned by a sweep of its shard that runs inline on a write
+//! when the shard has doubled since the last sweep or a minute has passed,
+//! or on demand through [`MemoryStore::purge_expired`].
+
+use std::future::{Future, ready};
+use std::hash::BuildHasher;
+use std::sync::Arc;
+
+use hashbrown::{DefaultHashBuilder, HashTable};
+use parking_lot::{Mutex, MutexGuard};
+
+use super::{
+    AppendOutcome, BucketTake, CooldownCheck, DEFAULT_SESSION_RETENTION_MS, FenceCheck, MultiTake,
+    RESERVATION_RETENTION_MS, ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome,
+    SettleRequest, Store, TopUser, TurnOutcome, TurnRequest, UserState,
+};
+use crate::bucket::{self, BucketSpec, BucketState, Take};
+use crate::clock::Clock;
+use crate::decision::{Denial, Limit};
+use crate::error::StoreError;
+use crate::lease::{self, LeaseSet, SessionAcquire, SessionGrant, SessionLease};
+
+const SHARDS: usize = 64;
+const SWEEP_EVERY_MS: u64 = 60_000;
+const MIN_SWEEP_LEN: usize = 1_024;
+
+trait Expiring: Default {
+    /// After this time (ms) the entry is as good as missing.
+    fn expires_at(&self) -> u64;
+}
+
+#[repr(align(128))]
+struct Padded<T>(T);
+
+struct Shard<V> {
+    table: HashTable<(Box<str>, V)>,
+    sweep_len: usize,
+    next_sweep_at: u64,
+}
+
+struct Shards<V> {
+    hasher: DefaultHashBuilder,
+    shards: Box<[Padded<Mutex<Shard<V>>>]>,
+}
+
+impl<V: Expiring> Shards<V> {
+    fn new() -> Self {
+        Self {
+            hasher: DefaultHashBuilder::default(),
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Padded(Mutex::new(Shard {
+                        table: HashTable::new(),
+                        sweep_len: MIN_SWEEP_LEN,
+                        next_sweep_at: 0,
+                    }))
+                })
+                .collect(),
+        }
+    }
+
+    fn locate(&self, key: &str) -> (u64, usize) {
+        let hash = self.hasher.hash_one(key);
+        (hash, ((hash >> 40) as usize) % SHARDS)
+    }
+
+    /// Runs `f` on the live entry of `key` (a default one if missing or
+    /// expired). Entries left expired by `f` are removed.
+    fn with<R>(&self, key: &str, now: u64, f: impl FnOnce(&mut V) -> R) -> R {
+        let (hash, i) = self.locate(key);
+        let mut shard = self.shards[i].0.lock();
+        let r = shard.with(&self.hasher, hash, key, now, f);
+        shard.maybe_sweep(now);
+        r
+    }
+
+    /// Reads the live entry of `key`, if any, without creating one.
+    fn read<R>(&self, key: &str, now: u64, f: impl FnOnce(Option<&V>) -> R) -> R {
+        let (hash, i) = self.locate(key);
+        let shard = self.shards[i].0.lock();
+        let entry = shard
+            .table
+            .find(hash, |(k, _)| &**k == key)
+            .map(|(_, v)| v)
+            .filter(|v| v.expires_at() > now);
+        f(entry)
+    }
+
+    /// Locks the shards of `keys` in index order (no deadlock), for one
+    /// atomic step over several keys.
+    fn lock_many<'a>(&'a self, keys: &[&str]) -> Multi<'a, V> {
+        let mut idx: Vec<usize> = keys.iter().map(|k| self.locate(k).1).collect();
+        idx.sort_unstable();
+        idx.dedup();
+        let guards = idx.iter().map(|&i| (i, self.shards[i].0.lock())).collect();
+        Multi {
+            shards: self,
+            guards,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.0.lock().table.len()).sum()
+    }
+
+    fn purge(&self, now: u64) {
+        for s in self.shards.iter() {
+            s.0.lock().sweep(now);
+        }
+    }
+
+    fn for_each_live(&self, now: u64, mut f: impl FnMut(&str, &V)) {
+        for s in self.shards.iter() {
+            let shard = s.0.lock();
+            for (k, v) in shard.table.iter() {
+                if v.expires_at() > now {
+                    f(k, v);
+                }
+            }
+        }
+    }
+}
+
+impl<V: Expiring> Shard<V> {
+    fn with<R>(
+        &mut self,
+        hasher: &DefaultHashBuilder,
+        hash: u64,
+        key: &str,
+        now: u64,
+        f: impl FnOnce(&mut V) -> R,
+    ) -> R {
+        let entry = self
+            .table
+            .entry(hash, |(k, _)| &**k == key, |(k, _)| hasher.hash_one(&**k));
+        let mut occupied = entry.or_insert_with(|| (key.into(), V::default()));
+        let v = &mut occupied.get_mut().1;
+        if v.expires_at() <= now {
+            *v = V::default();
+        }
+        let r = f(v);
+        if v.expires_at() <= now {
+            occupied.remove();
+        }
+        r
+    }
+
+    fn maybe_sweep(&mut self, now: u64) {
+        if self.table.len() > self.sweep_len || now >= self.next_sweep_at {
+            self.sweep(now);
+        }
+    }
+
+    fn sweep(&mut self, now: u64) {
+        self.table.retain(|(_, v)| v.expires_at() > now);
+        self.table.shrink_to(self.table.len() * 2, |_| 0);
+        self.sweep_len = (self.table.len() * 2).max(MIN_SWEEP_LEN);
+        self.next_sweep_at = now.saturating_add(SWEEP_EVERY_MS);
+    }
+}
+
+struct Multi<'a, V> {
+    shards: &'a Shards<V>,
+    guards: Vec<(usize, MutexGuard<'a, Shard<V>>)>,
+}
+
+impl<V: Expiring> Multi<'_, V> {
+    fn with<R>(&mut self, key: &str, now: u64, f: impl FnOnce(&mut V) -> R) -> R {
+        let (hash, i) = self.shards.locate(key);
+        let guard = self
+            .guards
+            .iter_mut()
+            .find(|(j, _)| *j == i)
+            .map(|(_, g)| g)
+            .expect("lock_many locked every key's shard");
+        guard.with(&self.shards.hasher, hash, key, now, f)
+    }
+}
+
+// ----- entries ---------------------------------------------------------------
+
+#[derive(Default)]
+struct UserEntry {
+    turns: Option<(BucketState, u64)>,
+    tokens: Option<(BucketState, u64)>,
+    leases: LeaseSet,
+    invocations: Vec<Invocation>,
+    usage: Usage,
+}
+
+struct Invocation {
+    id: Box<str>,
+    /// Model calls counted so far; reservation numbers are 1..=calls.
+    calls: u64,
+    /// Open reservations: (call, estimate charged). Closed ones are the
+    /// numbers up to `calls` that are not here.
+    open: Vec<(u64, u64)>,
+    expires_at: u64,
+}
+
+/// Tokens charged per minute, two windows, for the sliding-minute estimate.
+#[derive(Default, Clone, Copy)]
+struct Usage {
+    minute: u64,
+    current: i64,
+    previous: i64,
+}
+
+impl Usage {
+    fn roll(&mut self, now: u64) {
+        let m = now / 60_000;
+        if m == self.minute {
+            return;
+        }
+        self.previous = if m == self.minute + 1 {
+            self.current
+        } else {
+            0
+        };
+        self.current = 0;
+        self.minute = m;
+    }
+
+    fn add(&mut self, now: u64, tokens: i64) {
+        self.roll(now);
+        self.current = self.current.saturating_add(tokens);
+    }
+
+    /// Tokens over the last 60 s: this minute plus the overlapping share of
+    /// the previous one.
+    fn last_minute(&self, now: u64) -> i64 {
+        let mut u = *self;
+        u.roll(now);
+        let into = i128::from(now % 60_000);
+        let prev = i128::from(u.previous) * (60_000 - into) / 60_000;
+        u.current.saturating_add(prev as i64)
+    }
+
+    fn expires_at(&self) -> u64 {
+        if self.current == 0 && self.previous == 0 {
+            0
+        } else {
+            (self.minute + 2) * 60_000
+        }
+    }
+}
+
+impl Expiring for UserEntry {
+    fn expires_at(&self) -> u64 {
+        let b = |s: &Option<(BucketState, u64)>| s.map_or(0, |(_, e)| e);
+        b(&self.turns)
+            .max(b(&self.tokens))
+            .max(self.leases.expires_at().unwrap_or(0))
+            .max(
+                self.invocations
+                    .iter()
+                    .map(|i| i.expires_at)
+                    .max()
+                    .unwrap_or(0),
+            )
+            .max(self.usage.expires_at())
+    }
+}
+
+fn live(slot: Option<(BucketState, u64)>, now: u64) -> Option<BucketState> {
+    slot.filter(|(_, exp)| *exp > now).map(|(s, _)| s)
+}
+
+impl UserEntry {
+    fn invocation(&mut self, now: u64, id: &str) -> Option<&mut Invocation> {
+        self.invocations.retain(|i| i.expires_at > now);
+        self.invocations.iter_mut().find(|i| &*i.id == id)
+    }
+}
+
+#[derive(Default)]
+struct SessionEntry {
+    lease: SessionLease,
+    records: Vec<Box<[u8]>>,
+    expires_at: u64,
+}
+
+impl Expiring for SessionEntry {
+    fn expires_at(&self) -> u64 {
+        self.expires_at
+    }
+}
+
+#[derive(Default)]
+enum KeyEntry {
+    #[default]
+    Empty,
+    Bucket(BucketState, u64),
+    Cooldown(u64),
+}
+
+impl Expiring for KeyEntry {
+    fn expires_at(&self) -> u64 {
+        match *self {
+            KeyEntry::Empty => 0,
+            KeyEntry::Bucket(_, e) | KeyEntry::Cooldown(e) => e,
+        }
+    }
+}
+
+// ----- the store ---------------------------------------------------------------
+
+/// The in-memory [`Store`]. Cloning shares the same state.
+#[derive(Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    clock: Arc<dyn Clock>,
+    users: Shards<UserEntry>,
+    sessions: Shards<SessionEntry>,
+    keys: Shards<KeyEntry>,
+    session_retention_ms: u64,
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("clock", &self.inner.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Entry counts of a [`MemoryStore`], including expired entries not yet swept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// User entries.
+    pub users: usize,
+    /// Session entries.
+    pub sessions: usize,
+    /// Named buckets and cooldowns.
+    pub keys: usize,
+}
+
+impl MemoryStore {
+    /// A store that reads time from `clock`, keeping sessions for the
+    /// default retention (7 days).
+    pub fn new(clock: impl Clock) -> Self {
+        Self::with_session_retention(clock, DEFAULT_SESSION_RETENTION_MS)
+    }
+
+    /// A store with a chosen session retention, ms.
+    pub fn with_session_retention(clock: impl Clock, session_retention_ms: u64) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                clock: Arc::new(clock),
+                users: Shards::new(),
+                sessions: Shards::new(),
+                keys: Shards::new(),
+                session_retention_ms,
+            }),
+        }
+    }
+
+    /// The store's clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+
+    fn now(&self) -> u64 {
+        self.inner.clock.now_ms()
+    }
+
+    /// Drops every expired entry now and returns its memory.
+    pub fn purge_expired(&self) {
+        let now = self.now();
+        self.inner.users.purge(now);
+        self.inner.sessions.purge(now);
+        self.inner.keys.purge(now);
+    }
+
+    /// How many entries are held (expired ones count until swept).
+    pub fn stats(&self) -> MemoryStats {
+        MemoryStats {
+            users: self.inner.users.len(),
+            sessions: self.inner.sessions.len(),
+            keys: self.inner.keys.len(),
+        }
+    }
+
+    fn admit(&self, req: TurnRequest<'_>) -> TurnOutcome {
+        let now = self.now();
+        self.inner.users.with(req.user, now, |u| {
+            let t = lease::admit_turn(
+                &req.params,
+                live(u.turns, now),
+                &mut u.leases,
+                now,
+                req.invocation_id,
+            );
+            if let Some(b) = t.bucket {
+                u.turns = Some(b);
+            }
+            TurnOutcome {
+                admit: t.outcome,
+                reclaimed: t.reclaimed as u32,
+            }
+        })
+    }
+
+    fn reserve(&self, req: ReserveRequest<'_>) -> ReserveOutcome {
+        let now = self.now();
+        self.inner.users.with(req.user, now, |u| {
+            let calls = u.invocation(now, req.invocation_id).map_or(0, |i| i.calls);
+            if calls >= req.max_llm_calls && !req.shadow {
+                return ReserveOutcome::Denied {
+                    denial: Denial::CapReached {
+                        limit: Limit::MaxLlmCalls,
+                        cap: req.max_llm_calls,
+                    },
+                    shadow_reservation: None,
+                };
+            }
+            let t = bucket::take(
+                &req.tokens,
+                live(u.tokens, now),
+                now,
+                req.estimate,
+                req.max_wait_ms,
+            );
+            let denial = if calls >= req.max_llm_calls {
+                Some(Denial::CapReached {
+                    limit: Limit::MaxLlmCalls,
+                    cap: req.max_llm_calls,
+                })
+            } else {
+                match t.outcome {
+                    Take::Granted { .. } => None,
+                    Take::Refused { retry_after_ms } => Some(Denial::Limited {
+                        limit: Limit::TokenRate,
+                        retry_after_ms,
+                    }),
+                    Take::ExceedsCapacity => Some(Denial::ExceedsCapacity {
+                        limit: Limit::TokenRate,
+                        cost: req.estimate,
+                        max_cost: req.tokens.max_cost(req.max_wait_ms),
+                    }),
+                }
+            };
+            if let Some(denial) = denial {
+                // Take nothing: keep only the refilled level.
+                let r = bucket::adjust(&req.tokens, live(u.tokens, now), now, 0);
+                u.tokens = Some((r.state, r.expires_at));
+                let shadow_reservation = req.shadow.then(|| {
+                    let call = record_call(u, now, req.invocation_id, 0);
+                    ReservationId {
+                        invocation_id: req.invocation_id.to_owned(),
+                        call,
+                    }
+                });
+                return ReserveOutcome::Denied {
+                    denial,
+                    shadow_reservation,
+                };
+            }
+            u.tokens = Some((t.state, t.expires_at));
+            u.usage.add(now, req.estimate as i64);
+            let call = record_call(u, now, req.invocation_id, req.estimate);
+            let wait_ms = match t.outcome {
+                Take::Granted { wait_ms } => wait_ms,
+                _ => 0,
+            };
+            ReserveOutcome::Granted {
+                reservation: ReservationId {
+                    invocation_id: req.invocation_id.to_owned(),
+                    call,
+                },
+                wait_ms,
+            }
+        })
+    }
+
+    fn settle_now(&self, req: SettleRequest<'_>) -> SettleOutcome {
+        let now = self.now();
+        let spec = req.tokens;
+        self.inner.users.with(req.user, now, |u| {
+            let balance_now =
+                |u: &UserEntry| spec.unscale(bucket::refill(&spec, live(u.tokens, now), now).level);
+            let r = req.reservation;
+            let Some(inv) = u.invocation(now, &r.invocation_id) else {
+                return SettleOutcome::Unknown;
+            };
+            if r.call == 0 || r.call > inv.calls {
+                return SettleOutcome::Unknown;
+            }
+            let Some(pos) = inv.open.iter().position(|(c, _)| *c == r.call) else {
+                return SettleOutcome::AlreadyClosed {
+                    balance: balance_now(u),
+                };
+            };
+            let (_, estimate) = inv.open.swap_remove(pos);
+            inv.expires_at = now + RESERVATION_RETENTION_MS;
+            let delta = match req.actual {
+                Some(actual) => i128::from(actual) - i128::from(estimate),
+                None => -i128::from(estimate),
+            };
+            let delta = delta.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
+            let a = bucket::adjust(&spec, live(u.tokens, now), now, delta);
+            u.tokens = Some((a.state, a.expires_at));
+            u.usage.add(now, delta);
+            SettleOutcome::Applied {
+                balance: spec.unscale(a.state.level),
+            }
+        })
+    }
+
+    fn take_many_now(
+        &self,
+        takes: &[BucketTake<'_>],
+        cooldown: Option<CooldownCheck<'_>>,
+    ) -> MultiTake {
+        let now = self.now();
+        let mut keys: Vec<&str> = takes.iter().map(|t| t.key).collect();
+        if let Some(c) = cooldown {
+            keys.push(c.key);
+        }
+        let mut locked = self.inner.keys.lock_many(&keys);
+        let states: Vec<Option<BucketState>> = takes
+            .iter()
+            .map(|t| {
+                locked.with(t.key, now, |e| match *e {
+                    KeyEntry::Bucket(s, exp) if exp > now => Some(s),
+                    _ => None,
+                })
+            })
+            .collect();
+        let transitions: Vec<_> = takes
+            .iter()
+            .zip(&states)
+            .map(|(t, s)| bucket::take(&t.spec, *s, now, t.cost, t.max_wait_ms))
+            .collect();
+        let mut wait = 0u64;
+        let mut refused: Option<(Option<usize>, u64)> = None;
+        let mut exceeds = None;
+        for (i, t) in transitions.iter().enumerate() {
+            match t.outcome {
+                Take::Granted { wait_ms } => wait = wait.max(wait_ms),
+                Take::Refused { retry_after_ms } => {
+                    if refused.is_none_or(|(_, r)| retry_after_ms > r) {
+                        refused = Some((Some(i), retry_after_ms));
+                    }
+                }
+                Take::ExceedsCapacity => {
+                    exceeds.get_or_insert(i);
+                }
+            }
+        }
+        if let Some(c) = cooldown {
+            let until = locked.with(c.key, now, |e| match *e {
+                KeyEntry::Cooldown(u) => u,
+                _ => 0,
+            });
+            let remaining = until.saturating_sub(now);
+            if remaining > c.max_wait_ms {
+                let hint = remaining - c.max_wait_ms;
+                if refused.is_none_or(|(_, r)| hint > r) {
+                    refused = Some((None, hint));
+                }
+            } else {
+                wait = wait.max(remaining);
+            }
+        }
+        let granted = exceeds.is_none() && refused.is_none();
+        for ((t, s), tr) in takes.iter().zip(&states).zip(&transitions) {
+            let (state, exp) = if granted {
+                (tr.state, tr.expires_at)
+            } else {
+                let r = bucket::refill(&t.spec, *s, now);
+                (r, bucket::expires_at(&t.spec, r.level, now))
+            };
+            locked.with(t.key, now, |e| *e = KeyEntry::Bucket(state, exp));
+        }
+        if let Some(index) = exceeds {
+            MultiTake::ExceedsCapacity { index }
+        } else if let Some((index, retry_after_ms)) = refused {
+            MultiTake::Refused {
+                index,
+                retry_after_ms,
+            }
+        } else {
+            MultiTake::Granted { wait_ms: wait }
+        }
+    }
+
+    fn session<R>(&self, session: &str, f: impl FnOnce(&mut SessionEntry, u64) -> R) -> R {
+        let now = self.now();
+        let retention = self.inner.session_retention_ms;
+        self.inner.sessions.with(session, now, |s| {
+            let r = f(s, now);
+            if s.lease.fence > 0 || !s.records.is_empty() {
+                s.expires_at = now.saturating_add(retention).max(s.expires_at);
+            }
+            r
+        })
+    }
+}
+
+/// Counts a model call of `invocation_id` and records its reservation as
+/// open with the estimate it charged (0 for a shadow reservation, which took
+/// nothing: its settle charges the actual usage, its refund changes nothing).
+fn record_call(u: &mut UserEntry, now: u64, invocation_id: &str, charged: u64) -> u64 {
+    let expires_at = now + RESERVATION_RETENTION_MS;
+    u.invocations.retain(|i| i.expires_at > now);
+    let pos = u.invocations.iter().position(|i| &*i.id == invocation_id);
+    let inv = match pos {
+        Some(p) => &mut u.invocations[p],
+        None => {
+            u.invocations.push(Invocation {
+                id: invocation_id.into(),
+                calls: 0,
+                open: Vec::new(),
+                expires_at,
+            });
+            u.invocations.last_mut().expect("just pushed")
+        }
+    };
+    inv.calls += 1;
+    inv.expires_at = expires_at;
+    inv.open.push((inv.calls, charged));
+    inv.calls
+}
+
+impl Store for MemoryStore {
+    fn admit_turn(
+        &self,
+        req: TurnRequest<'_>,
+    ) -> impl Future<Output = Result<TurnOutcome, StoreError>> + Send {
+        ready(Ok(self.admit(req)))
+    }
+
+    fn release_run(
+        &self,
+        user: &str,
+        invocation_id: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let now = self.now();
+        ready(Ok(self
+            .inner
+            .users
+            .with(user, now, |u| u.leases.release(now, invocation_id))))
+    }
+
+    fn renew_run(
+        &self,
+        user: &str,
+        invocation_id: &str,
+        ttl_ms: u64,
+    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send {
+        let now = self.now();
+        ready(Ok(self.inner.users.with(user, now, |u| {
+            u.leases.renew(now, invocation_id, ttl_ms)
+        })))
+    }
+
+    fn reserve_tokens(
+        &self,
+        req: ReserveRequest<'_>,
+    ) -> impl Future<Output = Result<ReserveOutcome, StoreError>> + Send {
+        ready(Ok(self.reserve(req)))
+    }
+
+    fn settle(
+        &self,
+        req: SettleRequest<'_>,
+    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
+        ready(Ok(self.settle_now(req)))
+    }
+
+    fn take_many(
+        &self,
+        takes: &[BucketTake<'_>],
+        cooldown: Option<CooldownCheck<'_>>,
+    ) -> impl Future<Output = Result<MultiTake, StoreError>> + Send {
+        ready(Ok(self.take_many_now(takes, cooldown)))
+    }
+
+    fn extend_cooldown(
+        &self,
+        key: &str,
+        until_ms: u64,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        let now = self.now();
+        ready(Ok(self.inner.keys.with(key, now, |e| {
+            let current = match *e {
+                KeyEntry::Cooldown(u) => u,
+                _ => 0,
+            };
+            let until = current.max(until_ms);
+            *e = KeyEntry::Cooldown(until);
+            until
+        })))
+    }
+
+    fn session_acquire(
+        &self,
+        session: &str,
+        holder: &str,
+        ttl_ms: u64,
+    ) -> impl Future<Output = Result<SessionAcquire, StoreError>> + Send {
+        ready(Ok(self.session(session, |s, now| {
+            s.lease.acquire(now, holder, ttl_ms)
+        })))
+    }
+
+    fn session_renew(
+        &self,
+        session: &str,
+        holder: &str,
+        ttl_ms: u64,
+    ) -> impl Future<Output = Result<Option<SessionGrant>, StoreError>> + Send {
+        ready(Ok(self.session(session, |s, now| {
+            s.lease.renew(now, holder, ttl_ms)
+        })))
+    }
+
+    fn session_release(
+        &self,
+        session: &str,
+        holder: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        ready(Ok(
+            self.session(session, |s, now| s.lease.release(now, holder))
+        ))
+    }
+
+    fn fence_check(
+        &self,
+        session: &str,
+        fence: u64,
+    ) -> impl Future<Output = Result<FenceCheck, StoreError>> + Send {
+        let now = self.now();
+        ready(Ok(self.inner.sessions.read(session, now, |s| {
+            let latest = s.map_or(0, |s| s.lease.fence);
+            FenceCheck {
+                current: latest != 0 && latest == fence,
+                latest,
+            }
+        })))
+    }
+
+    fn append_fenced(
+        &self,
+        session: &str,
+        fence: u64,
+        record: &[u8],
+    ) -> impl Future<Output = Result<AppendOutcome, StoreError>> + Send {
+        ready(Ok(self.session(session, |s, _| {
+            if !s.lease.fence_is_current(fence) {
+                return AppendOutcome::Stale {
+                    latest: s.lease.fence,
+                };
+            }
+            s.records.push(record.into());
+            AppendOutcome::Appended {
+                index: s.records.len() as u64 - 1,
+            }
+        })))
+    }
+
+    fn read_records(
+        &self,
+        session: &str,
+        from: u64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<Vec<u8>>, StoreError>> + Send {
+        let now = self.now();
+        ready(Ok(self.inner.sessions.read(session, now, |s| {
+            s.map(|s| {
+                s.records
+                    .iter()
+                    .skip(usize::try_from(from).unwrap_or(usize::MAX))
+                    .take(limit)
+                    .map(|r| r.to_vec())
+                    .collect()
+            })
+            .unwrap_or_default()
+        })))
+    }
+
+    fn delete_records(
+        &self,
+        session: &str,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        ready(Ok(self.session(session, |s, _| {
+            let n = s.records.len() as u64;
+            s.records = Vec::new();
+            n
+        })))
+    }
+
+    fn user_state(
+        &self,
+        user: &str,
+        turns: BucketSpec,
+        tokens: BucketSpec,
+    ) -> impl Future<Output = Result<UserState, StoreError>> + Send {
+        let now = self.now();
+        ready(Ok(self.inner.users.read(user, now, |u| {
+            let level = |spec: &BucketSpec, s: Option<(BucketState, u64)>| {
+                spec.unscale(bucket::refill(spec, s.and_then(|s| live(Some(s), now)), now).level)
+            };
+            match u {
+                None => UserState {
+                    turns_available: turns.capacity() as i64,
+                    tokens_available: tokens.capacity() as i64,
+                    ..UserState::default()
+                },
+                Some(u) => UserState {
+                    turns_available: level(&turns, u.turns),
+                    tokens_available: level(&tokens, u.tokens),
+                    leases: u
+                        .leases
+                        .iter()
+                        .filter(|(_, exp)| *exp > now)
+                        .map(|(id, exp)| (id.to_owned(), exp))
+                        .collect(),
+                    tokens_last_minute: u.usage.last_minute(now),
+                },
+            }
+        })))
+    }
+
+    fn top_users(&self, n: usize) -> impl Future<Output = Result<Vec<TopUser>, StoreError>> + Send {
+        let now = self.now();
+        let mut all: Vec<TopUser> = Vec::new();
+        self.inner.users.for_each_live(now, |user, u| {
+            let tokens = u.usage.last_minute(now);
+            if tokens > 0 {
+                all.push(TopUser {
+                    user: user.to_owned(),
+                    tokens_last_minute: tokens,
+                });
+            }
+        });
+        all.sort_by(|a, b| {
+            b.tokens_last_minute
+                .cmp(&a.tokens_last_minute)
+                .then_with(|| a.user.cmp(&b.user))
+        });
+        all.truncate(n);
+        ready(Ok(all))
+    }
+
+    fn reset_user(&self, user: &str) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let now = self.now();
+        ready(Ok(self.inner.users.with(user, now, |u| {
+            let had = live(u.turns, now).is_some() || live(u.tokens, now).is_some();
+            u.turns = None;
+            u.tokens = None;
+            had
+        })))
+    }
+}
