@@ -1,0 +1,763 @@
+//! The conformance scenarios. Each takes a fresh, empty store that reads
+//! `clock`, and panics with a message on any deviation from the SPEC.
+//!
+//! Times in comments are relative to [`T0`](crate::T0), the SPEC's t = 0.
+
+use std::sync::Arc;
+
+use tollgate_core::lease::{SessionAcquire, SessionGrant};
+use tollgate_core::store::{
+    AppendOutcome, BucketTake, CooldownCheck, FenceCheck, MultiTake, UserState,
+};
+use tollgate_core::{
+    BucketSpec, Clock, Decision, Denial, FakeClock, Limit, Limiter, LimiterError, PlanConfig,
+    PlansConfig, RateConfig, ReservationId, Store,
+};
+
+/// Plan "support" of SPEC §7: 20 turns/min, burst 5; 60,000 tokens/min,
+/// burst 60,000; 2 concurrent runs; max wait 2,000 ms.
+pub fn support() -> PlanConfig {
+    PlanConfig {
+        turns: RateConfig {
+            amount: 20,
+            period_ms: 60_000,
+            burst: Some(5),
+        },
+        tokens: RateConfig {
+            amount: 60_000,
+            period_ms: 60_000,
+            burst: Some(60_000),
+        },
+        max_wait_ms: 2_000,
+        concurrent_runs: 2,
+        lease_ttl_ms: None,
+        concurrency_retry_ms: None,
+        max_llm_calls: None,
+        shadow: false,
+    }
+}
+
+/// A limiter whose default plan is `plan`, named "p".
+pub fn limiter_with<S: Store>(store: S, clock: &FakeClock, plan: PlanConfig) -> Limiter<S> {
+    let mut cfg = PlansConfig {
+        default_plan: Some("p".into()),
+        ..PlansConfig::default()
+    };
+    cfg.plans.insert("p".into(), plan);
+    Limiter::new(store, clock.clone(), cfg.validate().expect("valid plan"))
+}
+
+fn limited<T: std::fmt::Debug>(d: &Decision<T>) -> (Limit, u64) {
+    match d {
+        Decision::Denied(Denial::Limited {
+            limit,
+            retry_after_ms,
+        }) => (*limit, *retry_after_ms),
+        other => panic!("expected a retryable denial, got {other:?}"),
+    }
+}
+
+fn allowed<T: std::fmt::Debug + Clone>(d: &Decision<T>) -> T {
+    match d {
+        Decision::Allowed {
+            grant,
+            shadow_denied: None,
+        } => grant.clone(),
+        other => panic!("expected allowed, got {other:?}"),
+    }
+}
+
+async fn state<S: Store>(l: &Limiter<S>, user: &str) -> UserState {
+    let plan = l.plan_for(user).unwrap();
+    l.store()
+        .user_state(user, plan.turns, plan.tokens)
+        .await
+        .unwrap()
+}
+
+/// SPEC §7 example 1: turns 1–5 at t = 0 allowed; turns 6–10 at t = 1,000
+/// denied with `retry_after_ms` = 2,000 exactly.
+pub async fn example_1_turn_burst<S: Store + Clone>(store: S, clock: FakeClock) {
+    let l = limiter_with(store, &clock, support());
+    for i in 1..=5 {
+        let inv = format!("turn-{i}");
+        allowed(&l.admit_turn("u1", &inv).await.unwrap());
+        assert!(l.release_run("u1", &inv).await.unwrap());
+    }
+    clock.advance(1_000);
+    for i in 6..=10 {
+        let d = l.admit_turn("u1", &format!("turn-{i}")).await.unwrap();
+        assert_eq!(limited(&d), (Limit::TurnRate, 2_000), "turn {i}");
+        assert_eq!(d.denial().unwrap().retry_after_secs(), Some(2));
+    }
+    // Retried at the hint, a turn is admitted.
+    clock.advance(2_000);
+    allowed(&l.admit_turn("u1", "turn-11").await.unwrap());
+}
+
+/// SPEC §7 example 2: one turn every 10 s for ten minutes is never denied.
+pub async fn example_2_steady_turns<S: Store + Clone>(store: S, clock: FakeClock) {
+    let l = limiter_with(store, &clock, support());
+    for i in 0..60 {
+        let inv = format!("turn-{i}");
+        let d = l.admit_turn("u1", &inv).await.unwrap();
+        assert!(d.is_allowed(), "turn {i} at {} s denied: {d:?}", i * 10);
+        assert!(l.release_run("u1", &inv).await.unwrap());
+        clock.advance(10_000);
+    }
+}
+
+/// SPEC §7 example 3: with the token bucket at 0, a 6,000-token call needs a
+/// 6,000 ms wait: refused at max wait 2,000 (nothing taken, retry 4,000);
+/// granted with a 6,000 ms wait at max wait 6,000 (inclusive boundary).
+pub async fn example_3_token_wait_boundary<S: Store + Clone>(store: S, clock: FakeClock) {
+    let l = limiter_with(store.clone(), &clock, support());
+    let drain = allowed(&l.reserve_tokens("u1", "run", 60_000).await.unwrap());
+    assert_eq!(drain.wait_ms, 0);
+    assert_eq!(state(&l, "u1").await.tokens_available, 0);
+    let d = l.reserve_tokens("u1", "run", 6_000).await.unwrap();
+    assert_eq!(limited(&d), (Limit::TokenRate, 4_000));
+    assert_eq!(
+        state(&l, "u1").await.tokens_available,
+        0,
+        "a refusal takes nothing"
+    );
+    // Retried at the hint: granted within max wait.
+    clock.advance(4_000);
+    let g = allowed(&l.reserve_tokens("u1", "run", 6_000).await.unwrap());
+    assert_eq!(g.wait_ms, 2_000);
+
+    let mut wide = support();
+    wide.max_wait_ms = 6_000;
+    let l6 = limiter_with(store, &clock, wide);
+    allowed(&l6.reserve_tokens("u2", "run", 60_000).await.unwrap());
+    let g = allowed(&l6.reserve_tokens("u2", "run", 6_000).await.unwrap());
+    assert_eq!(g.wait_ms, 6_000, "the boundary is inclusive");
+    assert_eq!(state(&l6, "u2").await.tokens_available, -6_000);
+}
+
+/// SPEC §7 example 4: two runs active, a third turn is denied for
+/// concurrency with nothing charged; a release lets the next in; an
+/// abandoned run's lease expires and lets a turn in.
+pub async fn example_4_concurrency<S: Store + Clone>(store: S, clock: FakeClock) {
+    let l = limiter_with(store, &clock, support());
+    let r1 = allowed(&l.admit_turn("u1", "r1").await.unwrap());
+    assert_eq!(r1.expires_at_ms, Some(clock.now_ms() + 120_000));
+    allowed(&l.admit_turn("u1", "r2").await.unwrap());
+    assert_eq!(state(&l, "u1").await.turns_available, 3);
+    let d = l.admit_turn("u1", "r3").await.unwrap();
+    assert_eq!(limited(&d), (Limit::Concurrency, 1_000));
+    assert_eq!(
+        state(&l, "u1").await.turns_available,
+        3,
+        "nothing charged to the turn bucket"
+    );
+    assert!(l.release_run("u1", "r1").await.unwrap());
+    allowed(&l.admit_turn("u1", "r3").await.unwrap());
+    // r2 and r3 are abandoned without release.
+    clock.advance(119_999);
+    let d = l.admit_turn("u1", "r4").await.unwrap();
+    assert_eq!(limited(&d), (Limit::Concurrency, 1));
+    clock.advance(1);
+    allowed(&l.admit_turn("u1", "r4").await.unwrap());
+    let s = state(&l, "u1").await;
+    assert_eq!(s.leases.len(), 1);
+    assert_eq!(s.leases[0].0, "r4");
+}
+
+/// SPEC §7 provider example: 600 requests/min = 10/s, capacity 60. 100 calls
+/// at t = 0 with max wait 4,000: calls 1–60 wait 0, call 60+k waits 100·k,
+/// the last 4,000. With max wait 2,000, calls 81–100 are refused.
+pub async fn provider_example<S: Store + Clone>(store: S, _clock: FakeClock) {
+    let spec = BucketSpec::new(10, 1_000, 60).unwrap();
+    for (key, max_wait) in [("prov:a:m:rpm", 4_000), ("prov:b:m:rpm", 2_000)] {
+        for call in 1..=100u64 {
+            let take = BucketTake {
+                key,
+                spec,
+                cost: 1,
+                max_wait_ms: max_wait,
+            };
+            let got = store.take_many(&[take], None).await.unwrap();
+            let expect_wait = call.saturating_sub(60) * 100;
+            if expect_wait <= max_wait {
+                assert_eq!(
+                    got,
+                    MultiTake::Granted {
+                        wait_ms: expect_wait
+                    },
+                    "call {call}, max wait {max_wait}"
+                );
+            } else {
+                assert_eq!(
+                    got,
+                    MultiTake::Refused {
+                        index: Some(0),
+                        retry_after_ms: 100
+                    },
+                    "call {call}, max wait {max_wait}"
+                );
+                assert!(call >= 81);
+            }
+        }
+    }
+}
+
+/// Settle adjusts by `actual - estimate`, refund by `-estimate`; each closes
+/// the reservation, and a repeat (or a refund after a settle) changes nothing.
+pub async fn settle_and_refund_once<S: Store + Clone>(store: S, clock: FakeClock) {
+    let l = limiter_with(store, &clock, support());
+    let a = allowed(&l.reserve_tokens("u1", "run", 6_000).await.unwrap());
+    assert_eq!(
+        a.id,
+        ReservationId {
+            invocation_id: "run".into(),
+            call: 1
+        }
+    );
+    let s = l.settle("u1", &a.id, 8_000).await.unwrap();
+    assert_eq!((s.balance, s.applied), (52_000, true));
+    let s = l.settle("u1", &a.id, 8_000).await.unwrap();
+    assert_eq!((s.balance, s.applied), (52_000, false));
+    let s = l.refund("u1", &a.id).await.unwrap();
+    assert_eq!((s.balance, s.applied), (52_000, false));
+
+    let b = allowed(&l.reserve_tokens("u1", "run", 6_000).await.unwrap());
+    assert_eq!(b.id.call, 2);
+    assert_eq!(state(&l, "u1").await.tokens_available, 46_000);
+    let s = l.refund("u1", &b.id).await.unwrap();
+    assert_eq!((s.balance, s.applied), (52_000, true));
+    let s = l.refund("u1", &b.id).await.unwrap();
+    assert_eq!((s.balance, s.applied), (52_000, false));
+    let s = l.settle("u1", &b.id, 1).await.unwrap();
+    assert!(!s.applied);
+
+    // A settle below the estimate gives the difference back.
+    let c = allowed(&l.reserve_tokens("u1", "run", 6_000).await.unwrap());
+    let s = l.settle("u1", &c.id, 1_000).await.unwrap();
+    assert_eq!(s.balance, 51_000);
+
+    for unknown in [
+        ReservationId {
+            invocation_id: "run".into(),
+            call: 4,
+        },
+        ReservationId {
+            invocation_id: "other".into(),
+            call: 1,
+        },
+    ] {
+        let e = l.settle("u1", &unknown, 10).await.unwrap_err();
+        assert!(
+            matches!(e, LimiterError::UnknownReservation(_)),
+            "{unknown}: {e:?}"
+        );
+    }
+}
+
+/// A reservation belongs to its user: another user cannot settle or refund it.
+pub async fn reservations_are_per_user<S: Store + Clone>(store: S, clock: FakeClock) {
+    let l = limiter_with(store, &clock, support());
+    let a = allowed(&l.reserve_tokens("u1", "run", 6_000).await.unwrap());
+    assert!(matches!(
+        l.refund("u2", &a.id).await,
+        Err(LimiterError::UnknownReservation(_))
+    ));
+    assert_eq!(state(&l, "u1").await.tokens_available, 54_000);
+    assert!(l.refund("u1", &a.id).await.unwrap().applied);
+}
+
+/// `max_llm_calls` stops a run for good (not retryable); other runs go on.
+pub async fn max_llm_calls<S: Store + Clone>(store: S, clock: FakeClock) {
+    let mut plan = support();
+    plan.max_llm_calls = Some(3);
+    let l = limiter_with(store, &clock, plan);
+    for call in 1..=3 {
+        let g = allowed(&l.reserve_tokens("u1", "loop", 10).await.unwrap());
+        assert_eq!(g.id.call, call);
+    }
+    let d = l.reserve_tokens("u1", "loop", 10).await.unwrap();
+    let denial = *d.denial().unwrap();
+    assert_eq!(
+        denial,
+        Denial::CapReached {
+            limit: Limit::MaxLlmCalls,
+            cap: 3
+        }
+    );
+    assert!(!denial.is_retryable());
+    assert!(!d.is_allowed());
+    assert_eq!(state(&l, "u1").await.tokens_available, 59_970);
+    allowed(&l.reserve_tokens("u1", "other-run", 10).await.unwrap());
+}
+
+/// Admission by a live holder is idempotent: refreshed, charged once.
+pub async fn idempotent_admission<S: Store + Clone>(store: S, clock: FakeClock) {
+    let l = limiter_with(store, &clock, support());
+    let first = allowed(&l.admit_turn("u1", "r1").await.unwrap());
+    assert!(!first.refreshed);
+    clock.advance(1_000); // refills 1/3 of a turn: 4 whole remain
+
+    let again = allowed(&l.admit_turn("u1", "r1").await.unwrap());
+    assert!(again.refreshed);
+    assert_eq!(again.expires_at_ms, Some(clock.now_ms() + 120_000));
+    let s = state(&l, "u1").await;
+    assert_eq!(s.turns_available, 4, "charged once");
+    assert_eq!(s.leases.len(), 1);
+}
+
+/// Release removes by invocation id only; renew pushes a live lease and
+/// answers lost for a gone one, which is never re-added.
+pub async fn release_and_renew_by_id<S: Store + Clone>(store: S, clock: FakeClock) {
+    let l = limiter_with(store, &clock, support());
+    allowed(&l.admit_turn("u1", "r1").await.unwrap());
+    allowed(&l.admit_turn("u1", "r2").await.unwrap());
+    assert!(!l.release_run("u1", "zz").await.unwrap());
+    assert!(!l.release_run("u2", "r1").await.unwrap(), "another user's");
+    assert_eq!(state(&l, "u1").await.leases.len(), 2);
+    assert!(l.release_run("u1", "r1").await.unwrap());
+    assert!(!l.release_run("u1", "r1").await.unwrap(), "second release");
+    clock.advance(60_000);
+    assert_eq!(
+        l.renew_run("u1", "r2").await.unwrap(),
+        Some(clock.now_ms() + 120_000)
+    );
+    clock.advance(120_000);
+    assert_eq!(l.renew_run("u1", "r2").await.unwrap(), None, "lost");
+    assert_eq!(l.renew_run("u1", "never").await.unwrap(), None);
+    allowed(&l.admit_turn("u1", "r3").await.unwrap());
+    assert_eq!(l.renew_run("u1", "r2").await.unwrap(), None);
+    let leases = state(&l, "u1").await.leases;
+    assert_eq!(leases.len(), 1);
+    assert_eq!(leases[0].0, "r3");
+}
+
+/// SPEC §4: fence numbers grow only for a new holder; busy with the remaining
+/// TTL; compare-and-act renew/release; appends only at the latest number;
+/// records in order; the counter survives record deletion.
+pub async fn session_fencing<S: Store + Clone>(store: S, clock: FakeClock) {
+    let s = &store;
+    let now = clock.now_ms();
+    assert_eq!(
+        s.fence_check("sess", 1).await.unwrap(),
+        FenceCheck {
+            current: false,
+            latest: 0
+        }
+    );
+    assert!(matches!(
+        s.append_fenced("sess", 0, b"x").await.unwrap(),
+        AppendOutcome::Stale { latest: 0 }
+    ));
+    let g = s.session_acquire("sess", "h1", 30_000).await.unwrap();
+    assert_eq!(
+        g,
+        SessionAcquire::Acquired(SessionGrant {
+            fence: 1,
+            expires_at_ms: now + 30_000
+        })
+    );
+    assert_eq!(
+        s.append_fenced("sess", 1, b"a").await.unwrap(),
+        AppendOutcome::Appended { index: 0 }
+    );
+    assert_eq!(
+        s.session_acquire("sess", "h2", 30_000).await.unwrap(),
+        SessionAcquire::Busy {
+            retry_after_ms: 30_000
+        }
+    );
+    clock.advance(10_000);
+    assert_eq!(
+        s.session_acquire("sess", "h2", 30_000).await.unwrap(),
+        SessionAcquire::Busy {
+            retry_after_ms: 20_000
+        }
+    );
+    assert_eq!(s.session_renew("sess", "h2", 30_000).await.unwrap(), None);
+    assert!(!s.session_release("sess", "h2").await.unwrap());
+    let renewed = s
+        .session_renew("sess", "h1", 30_000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(renewed.fence, 1);
+    assert_eq!(renewed.expires_at_ms, clock.now_ms() + 30_000);
+    // A refresh by the live holder keeps the number.
+    assert!(matches!(
+        s.session_acquire("sess", "h1", 30_000).await.unwrap(),
+        SessionAcquire::Acquired(SessionGrant { fence: 1, .. })
+    ));
+    assert_eq!(
+        s.append_fenced("sess", 1, b"b").await.unwrap(),
+        AppendOutcome::Appended { index: 1 }
+    );
+    // h1 pauses past its TTL; h2 takes over.
+    clock.advance(30_000);
+    assert!(matches!(
+        s.session_acquire("sess", "h2", 30_000).await.unwrap(),
+        SessionAcquire::Acquired(SessionGrant { fence: 2, .. })
+    ));
+    assert_eq!(
+        s.append_fenced("sess", 1, b"late").await.unwrap(),
+        AppendOutcome::Stale { latest: 2 },
+        "a holder whose lease was taken over cannot write"
+    );
+    assert_eq!(
+        s.fence_check("sess", 1).await.unwrap(),
+        FenceCheck {
+            current: false,
+            latest: 2
+        }
+    );
+    assert!(s.fence_check("sess", 2).await.unwrap().current);
+    assert_eq!(
+        s.append_fenced("sess", 2, b"c").await.unwrap(),
+        AppendOutcome::Appended { index: 2 }
+    );
+    assert_eq!(s.session_renew("sess", "h1", 30_000).await.unwrap(), None);
+    assert!(!s.session_release("sess", "h1").await.unwrap());
+    let all = s.read_records("sess", 0, 100).await.unwrap();
+    assert_eq!(all, vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]);
+    assert_eq!(
+        s.read_records("sess", 1, 1).await.unwrap(),
+        vec![b"b".to_vec()]
+    );
+    assert!(s.read_records("sess", 9, 10).await.unwrap().is_empty());
+    assert!(s.read_records("other", 0, 10).await.unwrap().is_empty());
+    assert!(s.session_release("sess", "h2").await.unwrap());
+    // Released: the same holder acquiring again is a new grant.
+    assert!(matches!(
+        s.session_acquire("sess", "h2", 30_000).await.unwrap(),
+        SessionAcquire::Acquired(SessionGrant { fence: 3, .. })
+    ));
+    assert_eq!(s.delete_records("sess").await.unwrap(), 3);
+    assert!(s.read_records("sess", 0, 10).await.unwrap().is_empty());
+    assert!(s.session_release("sess", "h2").await.unwrap());
+    assert!(matches!(
+        s.session_acquire("sess", "h3", 30_000).await.unwrap(),
+        SessionAcquire::Acquired(SessionGrant { fence: 4, .. })
+    ));
+    assert!(matches!(
+        s.append_fenced("sess", 3, b"z").await.unwrap(),
+        AppendOutcome::Stale { latest: 4 }
+    ));
+    assert_eq!(
+        s.append_fenced("sess", 4, b"d").await.unwrap(),
+        AppendOutcome::Appended { index: 0 }
+    );
+}
+
+/// SPEC §6 shadow mode: would-be refusals take nothing and are answered
+/// allowed, carrying the denial enforcement would have given.
+pub async fn shadow_mode<S: Store + Clone>(store: S, clock: FakeClock) {
+    let mut plan = support();
+    plan.shadow = true;
+    plan.turns.burst = Some(1);
+    plan.tokens.burst = Some(1_000);
+    plan.tokens.amount = 1_000;
+    plan.max_wait_ms = 0;
+    let l = limiter_with(store, &clock, plan);
+    allowed(&l.admit_turn("u1", "r1").await.unwrap());
+    let d = l.admit_turn("u1", "r2").await.unwrap();
+    match &d {
+        Decision::Allowed {
+            grant,
+            shadow_denied: Some(denial),
+        } => {
+            assert_eq!(denial.limit(), Limit::TurnRate);
+            assert_eq!(grant.expires_at_ms, None, "no lease taken");
+        }
+        other => panic!("expected shadow-allowed, got {other:?}"),
+    }
+    assert_eq!(d.outcome(), tollgate_core::Outcome::ShadowDenied);
+    let s = state(&l, "u1").await;
+    assert_eq!(s.leases.len(), 1);
+    assert_eq!(s.turns_available, 0);
+
+    allowed(&l.reserve_tokens("u1", "r1", 1_000).await.unwrap());
+    let d = l.reserve_tokens("u1", "r1", 500).await.unwrap();
+    let Decision::Allowed {
+        grant,
+        shadow_denied: Some(denial),
+    } = d
+    else {
+        panic!("expected shadow-allowed, got {d:?}");
+    };
+    assert_eq!(denial.limit(), Limit::TokenRate);
+    assert_eq!(grant.wait_ms, 0);
+    assert_eq!(grant.id.call, 2);
+    assert_eq!(state(&l, "u1").await.tokens_available, 0, "took nothing");
+    // The call ran: settling charges its actual usage; a repeat changes nothing.
+    let s = l.settle("u1", &grant.id, 300).await.unwrap();
+    assert_eq!((s.balance, s.applied), (-300, true));
+    assert!(!l.settle("u1", &grant.id, 300).await.unwrap().applied);
+}
+
+/// A clock that steps back never refills twice.
+pub async fn clock_steps_back<S: Store + Clone>(store: S, clock: FakeClock) {
+    let l = limiter_with(store, &clock, support());
+    for i in 0..5 {
+        let inv = format!("t{i}");
+        allowed(&l.admit_turn("u1", &inv).await.unwrap());
+        l.release_run("u1", &inv).await.unwrap();
+    }
+    clock.advance(3_000);
+    allowed(&l.admit_turn("u1", "t5").await.unwrap());
+    l.release_run("u1", "t5").await.unwrap();
+    let t3000 = clock.now_ms();
+    clock.set(t3000 - 2_000);
+    assert_eq!(
+        limited(&l.admit_turn("u1", "t6").await.unwrap()),
+        (Limit::TurnRate, 3_000)
+    );
+    clock.set(t3000);
+    assert_eq!(
+        limited(&l.admit_turn("u1", "t6").await.unwrap()),
+        (Limit::TurnRate, 3_000),
+        "no refill for time already counted"
+    );
+    clock.advance(3_000);
+    allowed(&l.admit_turn("u1", "t6").await.unwrap());
+}
+
+async fn until_sleeping(clock: &FakeClock, n: usize) {
+    for _ in 0..1_000 {
+        if clock.pending_sleeps() == n {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!(
+        "expected {n} pending sleeps, have {}",
+        clock.pending_sleeps()
+    );
+}
+
+/// The waiting reserve waits on the clock, no thread blocked: it completes
+/// only when the fake clock reaches the wait.
+pub async fn waiting_reserve<S: Store + Clone>(store: S, clock: FakeClock) {
+    let mut plan = support();
+    plan.max_wait_ms = 6_000;
+    let l = Arc::new(limiter_with(store, &clock, plan));
+    allowed(&l.reserve_tokens("u1", "run", 60_000).await.unwrap());
+    let task = tokio::spawn({
+        let l = l.clone();
+        async move { l.reserve_tokens_and_wait("u1", "run", 6_000).await }
+    });
+    until_sleeping(&clock, 1).await;
+    clock.advance(5_999);
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!task.is_finished(), "must wait the full 6,000 ms");
+    clock.advance(1);
+    let g = allowed(&task.await.unwrap().unwrap());
+    assert_eq!((g.wait_ms, g.waited_ms), (0, 6_000));
+    // A grant with no wait answers at once.
+    let g = allowed(&l.reserve_tokens_and_wait("u2", "run", 10).await.unwrap());
+    assert_eq!((g.wait_ms, g.waited_ms), (0, 0));
+}
+
+/// A caller that gives up while the limiter waits for it is refunded.
+pub async fn abandoned_wait_is_refunded<S: Store + Clone>(store: S, clock: FakeClock) {
+    let mut plan = support();
+    plan.max_wait_ms = 6_000;
+    let l = Arc::new(limiter_with(store, &clock, plan));
+    allowed(&l.reserve_tokens("u1", "run", 60_000).await.unwrap());
+    let task = tokio::spawn({
+        let l = l.clone();
+        async move { l.reserve_tokens_and_wait("u1", "run", 6_000).await }
+    });
+    until_sleeping(&clock, 1).await;
+    assert_eq!(state(&l, "u1").await.tokens_available, -6_000);
+    task.abort();
+    for _ in 0..1_000 {
+        if state(&l, "u1").await.tokens_available == 0 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(state(&l, "u1").await.tokens_available, 0, "refunded");
+    let id = ReservationId {
+        invocation_id: "run".into(),
+        call: 2,
+    };
+    assert!(!l.refund("u1", &id).await.unwrap().applied, "closed once");
+}
+
+/// The multi-bucket take is all or nothing, with per-call parameters; the
+/// wait is the largest of the waits.
+pub async fn take_many_all_or_nothing<S: Store + Clone>(store: S, _clock: FakeClock) {
+    let a = BucketSpec::new(1, 1_000, 10).unwrap();
+    let b = BucketSpec::new(1, 1_000, 5).unwrap();
+    let take = |key, spec, cost, max_wait_ms| BucketTake {
+        key,
+        spec,
+        cost,
+        max_wait_ms,
+    };
+    let s = &store;
+    assert_eq!(
+        s.take_many(&[take("a", a, 3, 0), take("b", b, 3, 0)], None)
+            .await
+            .unwrap(),
+        MultiTake::Granted { wait_ms: 0 }
+    );
+    // b holds 2: refused, and a is not charged.
+    assert_eq!(
+        s.take_many(&[take("a", a, 3, 0), take("b", b, 3, 0)], None)
+            .await
+            .unwrap(),
+        MultiTake::Refused {
+            index: Some(1),
+            retry_after_ms: 1_000
+        }
+    );
+    assert_eq!(
+        s.take_many(&[take("a", a, 7, 0)], None).await.unwrap(),
+        MultiTake::Granted { wait_ms: 0 }
+    );
+    // a is empty: a cost-2 take waits 2,000 on a, 0 on b; wait = the largest.
+    assert_eq!(
+        s.take_many(&[take("a", a, 2, 5_000), take("b", b, 1, 0)], None)
+            .await
+            .unwrap(),
+        MultiTake::Granted { wait_ms: 2_000 }
+    );
+    // Both refuse: the larger hint is reported.
+    assert_eq!(
+        s.take_many(&[take("a", a, 5, 1_000), take("b", b, 3, 0)], None)
+            .await
+            .unwrap(),
+        MultiTake::Refused {
+            index: Some(0),
+            retry_after_ms: 6_000
+        }
+    );
+    assert_eq!(
+        s.take_many(&[take("a", a, 1, 0), take("b", b, 99, 1_000)], None)
+            .await
+            .unwrap(),
+        MultiTake::ExceedsCapacity { index: 1 }
+    );
+    // Nothing was taken from b by the refusals: it holds 1.
+    assert_eq!(
+        s.take_many(&[take("b", b, 1, 0)], None).await.unwrap(),
+        MultiTake::Granted { wait_ms: 0 }
+    );
+}
+
+/// A cooldown only grows; permits wait it out (block) or are refused with
+/// the cooldown named, taking nothing.
+pub async fn cooldown<S: Store + Clone>(store: S, clock: FakeClock) {
+    let s = &store;
+    let now = clock.now_ms();
+    let spec = BucketSpec::new(10, 1_000, 60).unwrap();
+    assert_eq!(
+        s.extend_cooldown("cd", now + 5_000).await.unwrap(),
+        now + 5_000
+    );
+    assert_eq!(
+        s.extend_cooldown("cd", now + 1_000).await.unwrap(),
+        now + 5_000,
+        "until = max(existing, new)"
+    );
+    let rpm = |max_wait_ms| BucketTake {
+        key: "rpm",
+        spec,
+        cost: 60,
+        max_wait_ms,
+    };
+    let cd = |max_wait_ms| {
+        Some(CooldownCheck {
+            key: "cd",
+            max_wait_ms,
+        })
+    };
+    assert_eq!(
+        s.take_many(&[rpm(0)], cd(2_000)).await.unwrap(),
+        MultiTake::Refused {
+            index: None,
+            retry_after_ms: 3_000
+        }
+    );
+    assert_eq!(
+        s.take_many(&[rpm(0)], cd(10_000)).await.unwrap(),
+        MultiTake::Granted { wait_ms: 5_000 },
+        "the refusal took nothing: the full 60 were still there"
+    );
+    clock.advance(5_000);
+    assert_eq!(
+        s.take_many(&[rpm(10_000)], cd(0)).await.unwrap(),
+        MultiTake::Granted { wait_ms: 1_000 },
+        "cooldown over; 50 refilled of 60"
+    );
+}
+
+/// Admin inspection: one user's state, the top users by tokens over the last
+/// minute, and a reset that clears buckets but keeps leases.
+pub async fn inspection_and_reset<S: Store + Clone>(store: S, clock: FakeClock) {
+    let l = limiter_with(store, &clock, support());
+    allowed(&l.admit_turn("u1", "r1").await.unwrap());
+    allowed(&l.reserve_tokens("u1", "r1", 6_000).await.unwrap());
+    let big = allowed(&l.reserve_tokens("u2", "r9", 10_000).await.unwrap());
+    l.settle("u2", &big.id, 12_000).await.unwrap();
+    let s = state(&l, "u1").await;
+    assert_eq!(s.turns_available, 4);
+    assert_eq!(s.tokens_available, 54_000);
+    assert_eq!(s.leases, vec![("r1".to_owned(), clock.now_ms() + 120_000)]);
+    assert_eq!(s.tokens_last_minute, 6_000);
+    let top = l.store().top_users(10).await.unwrap();
+    let top: Vec<(&str, i64)> = top
+        .iter()
+        .map(|t| (t.user.as_str(), t.tokens_last_minute))
+        .collect();
+    assert_eq!(top, vec![("u2", 12_000), ("u1", 6_000)]);
+    assert_eq!(l.store().top_users(1).await.unwrap().len(), 1);
+    assert!(l.store().reset_user("u1").await.unwrap());
+    let s = state(&l, "u1").await;
+    assert_eq!((s.turns_available, s.tokens_available), (5, 60_000));
+    assert_eq!(s.leases.len(), 1, "leases survive a reset");
+    assert!(!l.store().reset_user("nobody").await.unwrap());
+    clock.advance(120_000);
+    assert!(l.store().top_users(10).await.unwrap().is_empty());
+}
+
+/// A cost larger than capacity + max wait × rate is a typed, non-retryable
+/// answer; it takes nothing and counts no model call.
+pub async fn exceeds_capacity<S: Store + Clone>(store: S, clock: FakeClock) {
+    let l = limiter_with(store, &clock, support());
+    let d = l.reserve_tokens("u1", "run", 62_001).await.unwrap();
+    assert_eq!(
+        d,
+        Decision::Denied(Denial::ExceedsCapacity {
+            limit: Limit::TokenRate,
+            cost: 62_001,
+            max_cost: 62_000
+        })
+    );
+    assert!(!d.denial().unwrap().is_retryable());
+    assert_eq!(state(&l, "u1").await.tokens_available, 60_000);
+    let g = allowed(&l.reserve_tokens("u1", "run", 62_000).await.unwrap());
+    assert_eq!((g.id.call, g.wait_ms), (1, 2_000));
+}
+
+/// SPEC §6: lowering a capacity takes effect at the next refill.
+pub async fn lowered_capacity_applies_at_refill<S: Store + Clone>(store: S, clock: FakeClock) {
+    let l = limiter_with(store, &clock, support());
+    allowed(&l.reserve_tokens("u1", "run", 100).await.unwrap());
+    let mut smaller = support();
+    smaller.tokens.burst = Some(10_000);
+    smaller.max_wait_ms = 0;
+    let mut cfg = PlansConfig {
+        default_plan: Some("p".into()),
+        ..PlansConfig::default()
+    };
+    cfg.plans.insert("p".into(), smaller);
+    l.set_plans(cfg.validate().unwrap());
+    assert_eq!(state(&l, "u1").await.tokens_available, 10_000);
+    let d = l.reserve_tokens("u1", "run", 10_001).await.unwrap();
+    assert!(matches!(d.denial(), Some(Denial::ExceedsCapacity { .. })));
+    allowed(&l.reserve_tokens("u1", "run", 10_000).await.unwrap());
+}
