@@ -36,7 +36,15 @@ impl LeaseSet {
     pub fn purge(&mut self, now: u64) -> usize {
         let before = self.members.len();
         self.members.retain(|(_, exp)| *exp > now);
+        self.shrink();
         before - self.members.len()
+    }
+
+    /// An empty set holds no allocation (idle users cost little).
+    fn shrink(&mut self) {
+        if self.members.is_empty() {
+            self.members = Vec::new();
+        }
     }
 
     /// Live members (call [`purge`](Self::purge) first for an exact count).
@@ -119,6 +127,7 @@ impl LeaseSet {
         match self.position(id) {
             Some(i) => {
                 self.members.swap_remove(i);
+                self.shrink();
                 true
             }
             None => false,

@@ -191,11 +191,19 @@ impl<V: Expiring> Multi<'_, V> {
 
 // ----- entries ---------------------------------------------------------------
 
+/// All of one user's state. Kept small for idle users: the turn bucket and
+/// leases inline, everything about model calls boxed (a user who only made
+/// turns pays one pointer for it).
 #[derive(Default)]
 struct UserEntry {
     turns: Option<(BucketState, u64)>,
-    tokens: Option<(BucketState, u64)>,
     leases: LeaseSet,
+    calls: Option<Box<CallState>>,
+}
+
+#[derive(Default)]
+struct CallState {
+    tokens: Option<(BucketState, u64)>,
     invocations: Vec<Invocation>,
     usage: Usage,
 }
@@ -259,19 +267,25 @@ impl Usage {
 
 impl Expiring for UserEntry {
     fn expires_at(&self) -> u64 {
-        let b = |s: &Option<(BucketState, u64)>| s.map_or(0, |(_, e)| e);
-        b(&self.turns)
-            .max(b(&self.tokens))
+        let calls = self.calls.as_ref().map_or(0, |c| {
+            slot_expiry(&c.tokens)
+                .max(
+                    c.invocations
+                        .iter()
+                        .map(|i| i.expires_at)
+                        .max()
+                        .unwrap_or(0),
+                )
+                .max(c.usage.expires_at())
+        });
+        slot_expiry(&self.turns)
             .max(self.leases.expires_at().unwrap_or(0))
-            .max(
-                self.invocations
-                    .iter()
-                    .map(|i| i.expires_at)
-                    .max()
-                    .unwrap_or(0),
-            )
-            .max(self.usage.expires_at())
+            .max(calls)
     }
+}
+
+fn slot_expiry(s: &Option<(BucketState, u64)>) -> u64 {
+    s.map_or(0, |(_, e)| e)
 }
 
 fn live(slot: Option<(BucketState, u64)>, now: u64) -> Option<BucketState> {
@@ -279,6 +293,17 @@ fn live(slot: Option<(BucketState, u64)>, now: u64) -> Option<BucketState> {
 }
 
 impl UserEntry {
+    /// The model-call state, created on first use.
+    fn calls(&mut self) -> &mut CallState {
+        self.calls.get_or_insert_with(Box::default)
+    }
+
+    fn tokens(&self) -> Option<(BucketState, u64)> {
+        self.calls.as_ref().and_then(|c| c.tokens)
+    }
+}
+
+impl CallState {
     fn invocation(&mut self, now: u64, id: &str) -> Option<&mut Invocation> {
         self.invocations.retain(|i| i.expires_at > now);
         self.invocations.iter_mut().find(|i| &*i.id == id)
@@ -419,71 +444,60 @@ impl MemoryStore {
     fn reserve(&self, req: ReserveRequest<'_>) -> ReserveOutcome {
         let now = self.now();
         self.inner.users.with(req.user, now, |u| {
-            let calls = u.invocation(now, req.invocation_id).map_or(0, |i| i.calls);
+            let c = u.calls();
+            let calls = c.invocation(now, req.invocation_id).map_or(0, |i| i.calls);
+            let cap = Denial::CapReached {
+                limit: Limit::MaxLlmCalls,
+                cap: req.max_llm_calls,
+            };
             if calls >= req.max_llm_calls && !req.shadow {
                 return ReserveOutcome::Denied {
-                    denial: Denial::CapReached {
-                        limit: Limit::MaxLlmCalls,
-                        cap: req.max_llm_calls,
-                    },
+                    denial: cap,
                     shadow_reservation: None,
                 };
             }
             let t = bucket::take(
                 &req.tokens,
-                live(u.tokens, now),
+                live(c.tokens, now),
                 now,
                 req.estimate,
                 req.max_wait_ms,
             );
-            let denial = if calls >= req.max_llm_calls {
-                Some(Denial::CapReached {
-                    limit: Limit::MaxLlmCalls,
-                    cap: req.max_llm_calls,
-                })
-            } else {
-                match t.outcome {
-                    Take::Granted { .. } => None,
-                    Take::Refused { retry_after_ms } => Some(Denial::Limited {
-                        limit: Limit::TokenRate,
-                        retry_after_ms,
-                    }),
-                    Take::ExceedsCapacity => Some(Denial::ExceedsCapacity {
-                        limit: Limit::TokenRate,
-                        cost: req.estimate,
-                        max_cost: req.tokens.max_cost(req.max_wait_ms),
-                    }),
-                }
+            let denial = match t.outcome {
+                _ if calls >= req.max_llm_calls => Some(cap),
+                Take::Granted { .. } => None,
+                Take::Refused { retry_after_ms } => Some(Denial::Limited {
+                    limit: Limit::TokenRate,
+                    retry_after_ms,
+                }),
+                Take::ExceedsCapacity => Some(Denial::ExceedsCapacity {
+                    limit: Limit::TokenRate,
+                    cost: req.estimate,
+                    max_cost: req.tokens.max_cost(req.max_wait_ms),
+                }),
             };
-            if let Some(denial) = denial {
-                // Take nothing: keep only the refilled level.
-                let r = bucket::adjust(&req.tokens, live(u.tokens, now), now, 0);
-                u.tokens = Some((r.state, r.expires_at));
-                let shadow_reservation = req.shadow.then(|| {
-                    let call = record_call(u, now, req.invocation_id, 0);
-                    ReservationId {
-                        invocation_id: req.invocation_id.to_owned(),
-                        call,
+            let reservation = |c: &mut CallState, charged| ReservationId {
+                invocation_id: req.invocation_id.to_owned(),
+                call: c.record_call(now, req.invocation_id, charged),
+            };
+            match (denial, t.outcome) {
+                (None, Take::Granted { wait_ms }) => {
+                    c.tokens = Some((t.state, t.expires_at));
+                    c.usage.add(now, req.estimate as i64);
+                    ReserveOutcome::Granted {
+                        reservation: reservation(c, req.estimate),
+                        wait_ms,
                     }
-                });
-                return ReserveOutcome::Denied {
-                    denial,
-                    shadow_reservation,
-                };
-            }
-            u.tokens = Some((t.state, t.expires_at));
-            u.usage.add(now, req.estimate as i64);
-            let call = record_call(u, now, req.invocation_id, req.estimate);
-            let wait_ms = match t.outcome {
-                Take::Granted { wait_ms } => wait_ms,
-                _ => 0,
-            };
-            ReserveOutcome::Granted {
-                reservation: ReservationId {
-                    invocation_id: req.invocation_id.to_owned(),
-                    call,
-                },
-                wait_ms,
+                }
+                (denial, _) => {
+                    // Take nothing: keep only the refilled level.
+                    let r = bucket::adjust(&req.tokens, live(c.tokens, now), now, 0);
+                    c.tokens = Some((r.state, r.expires_at));
+                    ReserveOutcome::Denied {
+                        denial: denial.unwrap_or(cap),
+                        shadow_reservation: req.shadow.then(|| reservation(c, 0)),
+                    }
+                }
             }
         })
     }
@@ -491,31 +505,37 @@ impl MemoryStore {
     fn settle_now(&self, req: SettleRequest<'_>) -> SettleOutcome {
         let now = self.now();
         let spec = req.tokens;
+        let balance =
+            |c: &CallState| spec.unscale(bucket::refill(&spec, live(c.tokens, now), now).level);
         self.inner.users.with(req.user, now, |u| {
-            let balance_now =
-                |u: &UserEntry| spec.unscale(bucket::refill(&spec, live(u.tokens, now), now).level);
             let r = req.reservation;
-            let Some(inv) = u.invocation(now, &r.invocation_id) else {
+            let Some(c) = u.calls.as_deref_mut() else {
+                return SettleOutcome::Unknown;
+            };
+            let Some(inv) = c.invocation(now, &r.invocation_id) else {
                 return SettleOutcome::Unknown;
             };
             if r.call == 0 || r.call > inv.calls {
                 return SettleOutcome::Unknown;
             }
-            let Some(pos) = inv.open.iter().position(|(c, _)| *c == r.call) else {
+            let Some(pos) = inv.open.iter().position(|(n, _)| *n == r.call) else {
                 return SettleOutcome::AlreadyClosed {
-                    balance: balance_now(u),
+                    balance: balance(c),
                 };
             };
             let (_, estimate) = inv.open.swap_remove(pos);
+            if inv.open.is_empty() {
+                inv.open = Vec::new();
+            }
             inv.expires_at = now + RESERVATION_RETENTION_MS;
             let delta = match req.actual {
                 Some(actual) => i128::from(actual) - i128::from(estimate),
                 None => -i128::from(estimate),
             };
             let delta = delta.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
-            let a = bucket::adjust(&spec, live(u.tokens, now), now, delta);
-            u.tokens = Some((a.state, a.expires_at));
-            u.usage.add(now, delta);
+            let a = bucket::adjust(&spec, live(c.tokens, now), now, delta);
+            c.tokens = Some((a.state, a.expires_at));
+            c.usage.add(now, delta);
             SettleOutcome::Applied {
                 balance: spec.unscale(a.state.level),
             }
@@ -613,29 +633,38 @@ impl MemoryStore {
     }
 }
 
-/// Counts a model call of `invocation_id` and records its reservation as
-/// open with the estimate it charged (0 for a shadow reservation, which took
-/// nothing: its settle charges the actual usage, its refund changes nothing).
-fn record_call(u: &mut UserEntry, now: u64, invocation_id: &str, charged: u64) -> u64 {
-    let expires_at = now + RESERVATION_RETENTION_MS;
-    u.invocations.retain(|i| i.expires_at > now);
-    let pos = u.invocations.iter().position(|i| &*i.id == invocation_id);
-    let inv = match pos {
-        Some(p) => &mut u.invocations[p],
-        None => {
-            u.invocations.push(Invocation {
-                id: invocation_id.into(),
-                calls: 0,
-                open: Vec::new(),
-                expires_at,
-            });
-            u.invocations.last_mut().expect("just pushed")
-        }
-    };
-    inv.calls += 1;
-    inv.expires_at = expires_at;
-    inv.open.push((inv.calls, charged));
-    inv.calls
+impl CallState {
+    /// Counts a model call of `invocation_id` and records its reservation as
+    /// open with the estimate it charged (0 for a shadow reservation, which
+    /// took nothing: its settle charges the actual usage, its refund changes
+    /// nothing). Answers the call's number.
+    fn record_call(&mut self, now: u64, invocation_id: &str, charged: u64) -> u64 {
+        let expires_at = now + RESERVATION_RETENTION_MS;
+        self.invocations.retain(|i| i.expires_at > now);
+        let pos = self
+            .invocations
+            .iter()
+            .position(|i| &*i.id == invocation_id);
+        let inv = match pos {
+            Some(p) => &mut self.invocations[p],
+            None => {
+                // Most users run one invocation at a time: grow one by one.
+                self.invocations.reserve_exact(1);
+                self.invocations.push(Invocation {
+                    id: invocation_id.into(),
+                    calls: 0,
+                    open: Vec::new(),
+                    expires_at,
+                });
+                self.invocations.last_mut().expect("just pushed")
+            }
+        };
+        inv.calls += 1;
+        inv.expires_at = expires_at;
+        inv.open.reserve_exact(1);
+        inv.open.push((inv.calls, charged));
+        inv.calls
+    }
 }
 
 impl Store for MemoryStore {
@@ -825,14 +854,14 @@ impl Store for MemoryStore {
                 },
                 Some(u) => UserState {
                     turns_available: level(&turns, u.turns),
-                    tokens_available: level(&tokens, u.tokens),
+                    tokens_available: level(&tokens, u.tokens()),
                     leases: u
                         .leases
                         .iter()
                         .filter(|(_, exp)| *exp > now)
                         .map(|(id, exp)| (id.to_owned(), exp))
                         .collect(),
-                    tokens_last_minute: u.usage.last_minute(now),
+                    tokens_last_minute: u.calls.as_ref().map_or(0, |c| c.usage.last_minute(now)),
                 },
             }
         })))
@@ -842,7 +871,7 @@ impl Store for MemoryStore {
         let now = self.now();
         let mut all: Vec<TopUser> = Vec::new();
         self.inner.users.for_each_live(now, |user, u| {
-            let tokens = u.usage.last_minute(now);
+            let tokens = u.calls.as_ref().map_or(0, |c| c.usage.last_minute(now));
             if tokens > 0 {
                 all.push(TopUser {
                     user: user.to_owned(),
@@ -862,10 +891,136 @@ impl Store for MemoryStore {
     fn reset_user(&self, user: &str) -> impl Future<Output = Result<bool, StoreError>> + Send {
         let now = self.now();
         ready(Ok(self.inner.users.with(user, now, |u| {
-            let had = live(u.turns, now).is_some() || live(u.tokens, now).is_some();
+            let had = live(u.turns, now).is_some() || live(u.tokens(), now).is_some();
             u.turns = None;
-            u.tokens = None;
+            if let Some(c) = u.calls.as_deref_mut() {
+                c.tokens = None;
+            }
             had
         })))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::FakeClock;
+    use crate::lease::{Admit, TurnParams};
+
+    fn params() -> TurnParams {
+        TurnParams {
+            turns: BucketSpec::new(20, 60_000, 5).unwrap(),
+            max_runs: 2,
+            lease_ttl_ms: 120_000,
+            concurrency_retry_ms: 1_000,
+        }
+    }
+
+    fn admit(store: &MemoryStore, user: &str, inv: &str) -> Admit {
+        store
+            .admit(TurnRequest {
+                user,
+                invocation_id: inv,
+                params: params(),
+            })
+            .admit
+    }
+
+    #[test]
+    fn idle_users_expire_and_are_swept() {
+        let clock = FakeClock::new(1_000_000);
+        let store = MemoryStore::new(clock.clone());
+        for i in 0..5_000 {
+            let user = format!("u{i}");
+            assert!(matches!(admit(&store, &user, "r"), Admit::Admitted { .. }));
+            assert!(store.release_run(&user, "r").into_inner_ready());
+        }
+        assert_eq!(store.stats().users, 5_000);
+        // The turn bucket is full again after 3 s, plus the 60 s grace.
+        clock.advance(63_000);
+        store.purge_expired();
+        assert_eq!(store.stats().users, 0);
+    }
+
+    #[test]
+    fn a_write_sweeps_its_shard_after_a_minute() {
+        let clock = FakeClock::new(1_000_000);
+        let store = MemoryStore::new(clock.clone());
+        for i in 0..2_000 {
+            admit(&store, &format!("u{i}"), "r");
+        }
+        // Leases keep the entries for 120 s.
+        clock.advance(119_999);
+        store.purge_expired();
+        assert_eq!(store.stats().users, 2_000);
+        clock.advance(61_000);
+        // One write per shard triggers the minute sweep there.
+        for i in 0..2_000 {
+            admit(&store, &format!("v{i}"), "r");
+        }
+        assert_eq!(store.stats().users, 2_000, "old users swept, new kept");
+    }
+
+    #[test]
+    fn reads_do_not_create_entries() {
+        let clock = FakeClock::new(1_000);
+        let store = MemoryStore::new(clock);
+        assert!(!store.release_run("ghost", "r").into_inner_ready());
+        assert_eq!(store.renew_run("ghost", "r", 10).into_inner_ready(), None);
+        let spec = BucketSpec::new(1, 1, 1).unwrap();
+        let st = store.user_state("ghost", spec, spec).into_inner_ready();
+        assert_eq!(st.tokens_available, 1);
+        assert_eq!(store.session_renew("s", "h", 10).into_inner_ready(), None);
+        assert_eq!(
+            store.stats(),
+            MemoryStats {
+                users: 0,
+                sessions: 0,
+                keys: 0
+            }
+        );
+    }
+
+    #[test]
+    fn sessions_are_kept_for_their_retention() {
+        let clock = FakeClock::new(1_000);
+        let store = MemoryStore::with_session_retention(clock.clone(), 10_000);
+        let g = store.session_acquire("s", "h", 100).into_inner_ready();
+        assert!(matches!(
+            g,
+            SessionAcquire::Acquired(SessionGrant { fence: 1, .. })
+        ));
+        clock.advance(9_999);
+        assert_eq!(store.fence_check("s", 1).into_inner_ready().latest, 1);
+        clock.advance(1);
+        assert_eq!(store.fence_check("s", 1).into_inner_ready().latest, 0);
+        store.purge_expired();
+        assert_eq!(store.stats().sessions, 0);
+    }
+
+    trait ReadyExt: Future + Sized {
+        fn into_inner_ready(self) -> <Self::Output as Unwrap>::T
+        where
+            Self::Output: Unwrap,
+        {
+            let mut fut = std::pin::pin!(self);
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            match fut.as_mut().poll(&mut cx) {
+                std::task::Poll::Ready(out) => out.unwrap_ok(),
+                std::task::Poll::Pending => panic!("MemoryStore futures are ready"),
+            }
+        }
+    }
+    impl<F: Future> ReadyExt for F {}
+
+    trait Unwrap {
+        type T;
+        fn unwrap_ok(self) -> Self::T;
+    }
+    impl<T> Unwrap for Result<T, StoreError> {
+        type T = T;
+        fn unwrap_ok(self) -> T {
+            self.expect("MemoryStore never fails")
+        }
     }
 }
