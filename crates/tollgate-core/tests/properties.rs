@@ -130,13 +130,21 @@ proptest! {
     /// `wait_ms ≤ max_wait_ms`.
     #[test]
     fn refused_take_changes_nothing(
-        (spec, state, dt, cost, max_wait_ms) in spec().prop_flat_map(|s| (
-            Just(s),
-            start_state(s),
-            -(s.period_ms() as i64)..=2 * s.period_ms() as i64,
-            0..=3 * s.capacity(),
-            prop_oneof![Just(0u64), 0..=2 * s.period_ms()],
-        ))
+        (spec, state, dt, max_wait_ms, cost) in
+            (spec(), prop_oneof![Just(0u64), 0u64..=240_000]).prop_flat_map(|(s, max_wait_ms)| {
+                let max_cost = s.max_cost(max_wait_ms);
+                (
+                    Just(s),
+                    start_state(s),
+                    -(s.period_ms() as i64)..=2 * s.period_ms() as i64,
+                    Just(max_wait_ms),
+                    prop_oneof![
+                        4 => 0..=s.capacity(),
+                        4 => 0..=max_cost,
+                        1 => max_cost..=max_cost.saturating_mul(2).max(max_cost + 1),
+                    ],
+                )
+            })
     ) {
         let now = state.map_or(1_000_000, |s| s.ts).saturating_add_signed(dt);
         let t = bucket::take(&spec, state, now, cost, max_wait_ms);

@@ -641,6 +641,14 @@ pub async fn take_many_all_or_nothing<S: Store + Clone>(store: S, _clock: FakeCl
             .unwrap(),
         MultiTake::ExceedsCapacity { index: 1 }
     );
+    // A key named twice is taken twice, in order: a is 2 in debt, so the
+    // first take waits 3,000 and the second 4,000.
+    assert_eq!(
+        s.take_many(&[take("a", a, 1, 9_000), take("a", a, 1, 9_000)], None)
+            .await
+            .unwrap(),
+        MultiTake::Granted { wait_ms: 4_000 }
+    );
     // Nothing was taken from b by the refusals: it holds 1.
     assert_eq!(
         s.take_many(&[take("b", b, 1, 0)], None).await.unwrap(),

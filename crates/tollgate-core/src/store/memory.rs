@@ -562,11 +562,16 @@ impl MemoryStore {
                 })
             })
             .collect();
-        let transitions: Vec<_> = takes
-            .iter()
-            .zip(&states)
-            .map(|(t, s)| bucket::take(&t.spec, *s, now, t.cost, t.max_wait_ms))
-            .collect();
+        // A key named twice is taken twice, in order: each take starts from
+        // the state the previous take of that key left.
+        let mut transitions: Vec<bucket::Transition<Take>> = Vec::with_capacity(takes.len());
+        for (i, t) in takes.iter().enumerate() {
+            let before = takes[..i]
+                .iter()
+                .rposition(|p| p.key == t.key)
+                .map_or(states[i], |j| Some(transitions[j].state));
+            transitions.push(bucket::take(&t.spec, before, now, t.cost, t.max_wait_ms));
+        }
         let mut wait = 0u64;
         let mut refused: Option<(Option<usize>, u64)> = None;
         let mut exceeds = None;
@@ -626,7 +631,11 @@ impl MemoryStore {
         self.inner.sessions.with(session, now, |s| {
             let r = f(s, now);
             if s.lease.fence > 0 || !s.records.is_empty() {
-                s.expires_at = now.saturating_add(retention).max(s.expires_at);
+                let lease_end = s.lease.holder.as_ref().map_or(0, |(_, exp)| *exp);
+                s.expires_at = now
+                    .saturating_add(retention)
+                    .max(s.expires_at)
+                    .max(lease_end);
             }
             r
         })
