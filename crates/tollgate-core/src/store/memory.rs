@@ -82,7 +82,7 @@ impl<V: Expiring> Shards<V> {
         let (hash, i) = self.locate(key);
         let mut shard = self.shards[i].0.lock();
         let r = shard.with(&self.hasher, hash, key, now, f);
-        shard.maybe_sweep(now);
+        shard.maybe_sweep(&self.hasher, now);
         r
     }
 
@@ -117,7 +117,7 @@ impl<V: Expiring> Shards<V> {
 
     fn purge(&self, now: u64) {
         for s in self.shards.iter() {
-            s.0.lock().sweep(now);
+            s.0.lock().sweep(&self.hasher, now);
         }
     }
 
@@ -157,15 +157,17 @@ impl<V: Expiring> Shard<V> {
         r
     }
 
-    fn maybe_sweep(&mut self, now: u64) {
+    fn maybe_sweep(&mut self, hasher: &DefaultHashBuilder, now: u64) {
         if self.table.len() > self.sweep_len || now >= self.next_sweep_at {
-            self.sweep(now);
+            self.sweep(hasher, now);
         }
     }
 
-    fn sweep(&mut self, now: u64) {
+    fn sweep(&mut self, hasher: &DefaultHashBuilder, now: u64) {
         self.table.retain(|(_, v)| v.expires_at() > now);
-        self.table.shrink_to(self.table.len() * 2, |_| 0);
+        // Rehashing moves entries: it must be given their real hashes.
+        self.table
+            .shrink_to(self.table.len() * 2, |(k, _)| hasher.hash_one(&**k));
         self.sweep_len = (self.table.len() * 2).max(MIN_SWEEP_LEN);
         self.next_sweep_at = now.saturating_add(SWEEP_EVERY_MS);
     }
@@ -968,6 +970,45 @@ mod tests {
             admit(&store, &format!("v{i}"), "r");
         }
         assert_eq!(store.stats().users, 2_000, "old users swept, new kept");
+    }
+
+    #[test]
+    fn live_entries_survive_a_shrinking_sweep() {
+        let clock = FakeClock::new(1_000_000);
+        let store = MemoryStore::new(clock.clone());
+        for i in 0..20_000 {
+            let user = format!("idle{i}");
+            admit(&store, &user, "r");
+            store.release_run(&user, "r").into_inner_ready();
+        }
+        clock.advance(30_000);
+        let mut p = params();
+        p.max_runs = 1;
+        for i in 0..64 {
+            let req = TurnRequest {
+                user: &format!("busy{i}"),
+                invocation_id: "r",
+                params: p,
+            };
+            assert!(matches!(store.admit(req).admit, Admit::Admitted { .. }));
+        }
+        // The idle users expire (3 s + 60 s grace); the sweep shrinks the
+        // tables and must keep every busy user findable.
+        clock.advance(70_000);
+        store.purge_expired();
+        assert_eq!(store.stats().users, 64);
+        for i in 0..64 {
+            let req = TurnRequest {
+                user: &format!("busy{i}"),
+                invocation_id: "other",
+                params: p,
+            };
+            assert!(
+                matches!(store.admit(req).admit, Admit::Denied(_)),
+                "busy{i} still holds its only slot"
+            );
+        }
+        assert_eq!(store.stats().users, 64);
     }
 
     #[test]
