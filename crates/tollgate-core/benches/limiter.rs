@@ -10,6 +10,8 @@
 //!   that it always grants).
 //! * `check/governor`: `RateLimiter::keyed(Quota::per_second(10^9))`
 //!   `check_key` on the same `String` keys (always allowed).
+//! * `check/tollgate_monotonic_clock`: the tollgate check on a
+//!   [`MonotonicClock`] (quanta's TSC counter, like governor's clock).
 //! * `check/tollgate_fake_clock`: the tollgate check on a [`FakeClock`]
 //!   (1 thread only), to show what reading the wall clock costs.
 //! * `admit_release`: `Store::admit_turn` then `Store::release_run` of the
@@ -25,7 +27,8 @@
 //! * `reserve_settle`: the full lifecycle of a model call, `reserve_tokens`
 //!   then `settle` of that reservation with the estimate as actual usage; one
 //!   op is both calls, and the state stays bounded.
-//! * `clock`: `SystemClock::now_ms` and governor's default (quanta) clock.
+//! * `clock`: `SystemClock::now_ms`, `MonotonicClock::now_ms` and governor's
+//!   default (quanta) clock.
 //!
 //! Store futures are ready: they are polled once with [`Waker::noop`], no
 //! runtime. All stores and keys are built, and every key touched once,
@@ -61,7 +64,7 @@ use tollgate_core::store::{
     BucketTake, MultiTake, ReserveOutcome, ReserveRequest, SettleOutcome, SettleRequest,
     TurnRequest,
 };
-use tollgate_core::{Clock, FakeClock, MemoryStore, Store, SystemClock};
+use tollgate_core::{Clock, FakeClock, MemoryStore, MonotonicClock, Store, SystemClock};
 
 /// Key-set sizes.
 const KEY_SETS: [usize; 2] = [1, 100_000];
@@ -246,6 +249,20 @@ fn check(c: &mut Criterion) {
                 black_box(take(&store, k));
             });
 
+            let mono = MemoryStore::new(MonotonicClock::new());
+            for k in &keys {
+                assert_eq!(take(&mono, k), MultiTake::Granted { wait_ms: 0 });
+            }
+            bench(
+                &mut g,
+                "tollgate_monotonic_clock",
+                &keys,
+                threads,
+                |_, k| {
+                    black_box(take(&mono, k));
+                },
+            );
+
             let gov = RateLimiter::keyed(Quota::per_second(
                 NonZeroU32::new(1_000_000_000).expect("non-zero"),
             ));
@@ -364,6 +381,10 @@ fn clocks(c: &mut Criterion) {
     let mut g = c.benchmark_group("clock");
     g.bench_function("tollgate_system_clock_now_ms", |b| {
         b.iter(|| black_box(SystemClock.now_ms()));
+    });
+    let mono = MonotonicClock::new();
+    g.bench_function("tollgate_monotonic_clock_now_ms", |b| {
+        b.iter(|| black_box(mono.now_ms()));
     });
     let quanta = governor::clock::DefaultClock::default();
     g.bench_function("governor_default_clock_now", |b| {

@@ -179,17 +179,15 @@ pub struct Transition<T> {
     pub expires_at: u64,
 }
 
-fn ceil_div(n: i128, d: i128) -> i128 {
+/// `ceil(n / d)` for `d > 0`, in 64 bits (every bucket quantity is within
+/// ±2^55, so 128-bit division is never needed).
+fn ceil_div(n: i64, d: i64) -> i64 {
     debug_assert!(d > 0);
-    if n <= 0 { n / d } else { (n + d - 1) / d }
+    if n <= 0 { n / d } else { (n - 1) / d + 1 }
 }
 
 fn clamp_i64(v: i128) -> i64 {
     v.clamp(-i128::from(MAX_SCALED), i128::from(MAX_SCALED)) as i64
-}
-
-fn sat_u64(v: i128) -> u64 {
-    v.clamp(0, i128::from(u64::MAX)) as u64
 }
 
 /// Rules 1–2: a missing state is a full bucket; refill by elapsed time, capped
@@ -214,8 +212,9 @@ pub fn refill(spec: &BucketSpec, state: Option<BucketState>, now: u64) -> Bucket
 
 /// Rule 6: when a key holding `level` may be dropped, written at `now`.
 pub fn expires_at(spec: &BucketSpec, level: i64, now: u64) -> u64 {
-    let missing = i128::from(spec.capacity_scaled()) - i128::from(level);
-    let to_full = sat_u64(ceil_div(missing, i128::from(spec.amount)));
+    // level >= -2^53 and capacity_scaled <= 2^53: no overflow.
+    let missing = spec.capacity_scaled() - level;
+    let to_full = ceil_div(missing, spec.amount as i64).max(0) as u64;
     now.saturating_add(to_full).saturating_add(EXPIRY_GRACE_MS)
 }
 
@@ -231,35 +230,38 @@ pub fn take(
     max_wait_ms: u64,
 ) -> Transition<Take> {
     let s = refill(spec, state, now);
-    let amount = i128::from(spec.amount);
+    let amount = spec.amount as i64;
     let cost_scaled = i128::from(cost) * i128::from(spec.period_ms);
-    let after = i128::from(s.level) - cost_scaled;
-    let wait = if after < 0 {
-        ceil_div(-after, amount)
-    } else {
-        0
-    };
-    if wait > i128::from(max_wait_ms) {
-        let exceeds =
-            cost_scaled > i128::from(spec.capacity_scaled()) + i128::from(max_wait_ms) * amount;
-        let outcome = if exceeds {
-            Take::ExceedsCapacity
-        } else {
-            Take::Refused {
-                retry_after_ms: sat_u64((wait - i128::from(max_wait_ms)).max(1)),
-            }
-        };
+    let reach = i128::from(spec.capacity_scaled()) + i128::from(max_wait_ms) * i128::from(amount);
+    if cost_scaled > reach {
+        // Rule 4's second case: never grantable (and so its wait is past
+        // max_wait whatever the level).
         return Transition {
-            outcome,
+            outcome: Take::ExceedsCapacity,
             state: s,
             expires_at: expires_at(spec, s.level, now),
         };
     }
-    let level = clamp_i64(after);
+    // cost_scaled <= 2^53 + max_wait × amount; with level >= -2^53 the
+    // difference fits in i64 unless max_wait is absurd, so saturate.
+    let after = (i128::from(s.level) - cost_scaled).max(i128::from(i64::MIN + 1)) as i64;
+    let wait = if after < 0 {
+        ceil_div(-after, amount) as u64
+    } else {
+        0
+    };
+    if wait > max_wait_ms {
+        return Transition {
+            outcome: Take::Refused {
+                retry_after_ms: (wait - max_wait_ms).max(1),
+            },
+            state: s,
+            expires_at: expires_at(spec, s.level, now),
+        };
+    }
+    let level = after.max(-MAX_SCALED);
     Transition {
-        outcome: Take::Granted {
-            wait_ms: sat_u64(wait),
-        },
+        outcome: Take::Granted { wait_ms: wait },
         state: BucketState { level, ts: s.ts },
         expires_at: expires_at(spec, level, now),
     }

@@ -53,8 +53,55 @@ impl Clock for SystemClock {
     fn now_ms(&self) -> u64 {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .map(|d| d.as_secs() * 1_000 + u64::from(d.subsec_millis()))
             .unwrap_or(0)
+    }
+
+    fn sleep_until(&self, deadline_ms: u64) -> Sleep {
+        let delta = deadline_ms.saturating_sub(self.now_ms());
+        Box::pin(async move {
+            if delta > 0 {
+                tokio::time::sleep(Duration::from_millis(delta)).await;
+            }
+        })
+    }
+}
+
+/// Wall time read once, then advanced by a monotonic TSC-based counter
+/// (`quanta`): about 10 ns a read instead of `SystemTime::now`'s 30, and it
+/// never steps back. It does not follow wall-clock steps made after it was
+/// created (NTP corrections), so its readings can drift from the host's wall
+/// clock by the TSC calibration error (parts per million) over a long run;
+/// decisions only use differences of its readings. Cloning shares the anchor.
+#[derive(Debug, Clone)]
+pub struct MonotonicClock {
+    wall_ms: u64,
+    counter: quanta::Clock,
+    start: u64,
+}
+
+impl MonotonicClock {
+    /// A clock anchored to the wall clock now.
+    pub fn new() -> Self {
+        let counter = quanta::Clock::new();
+        Self {
+            wall_ms: SystemClock.now_ms(),
+            start: counter.raw(),
+            counter,
+        }
+    }
+}
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now_ms(&self) -> u64 {
+        let nanos = self.counter.delta_as_nanos(self.start, self.counter.raw());
+        self.wall_ms + nanos / 1_000_000
     }
 
     fn sleep_until(&self, deadline_ms: u64) -> Sleep {
@@ -197,5 +244,15 @@ mod tests {
     #[test]
     fn system_clock_is_after_2020() {
         assert!(SystemClock.now_ms() > 1_577_836_800_000);
+    }
+
+    #[test]
+    fn monotonic_clock_starts_at_wall_time_and_never_goes_back() {
+        let wall = SystemClock.now_ms();
+        let m = MonotonicClock::new();
+        let a = m.now_ms();
+        assert!(a >= wall && a < wall + 60_000);
+        let b = m.clone().now_ms();
+        assert!(b >= a);
     }
 }

@@ -46,7 +46,7 @@ pub mod plan;
 pub mod store;
 
 pub use bucket::{BucketSpec, BucketState};
-pub use clock::{Clock, FakeClock, SystemClock};
+pub use clock::{Clock, FakeClock, MonotonicClock, SystemClock};
 pub use decision::{Decision, Denial, Limit, Outcome};
 pub use error::{LimiterError, StoreError, StoreErrorKind};
 pub use gate::{Overloaded, ReplicaGate, ReplicaPermit};

@@ -99,14 +99,22 @@ impl<V: Expiring> Shards<V> {
     }
 
     /// Locks the shards of `keys` in index order (no deadlock), for one
-    /// atomic step over several keys.
-    fn lock_many<'a>(&'a self, keys: &[&str]) -> Multi<'a, V> {
-        let mut idx: Vec<usize> = keys.iter().map(|k| self.locate(k).1).collect();
+    /// atomic step over several keys. Each key is hashed once.
+    fn lock_many<'a, 'k>(&'a self, keys: &[&'k str]) -> Multi<'a, 'k, V> {
+        let located: Vec<(&'k str, u64, usize)> = keys
+            .iter()
+            .map(|k| {
+                let (h, i) = self.locate(k);
+                (*k, h, i)
+            })
+            .collect();
+        let mut idx: Vec<usize> = located.iter().map(|l| l.2).collect();
         idx.sort_unstable();
         idx.dedup();
         let guards = idx.iter().map(|&i| (i, self.shards[i].0.lock())).collect();
         Multi {
-            shards: self,
+            hasher: &self.hasher,
+            located,
             guards,
         }
     }
@@ -173,21 +181,23 @@ impl<V: Expiring> Shard<V> {
     }
 }
 
-struct Multi<'a, V> {
-    shards: &'a Shards<V>,
+struct Multi<'a, 'k, V> {
+    hasher: &'a DefaultHashBuilder,
+    located: Vec<(&'k str, u64, usize)>,
     guards: Vec<(usize, MutexGuard<'a, Shard<V>>)>,
 }
 
-impl<V: Expiring> Multi<'_, V> {
-    fn with<R>(&mut self, key: &str, now: u64, f: impl FnOnce(&mut V) -> R) -> R {
-        let (hash, i) = self.shards.locate(key);
+impl<V: Expiring> Multi<'_, '_, V> {
+    /// Runs `f` on the entry of the `n`th key given to `lock_many`.
+    fn with<R>(&mut self, n: usize, now: u64, f: impl FnOnce(&mut V) -> R) -> R {
+        let (key, hash, i) = self.located[n];
         let guard = self
             .guards
             .iter_mut()
             .find(|(j, _)| *j == i)
             .map(|(_, g)| g)
             .expect("lock_many locked every key's shard");
-        guard.with(&self.shards.hasher, hash, key, now, f)
+        guard.with(self.hasher, hash, key, now, f)
     }
 }
 
@@ -550,15 +560,33 @@ impl MemoryStore {
         cooldown: Option<CooldownCheck<'_>>,
     ) -> MultiTake {
         let now = self.now();
+        if let ([t], None) = (takes, cooldown) {
+            // One bucket: a single probe under a single lock.
+            return self.inner.keys.with(t.key, now, |e| {
+                let state = match *e {
+                    KeyEntry::Bucket(s, exp) if exp > now => Some(s),
+                    _ => None,
+                };
+                let tr = bucket::take(&t.spec, state, now, t.cost, t.max_wait_ms);
+                *e = KeyEntry::Bucket(tr.state, tr.expires_at);
+                match tr.outcome {
+                    Take::Granted { wait_ms } => MultiTake::Granted { wait_ms },
+                    Take::Refused { retry_after_ms } => MultiTake::Refused {
+                        index: Some(0),
+                        retry_after_ms,
+                    },
+                    Take::ExceedsCapacity => MultiTake::ExceedsCapacity { index: 0 },
+                }
+            });
+        }
         let mut keys: Vec<&str> = takes.iter().map(|t| t.key).collect();
         if let Some(c) = cooldown {
             keys.push(c.key);
         }
         let mut locked = self.inner.keys.lock_many(&keys);
-        let states: Vec<Option<BucketState>> = takes
-            .iter()
-            .map(|t| {
-                locked.with(t.key, now, |e| match *e {
+        let states: Vec<Option<BucketState>> = (0..takes.len())
+            .map(|n| {
+                locked.with(n, now, |e| match *e {
                     KeyEntry::Bucket(s, exp) if exp > now => Some(s),
                     _ => None,
                 })
@@ -591,7 +619,7 @@ impl MemoryStore {
             }
         }
         if let Some(c) = cooldown {
-            let until = locked.with(c.key, now, |e| match *e {
+            let until = locked.with(takes.len(), now, |e| match *e {
                 KeyEntry::Cooldown(u) => u,
                 _ => 0,
             });
@@ -606,14 +634,14 @@ impl MemoryStore {
             }
         }
         let granted = exceeds.is_none() && refused.is_none();
-        for ((t, s), tr) in takes.iter().zip(&states).zip(&transitions) {
+        for (n, ((t, s), tr)) in takes.iter().zip(&states).zip(&transitions).enumerate() {
             let (state, exp) = if granted {
                 (tr.state, tr.expires_at)
             } else {
                 let r = bucket::refill(&t.spec, *s, now);
                 (r, bucket::expires_at(&t.spec, r.level, now))
             };
-            locked.with(t.key, now, |e| *e = KeyEntry::Bucket(state, exp));
+            locked.with(n, now, |e| *e = KeyEntry::Bucket(state, exp));
         }
         if let Some(index) = exceeds {
             MultiTake::ExceedsCapacity { index }
@@ -659,8 +687,11 @@ impl CallState {
         let inv = match pos {
             Some(p) => &mut self.invocations[p],
             None => {
-                // Most users run one invocation at a time: grow one by one.
-                self.invocations.reserve_exact(1);
+                // Most users run one invocation at a time: the first
+                // allocation holds exactly one; growth after is amortized.
+                if self.invocations.capacity() == 0 {
+                    self.invocations.reserve_exact(1);
+                }
                 self.invocations.push(Invocation {
                     id: invocation_id.into(),
                     calls: 0,
@@ -672,7 +703,9 @@ impl CallState {
         };
         inv.calls += 1;
         inv.expires_at = expires_at;
-        inv.open.reserve_exact(1);
+        if inv.open.capacity() == 0 {
+            inv.open.reserve_exact(1);
+        }
         inv.open.push((inv.calls, charged));
         inv.calls
     }
