@@ -7,10 +7,12 @@
 //! A store's tests instantiate it with [`conformance_tests!`], giving a
 //! factory that builds a fresh, empty store reading the given fake clock:
 //!
-//! ```ignore
+//! ```no_run
+//! # mod t {
 //! tollgate_testkit::conformance_tests!(|clock| async move {
 //!     tollgate_core::MemoryStore::new(clock)
 //! });
+//! # }
 //! ```
 //!
 //! Each scenario is also a plain `async fn` in [`scenarios`], and
