@@ -24,6 +24,7 @@ use std::future::Future;
 
 use tollgate_core::{FakeClock, Store};
 
+pub mod redis;
 pub mod scenarios;
 
 /// The fake clock's start: a realistic Unix time in ms, so stores are tested

@@ -170,7 +170,7 @@ pub async fn example_4_concurrency<S: Store + Clone>(store: S, clock: FakeClock)
 /// the last 4,000. With max wait 2,000, calls 81–100 are refused.
 pub async fn provider_example<S: Store + Clone>(store: S, _clock: FakeClock) {
     let spec = BucketSpec::new(10, 1_000, 60).unwrap();
-    for (key, max_wait) in [("prov:a:m:rpm", 4_000), ("prov:b:m:rpm", 2_000)] {
+    for (key, max_wait) in [("{prov:a}:rpm", 4_000), ("{prov:b}:rpm", 2_000)] {
         for call in 1..=100u64 {
             let take = BucketTake {
                 key,
@@ -521,17 +521,27 @@ pub async fn clock_steps_back<S: Store + Clone>(store: S, clock: FakeClock) {
     allowed(&l.admit_turn("u1", "t6").await.unwrap());
 }
 
-async fn until_sleeping(clock: &FakeClock, n: usize) {
-    for _ in 0..1_000 {
-        if clock.pending_sleeps() == n {
-            return;
+/// Yields until `cond` holds: a store over the network needs real time to
+/// answer, so this spins on the scheduler (no sleep) for at most 10 s.
+async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let spin = async {
+        while !cond() {
+            tokio::task::yield_now().await;
         }
-        tokio::task::yield_now().await;
+    };
+    if tokio::time::timeout(std::time::Duration::from_secs(10), spin)
+        .await
+        .is_err()
+    {
+        panic!("timed out waiting for {what}");
     }
-    panic!(
-        "expected {n} pending sleeps, have {}",
-        clock.pending_sleeps()
-    );
+}
+
+async fn until_sleeping(clock: &FakeClock, n: usize) {
+    eventually(&format!("{n} pending sleeps"), || {
+        clock.pending_sleeps() == n
+    })
+    .await;
 }
 
 /// The waiting reserve waits on the clock, no thread blocked: it completes
@@ -572,12 +582,13 @@ pub async fn abandoned_wait_is_refunded<S: Store + Clone>(store: S, clock: FakeC
     until_sleeping(&clock, 1).await;
     assert_eq!(state(&l, "u1").await.tokens_available, -6_000);
     task.abort();
-    for _ in 0..1_000 {
-        if state(&l, "u1").await.tokens_available == 0 {
-            break;
+    // The refund runs on a spawned task: wait for it to land.
+    let refunded = async {
+        while state(&l, "u1").await.tokens_available != 0 {
+            tokio::task::yield_now().await;
         }
-        tokio::task::yield_now().await;
-    }
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), refunded).await;
     assert_eq!(state(&l, "u1").await.tokens_available, 0, "refunded");
     let id = ReservationId {
         invocation_id: "run".into(),
@@ -599,14 +610,14 @@ pub async fn take_many_all_or_nothing<S: Store + Clone>(store: S, _clock: FakeCl
     };
     let s = &store;
     assert_eq!(
-        s.take_many(&[take("a", a, 3, 0), take("b", b, 3, 0)], None)
+        s.take_many(&[take("{t}:a", a, 3, 0), take("{t}:b", b, 3, 0)], None)
             .await
             .unwrap(),
         MultiTake::Granted { wait_ms: 0 }
     );
     // b holds 2: refused, and a is not charged.
     assert_eq!(
-        s.take_many(&[take("a", a, 3, 0), take("b", b, 3, 0)], None)
+        s.take_many(&[take("{t}:a", a, 3, 0), take("{t}:b", b, 3, 0)], None)
             .await
             .unwrap(),
         MultiTake::Refused {
@@ -615,19 +626,19 @@ pub async fn take_many_all_or_nothing<S: Store + Clone>(store: S, _clock: FakeCl
         }
     );
     assert_eq!(
-        s.take_many(&[take("a", a, 7, 0)], None).await.unwrap(),
+        s.take_many(&[take("{t}:a", a, 7, 0)], None).await.unwrap(),
         MultiTake::Granted { wait_ms: 0 }
     );
     // a is empty: a cost-2 take waits 2,000 on a, 0 on b; wait = the largest.
     assert_eq!(
-        s.take_many(&[take("a", a, 2, 5_000), take("b", b, 1, 0)], None)
+        s.take_many(&[take("{t}:a", a, 2, 5_000), take("{t}:b", b, 1, 0)], None)
             .await
             .unwrap(),
         MultiTake::Granted { wait_ms: 2_000 }
     );
     // Both refuse: the larger hint is reported.
     assert_eq!(
-        s.take_many(&[take("a", a, 5, 1_000), take("b", b, 3, 0)], None)
+        s.take_many(&[take("{t}:a", a, 5, 1_000), take("{t}:b", b, 3, 0)], None)
             .await
             .unwrap(),
         MultiTake::Refused {
@@ -636,7 +647,7 @@ pub async fn take_many_all_or_nothing<S: Store + Clone>(store: S, _clock: FakeCl
         }
     );
     assert_eq!(
-        s.take_many(&[take("a", a, 1, 0), take("b", b, 99, 1_000)], None)
+        s.take_many(&[take("{t}:a", a, 1, 0), take("{t}:b", b, 99, 1_000)], None)
             .await
             .unwrap(),
         MultiTake::ExceedsCapacity { index: 1 }
@@ -644,14 +655,17 @@ pub async fn take_many_all_or_nothing<S: Store + Clone>(store: S, _clock: FakeCl
     // A key named twice is taken twice, in order: a is 2 in debt, so the
     // first take waits 3,000 and the second 4,000.
     assert_eq!(
-        s.take_many(&[take("a", a, 1, 9_000), take("a", a, 1, 9_000)], None)
-            .await
-            .unwrap(),
+        s.take_many(
+            &[take("{t}:a", a, 1, 9_000), take("{t}:a", a, 1, 9_000)],
+            None
+        )
+        .await
+        .unwrap(),
         MultiTake::Granted { wait_ms: 4_000 }
     );
     // Nothing was taken from b by the refusals: it holds 1.
     assert_eq!(
-        s.take_many(&[take("b", b, 1, 0)], None).await.unwrap(),
+        s.take_many(&[take("{t}:b", b, 1, 0)], None).await.unwrap(),
         MultiTake::Granted { wait_ms: 0 }
     );
 }
@@ -663,23 +677,23 @@ pub async fn cooldown<S: Store + Clone>(store: S, clock: FakeClock) {
     let now = clock.now_ms();
     let spec = BucketSpec::new(10, 1_000, 60).unwrap();
     assert_eq!(
-        s.extend_cooldown("cd", now + 5_000).await.unwrap(),
+        s.extend_cooldown("{p}:cd", now + 5_000).await.unwrap(),
         now + 5_000
     );
     assert_eq!(
-        s.extend_cooldown("cd", now + 1_000).await.unwrap(),
+        s.extend_cooldown("{p}:cd", now + 1_000).await.unwrap(),
         now + 5_000,
         "until = max(existing, new)"
     );
     let rpm = |max_wait_ms| BucketTake {
-        key: "rpm",
+        key: "{p}:rpm",
         spec,
         cost: 60,
         max_wait_ms,
     };
     let cd = |max_wait_ms| {
         Some(CooldownCheck {
-            key: "cd",
+            key: "{p}:cd",
             max_wait_ms,
         })
     };

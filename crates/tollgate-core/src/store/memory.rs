@@ -264,7 +264,7 @@ impl Usage {
         let mut u = *self;
         u.roll(now);
         let into = i128::from(now % 60_000);
-        let prev = i128::from(u.previous) * (60_000 - into) / 60_000;
+        let prev = (i128::from(u.previous) * (60_000 - into)).div_euclid(60_000);
         u.current.saturating_add(prev as i64)
     }
 

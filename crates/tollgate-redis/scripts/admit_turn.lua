@@ -1,0 +1,53 @@
+-- admit_turn: turn bucket and run lease, all or nothing (SPEC §3).
+-- KEYS[1] turn bucket hash   {prefix}:turn:{user}
+-- KEYS[2] run lease zset     {prefix}:lease:{user}  (member invocation, score expiry)
+-- ARGV[1] now override (0: Redis TIME)   ARGV[2] amount   ARGV[3] period_ms
+-- ARGV[4] capacity scaled (capacity * period_ms)   ARGV[5] invocation id
+-- ARGV[6] lease ttl ms   ARGV[7] max runs   ARGV[8] concurrency retry cap ms
+-- Returns {1, lease_expires_at, refreshed(0/1), reclaimed}
+--      or {0, limit (1 turn_rate, 2 concurrency), retry_after_ms, reclaimed}
+local now = now_ms(ARGV[1])
+local amount, period, cap = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local inv, ttl = ARGV[5], tonumber(ARGV[6])
+local max_runs, retry_cap = tonumber(ARGV[7]), tonumber(ARGV[8])
+
+local function lease_expire()
+  local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+  if last[2] then redis.call('PEXPIRE', KEYS[2], tonumber(last[2]) - now) end
+end
+
+local reclaimed = redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local exp = now + ttl
+if redis.call('ZSCORE', KEYS[2], inv) then
+  redis.call('ZADD', KEYS[2], exp, inv)
+  lease_expire()
+  return {1, exp, 1, reclaimed}
+end
+
+local level, ts, existed = bucket_load(KEYS[1], now, cap)
+level, ts = refill(level, ts, now, amount, cap)
+local outcome, hint, after = take(level, period, 0, amount, 0)
+local turn_hint = nil
+if outcome ~= 1 then turn_hint = hint end
+
+local lease_hint = nil
+if redis.call('ZCARD', KEYS[2]) >= max_runs then
+  local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  local h = tonumber(first[2]) - now
+  if h > retry_cap then h = retry_cap end
+  if h < 1 then h = 1 end
+  lease_hint = h
+end
+
+if not turn_hint and not lease_hint then
+  bucket_save(KEYS[1], after, ts, now, amount, cap)
+  redis.call('ZADD', KEYS[2], exp, inv)
+  lease_expire()
+  return {1, exp, 0, reclaimed}
+end
+-- Denied: take nothing; keep only the refilled level of an existing bucket.
+if existed then bucket_save(KEYS[1], level, ts, now, amount, cap) end
+if turn_hint and (not lease_hint or turn_hint > lease_hint) then
+  return {0, 1, turn_hint, reclaimed}
+end
+return {0, 2, lease_hint, reclaimed}

@@ -1,0 +1,105 @@
+-- tollgate: helpers prepended to every script (see src/scripts.rs).
+--
+-- Numbers are Lua doubles: integers are exact up to 2^53. Bucket levels are
+-- kept scaled by the period (token*ms) exactly as in tollgate-core, and the
+-- config validation keeps every scaled value within 2^53. Divisions go
+-- through ceil_div/floor_div, which correct the rounded quotient with its
+-- exact remainder, so they agree with Rust's integer division.
+
+local EXPIRY_GRACE_MS = 60000
+local MAX_SCALED = 9007199254740992 -- 2^53
+
+-- ARGV[1] of every script: 0 to use Redis TIME, else the caller's clock (ms;
+-- used by the conformance suite to drive Redis with a fake clock).
+local function now_ms(override)
+  local o = tonumber(override)
+  if o and o > 0 then return o end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function floor_div(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  while r < 0 do q = q - 1; r = r + b end
+  while r >= b do q = q + 1; r = r - b end
+  return q
+end
+
+local function ceil_div(a, b)
+  local q = floor_div(a, b)
+  if q * b < a then q = q + 1 end
+  return q
+end
+
+-- A bucket is a hash {l = level (scaled), t = ts, e = logical expiry}.
+-- Missing or logically expired state is a full bucket at `now` (rule 1).
+local function bucket_load(key, now, cap)
+  local v = redis.call('HMGET', key, 'l', 't', 'e')
+  if v[1] and tonumber(v[3]) > now then
+    return tonumber(v[1]), tonumber(v[2]), true
+  end
+  return cap, now, false
+end
+
+-- Rule 2: refill by elapsed time, capped; a clock stepping back never
+-- refills twice (ts only moves forward).
+local function refill(level, ts, now, amount, cap)
+  if now > ts then
+    local elapsed = now - ts
+    if elapsed >= ceil_div(cap - level, amount) then
+      level = cap
+    else
+      level = level + elapsed * amount
+    end
+    ts = now
+  end
+  if level > cap then level = cap end
+  return level, ts
+end
+
+-- Rule 6: the key may go once the bucket is full again, plus a minute.
+local function bucket_expiry(level, now, amount, cap)
+  local to_full = ceil_div(cap - level, amount)
+  if to_full < 0 then to_full = 0 end
+  return now + to_full + EXPIRY_GRACE_MS
+end
+
+local function bucket_save(key, level, ts, now, amount, cap)
+  local exp = bucket_expiry(level, now, amount, cap)
+  redis.call('HSET', key, 'l', level, 't', ts, 'e', exp)
+  redis.call('PEXPIRE', key, exp - now)
+end
+
+-- Rules 3-5 on a refilled level. Returns outcome, new level:
+-- outcome 1 granted (x = wait), 2 refused (x = retry hint), 3 exceeds.
+-- `exceeds` is computed exactly in Rust (costs may be past 2^53).
+local function take(level, cost_scaled, max_wait, amount, exceeds)
+  if exceeds == 1 then return 3, 0, level end
+  local after = level - cost_scaled
+  local wait = 0
+  if after < 0 then wait = ceil_div(-after, amount) end
+  if wait > max_wait then
+    local hint = wait - max_wait
+    if hint < 1 then hint = 1 end
+    return 2, hint, level
+  end
+  if after < -MAX_SCALED then after = -MAX_SCALED end
+  return 1, wait, after
+end
+
+-- Tokens charged per minute for the sliding-minute estimate: a hash
+-- {m = minute, c = current, p = previous}.
+local function usage_add(key, now, tokens)
+  local v = redis.call('HMGET', key, 'm', 'c', 'p')
+  local m = math.floor(now / 60000)
+  local om, c, p = tonumber(v[1]), tonumber(v[2]) or 0, tonumber(v[3]) or 0
+  if om ~= m then
+    if om == m - 1 then p = c else p = 0 end
+    c = 0
+  end
+  c = c + tokens
+  redis.call('HSET', key, 'm', m, 'c', c, 'p', p)
+  local exp = (m + 2) * 60000
+  if exp > now then redis.call('PEXPIRE', key, exp - now) end
+end

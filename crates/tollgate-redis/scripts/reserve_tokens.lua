@@ -1,0 +1,57 @@
+-- reserve_tokens: count a model call against the run's cap and reserve its
+-- estimated tokens (SPEC §2), in one step.
+-- KEYS[1] token bucket hash  {prefix}:tok:{user}
+-- KEYS[2] invocation hash    {prefix}:inv:{user}:<invocation>
+--         {c = calls, e = logical expiry, o<n> = tokens charged by open reservation n}
+-- KEYS[3] usage hash         {prefix}:use:{user}
+-- ARGV[1] now override   ARGV[2] amount   ARGV[3] period_ms   ARGV[4] capacity scaled
+-- ARGV[5] estimate (tokens)   ARGV[6] max wait ms   ARGV[7] max llm calls
+-- ARGV[8] shadow (0/1)   ARGV[9] exceeds capacity (0/1, computed exactly by the caller)
+-- ARGV[10] reservation retention ms
+-- Returns {1, call, wait_ms, now}
+--      or {0, code, retry_after_ms, shadow call (0: none)}
+--         code 3 max_llm_calls, 4 token_rate (retryable), 5 exceeds capacity
+local now = now_ms(ARGV[1])
+local amount, period, cap = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local estimate, max_wait = tonumber(ARGV[5]), tonumber(ARGV[6])
+local max_calls, shadow, exceeds = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local retention = tonumber(ARGV[10])
+
+local v = redis.call('HMGET', KEYS[2], 'c', 'e')
+local calls = 0
+if v[1] and tonumber(v[2]) > now then
+  calls = tonumber(v[1])
+elseif v[1] then
+  redis.call('DEL', KEYS[2])
+end
+if calls >= max_calls and shadow == 0 then
+  return {0, 3, 0, 0}
+end
+
+local function record_call(charged)
+  calls = calls + 1
+  redis.call('HSET', KEYS[2], 'c', calls, 'e', now + retention, 'o' .. calls, charged)
+  redis.call('PEXPIRE', KEYS[2], retention)
+  return calls
+end
+
+local level, ts = bucket_load(KEYS[1], now, cap)
+level, ts = refill(level, ts, now, amount, cap)
+local outcome, x, after = take(level, estimate * period, max_wait, amount, exceeds)
+local code = 0
+if calls >= max_calls then code = 3
+elseif outcome == 2 then code = 4
+elseif outcome == 3 then code = 5 end
+
+if code == 0 then
+  bucket_save(KEYS[1], after, ts, now, amount, cap)
+  usage_add(KEYS[3], now, estimate)
+  return {1, record_call(estimate), x, now}
+end
+-- Denied: take nothing; keep the refilled level.
+bucket_save(KEYS[1], level, ts, now, amount, cap)
+local hint = 0
+if code == 4 then hint = x end
+local call = 0
+if shadow == 1 then call = record_call(0) end
+return {0, code, hint, call}

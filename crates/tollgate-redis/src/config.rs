@@ -1,0 +1,79 @@
+//! Connection settings.
+
+use std::time::Duration;
+
+use tollgate_core::store::DEFAULT_SESSION_RETENTION_MS;
+
+/// Where Redis is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    /// One server (or a proxy): `redis://[user:password@]host:port[/db]`, or
+    /// `rediss://…` for TLS.
+    Standalone(String),
+    /// A Redis Cluster: one or more seed node URLs (same forms).
+    Cluster(Vec<String>),
+}
+
+/// How to reach Redis and how long to wait for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    /// The server or cluster. Credentials and TLS (`rediss://`) go in the URLs.
+    pub target: RedisTarget,
+    /// Prefix of every key (default `tg`), so several deployments or tests
+    /// can share one Redis.
+    pub key_prefix: String,
+    /// Longest wait for one operation's answer (default 50 ms). Past it the
+    /// operation fails with a transient `Timeout`. Tests use at least 1 s.
+    pub op_timeout: Duration,
+    /// Longest wait to connect (default 1 s).
+    pub connect_timeout: Duration,
+    /// How long a session's lease state, fence counter and records are kept
+    /// after its last activity (default 7 days).
+    pub session_retention_ms: u64,
+}
+
+impl RedisConfig {
+    /// Defaults for one server at `url`.
+    pub fn standalone(url: impl Into<String>) -> Self {
+        Self::new(RedisTarget::Standalone(url.into()))
+    }
+
+    /// Defaults for a cluster reached through `seeds`.
+    pub fn cluster<I, S>(seeds: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::new(RedisTarget::Cluster(
+            seeds.into_iter().map(Into::into).collect(),
+        ))
+    }
+
+    fn new(target: RedisTarget) -> Self {
+        Self {
+            target,
+            key_prefix: "tg".to_owned(),
+            op_timeout: Duration::from_millis(50),
+            connect_timeout: Duration::from_secs(1),
+            session_retention_ms: DEFAULT_SESSION_RETENTION_MS,
+        }
+    }
+
+    /// The same settings with another key prefix.
+    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// The same settings with another operation timeout.
+    pub fn with_op_timeout(mut self, timeout: Duration) -> Self {
+        self.op_timeout = timeout;
+        self
+    }
+
+    /// The same settings with another session retention.
+    pub fn with_session_retention_ms(mut self, ms: u64) -> Self {
+        self.session_retention_ms = ms;
+        self
+    }
+}

@@ -1,0 +1,118 @@
+//! Key layout. Every key of one user carries the hash tag `{user}`, every key
+//! of one session `{session}`, so each operation's keys share one Cluster
+//! slot and one script can touch them all.
+//!
+//! Ids are escaped (`%`, `{`, `}`, `:` as `%25`, `%7B`, `%7D`, `%3A`) so no
+//! id can close a hash tag early or make two different (user, invocation)
+//! pairs name the same key.
+
+use std::fmt::Write;
+
+/// Escapes `%`, `{`, `}` and `:` in an id.
+pub(crate) fn esc(id: &str) -> std::borrow::Cow<'_, str> {
+    if !id.contains(['%', '{', '}', ':']) {
+        return id.into();
+    }
+    let mut out = String::with_capacity(id.len() + 8);
+    for c in id.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            ':' => out.push_str("%3A"),
+            c => out.push(c),
+        }
+    }
+    out.into()
+}
+
+/// Builds keys under one prefix.
+#[derive(Debug, Clone)]
+pub(crate) struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    pub(crate) fn new(prefix: &str) -> Self {
+        Self {
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    fn user(&self, kind: &str, user: &str) -> String {
+        format!("{}:{kind}:{{{}}}", self.prefix, esc(user))
+    }
+
+    /// The turn bucket of a user.
+    pub(crate) fn turn(&self, user: &str) -> String {
+        self.user("turn", user)
+    }
+
+    /// The token bucket of a user.
+    pub(crate) fn tokens(&self, user: &str) -> String {
+        self.user("tok", user)
+    }
+
+    /// The run lease set of a user.
+    pub(crate) fn leases(&self, user: &str) -> String {
+        self.user("lease", user)
+    }
+
+    /// The per-minute token usage of a user.
+    pub(crate) fn usage(&self, user: &str) -> String {
+        self.user("use", user)
+    }
+
+    /// A run's model-call counter and open reservations.
+    pub(crate) fn invocation(&self, user: &str, invocation: &str) -> String {
+        let mut k = self.user("inv", user);
+        let _ = write!(k, ":{}", esc(invocation));
+        k
+    }
+
+    /// A session's lease hash and its records list.
+    pub(crate) fn session(&self, session: &str) -> (String, String) {
+        let s = esc(session);
+        (
+            format!("{}:sl:{{{s}}}", self.prefix),
+            format!("{}:sr:{{{s}}}", self.prefix),
+        )
+    }
+
+    /// A named bucket or cooldown; the caller's key keeps its own hash tag.
+    pub(crate) fn named(&self, key: &str) -> String {
+        format!("{}:k:{key}", self.prefix)
+    }
+
+    /// The sorted set of tokens per user for one minute (all minutes share
+    /// the tag `{top}`, so the two read together live in one slot).
+    pub(crate) fn top(&self, minute: u64) -> String {
+        format!("{}:top:{{top}}:{minute}", self.prefix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_keys_share_one_tag_and_ids_cannot_collide() {
+        let k = Keys::new("tg");
+        assert_eq!(k.turn("u42"), "tg:turn:{u42}");
+        assert_eq!(k.tokens("u42"), "tg:tok:{u42}");
+        assert_eq!(k.leases("u42"), "tg:lease:{u42}");
+        assert_eq!(k.invocation("u42", "inv-1"), "tg:inv:{u42}:inv-1");
+        assert_eq!(k.turn("a}b{c"), "tg:turn:{a%7Db%7Bc}");
+        assert_ne!(
+            k.invocation("u", "x:y"),
+            k.invocation("u:x", "y"),
+            "escaping keeps pairs apart"
+        );
+        assert_eq!(esc("100%"), "100%25");
+        assert_eq!(
+            k.session("s1"),
+            ("tg:sl:{s1}".to_owned(), "tg:sr:{s1}".to_owned())
+        );
+        assert_eq!(k.named("{openai:gpt-4o}:rpm"), "tg:k:{openai:gpt-4o}:rpm");
+    }
+}

@@ -1,0 +1,21 @@
+//! # tollgate-redis
+//!
+//! tollgate's [`Store`](tollgate_core::Store) in Redis 7, standalone or
+//! Cluster, through one code path. Every operation is one Lua script called
+//! by EVALSHA on one hash slot: a user's keys share the tag `{user}`, a
+//! session's `{session}`, so turn admission is one atomic script even in
+//! Cluster. The scripts use the same exact integer arithmetic as the core
+//! (levels scaled by the period, integer ceilings), and time from Redis
+//! `TIME`, so a fleet decides on one clock.
+//!
+//! The top-users counter (for the admin endpoint) lives in its own slot and
+//! is updated after a user's script, best effort.
+
+mod config;
+mod error;
+mod keys;
+mod scripts;
+mod store;
+
+pub use config::{RedisConfig, RedisTarget};
+pub use store::RedisStore;

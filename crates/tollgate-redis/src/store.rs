@@ -1,0 +1,661 @@
+//! [`RedisStore`]: the core `Store` over Redis or Redis Cluster.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, ScriptInvocation, Value};
+use tollgate_core::lease::{Admit, SessionAcquire, SessionGrant};
+use tollgate_core::store::{
+    AppendOutcome, BucketTake, CooldownCheck, FenceCheck, MultiTake, RESERVATION_RETENTION_MS,
+    ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome, SettleRequest, TopUser,
+    TurnOutcome, TurnRequest, UserState,
+};
+use tollgate_core::{BucketSpec, Clock, Denial, Limit, Store, StoreError};
+
+use crate::config::{RedisConfig, RedisTarget};
+use crate::error::{bad_reply, classify, timed_out};
+use crate::keys::Keys;
+use crate::scripts::Scripts;
+
+/// One connection type for both deployments: a reconnecting multiplexed
+/// connection to one server, or a cluster connection that follows slots.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// tollgate's [`Store`] in Redis 7, standalone or Cluster, through one code
+/// path: every operation is one Lua script (EVALSHA) on one hash slot.
+///
+/// Time comes from Redis `TIME` inside each script, so every replica of a
+/// fleet decides on one clock. Cloning shares the connection.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: Conn,
+    scripts: Scripts,
+    keys: Keys,
+    op_timeout: Duration,
+    session_retention_ms: u64,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("keys", &self.inner.keys)
+            .field("op_timeout", &self.inner.op_timeout)
+            .field("clock_override", &self.inner.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+fn install_tls_provider() {
+    // rustls needs a process-wide crypto provider; ring builds without cmake.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+fn int(v: &Value, op: &str) -> Result<i64, StoreError> {
+    match v {
+        Value::Int(i) => Ok(*i),
+        Value::BulkString(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok())
+            .map(|f| f as i64)
+            .ok_or_else(|| bad_reply(op, "not a number")),
+        other => Err(bad_reply(op, format!("{other:?}"))),
+    }
+}
+
+fn u(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+/// Clamp for values passed into Lua, which only counts exactly to 2^53.
+fn lua_count(v: u64) -> u64 {
+    v.min(1 << 53)
+}
+
+impl RedisStore {
+    /// Connects to Redis as `config` says.
+    ///
+    /// A standalone connection is made lazily and re-made after a drop
+    /// (no restart needed); a cluster connection needs a reachable seed now
+    /// and follows the cluster's slots after.
+    ///
+    /// # Errors
+    ///
+    /// A malformed URL, or a cluster none of whose seeds answer.
+    pub async fn connect(config: RedisConfig) -> Result<Self, StoreError> {
+        let conn = match &config.target {
+            RedisTarget::Standalone(url) => {
+                if url.starts_with("rediss://") {
+                    install_tls_provider();
+                }
+                let client = redis::Client::open(url.as_str()).map_err(classify)?;
+                let cfg = ConnectionManagerConfig::new()
+                    .set_response_timeout(Some(config.op_timeout))
+                    .set_connection_timeout(Some(config.connect_timeout))
+                    .set_number_of_retries(1)
+                    .set_max_delay(Duration::from_millis(200));
+                Conn::Single(
+                    ConnectionManager::new_lazy_with_config(client, cfg).map_err(classify)?,
+                )
+            }
+            RedisTarget::Cluster(seeds) => {
+                if seeds.iter().any(|s| s.starts_with("rediss://")) {
+                    install_tls_provider();
+                }
+                let client = ClusterClientBuilder::new(seeds.clone())
+                    .response_timeout(config.op_timeout)
+                    .connection_timeout(config.connect_timeout)
+                    .retries(2)
+                    .build()
+                    .map_err(classify)?;
+                Conn::Cluster(client.get_async_connection().await.map_err(classify)?)
+            }
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                conn,
+                scripts: Scripts::new(),
+                keys: Keys::new(&config.key_prefix),
+                op_timeout: config.op_timeout,
+                session_retention_ms: config.session_retention_ms,
+                clock: None,
+            }),
+        })
+    }
+
+    /// Drives every script with `clock` instead of Redis `TIME`.
+    ///
+    /// For tests only (the conformance suite runs Redis on a fake clock). In
+    /// production every replica must use Redis time, or they disagree.
+    pub fn with_clock_override(self, clock: impl Clock) -> Self {
+        let inner = Arc::try_unwrap(self.inner).unwrap_or_else(|shared| Inner {
+            conn: shared.conn.clone(),
+            scripts: Scripts::new(),
+            keys: shared.keys.clone(),
+            op_timeout: shared.op_timeout,
+            session_retention_ms: shared.session_retention_ms,
+            clock: None,
+        });
+        Self {
+            inner: Arc::new(Inner {
+                clock: Some(Arc::new(clock)),
+                ..inner
+            }),
+        }
+    }
+
+    fn now_arg(&self) -> u64 {
+        self.inner.clock.as_ref().map_or(0, |c| c.now_ms())
+    }
+
+    async fn run<T: FromRedisValue>(
+        &self,
+        op: &'static str,
+        inv: &ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
+        let mut conn = self.inner.conn.clone();
+        match tokio::time::timeout(self.inner.op_timeout, inv.invoke_async(&mut conn)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(classify(e)),
+            Err(_) => Err(timed_out(op, self.inner.op_timeout.as_millis())),
+        }
+    }
+
+    async fn cmd<T: FromRedisValue>(&self, op: &'static str, cmd: &Cmd) -> Result<T, StoreError> {
+        let mut conn = self.inner.conn.clone();
+        match tokio::time::timeout(self.inner.op_timeout, cmd.query_async(&mut conn)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(classify(e)),
+            Err(_) => Err(timed_out(op, self.inner.op_timeout.as_millis())),
+        }
+    }
+
+    /// Redis's clock (or the override), ms.
+    async fn now(&self) -> Result<u64, StoreError> {
+        if let Some(c) = &self.inner.clock {
+            return Ok(c.now_ms());
+        }
+        let (secs, micros): (u64, u64) = self.cmd("time", &redis::cmd("TIME")).await?;
+        Ok(secs * 1_000 + micros / 1_000)
+    }
+
+    /// Adds `tokens` to `user`'s row of the per-minute top-users set. Best
+    /// effort: it lives in another slot than the user's keys, so it cannot
+    /// be in the user's script; a failure is logged and the decision stands.
+    async fn count_top(&self, user: &str, now: u64, tokens: i64) {
+        if tokens == 0 {
+            return;
+        }
+        let key = self.inner.keys.top(now / 60_000);
+        let mut pipe = redis::pipe();
+        pipe.zincr(&key, user, tokens)
+            .ignore()
+            .pexpire(&key, 180_000)
+            .ignore();
+        let mut conn = self.inner.conn.clone();
+        let res =
+            tokio::time::timeout(self.inner.op_timeout, pipe.query_async::<()>(&mut conn)).await;
+        match res {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "top-users counter not updated"),
+            Err(_) => tracing::warn!("top-users counter not updated: timeout"),
+        }
+    }
+
+    fn spec_args<'a, 'b>(
+        inv: &'b mut ScriptInvocation<'a>,
+        spec: &BucketSpec,
+    ) -> &'b mut ScriptInvocation<'a> {
+        inv.arg(spec.amount())
+            .arg(spec.period_ms())
+            .arg(spec.capacity_scaled())
+    }
+
+    fn session_call<'a>(&'a self, session: &str, op: &str) -> ScriptInvocation<'a> {
+        let (lease, records) = self.inner.keys.session(session);
+        let mut inv = self.inner.scripts.session.prepare_invoke();
+        inv.key(lease)
+            .key(records)
+            .arg(self.now_arg())
+            .arg(op)
+            .arg(self.inner.session_retention_ms);
+        inv
+    }
+}
+
+fn exceeds(spec: &BucketSpec, cost: u64, max_wait_ms: u64) -> bool {
+    i128::from(cost) * i128::from(spec.period_ms())
+        > i128::from(spec.capacity_scaled()) + i128::from(max_wait_ms) * i128::from(spec.amount())
+}
+
+impl Store for RedisStore {
+    async fn admit_turn(&self, req: TurnRequest<'_>) -> Result<TurnOutcome, StoreError> {
+        let k = &self.inner.keys;
+        let p = &req.params;
+        let mut inv = self.inner.scripts.admit_turn.prepare_invoke();
+        inv.key(k.turn(req.user))
+            .key(k.leases(req.user))
+            .arg(self.now_arg());
+        Self::spec_args(&mut inv, &p.turns)
+            .arg(req.invocation_id)
+            .arg(lua_count(p.lease_ttl_ms))
+            .arg(p.max_runs)
+            .arg(lua_count(p.concurrency_retry_ms));
+        let r: Vec<i64> = self.run("admit_turn", &inv).await?;
+        let [ok, a, b, reclaimed] = r[..] else {
+            return Err(bad_reply("admit_turn", format!("{r:?}")));
+        };
+        let admit = match (ok, a) {
+            (1, exp) => Admit::Admitted {
+                lease_expires_at: u(exp),
+                refreshed: b == 1,
+            },
+            (0, 1) => Admit::Denied(Denial::Limited {
+                limit: Limit::TurnRate,
+                retry_after_ms: u(b),
+            }),
+            (0, 2) => Admit::Denied(Denial::Limited {
+                limit: Limit::Concurrency,
+                retry_after_ms: u(b),
+            }),
+            _ => return Err(bad_reply("admit_turn", format!("{r:?}"))),
+        };
+        Ok(TurnOutcome {
+            admit,
+            reclaimed: u32::try_from(reclaimed).unwrap_or(u32::MAX),
+        })
+    }
+
+    async fn release_run(&self, user: &str, invocation_id: &str) -> Result<bool, StoreError> {
+        let mut inv = self.inner.scripts.release_run.prepare_invoke();
+        inv.key(self.inner.keys.leases(user))
+            .arg(self.now_arg())
+            .arg(invocation_id);
+        let r: i64 = self.run("release_run", &inv).await?;
+        Ok(r == 1)
+    }
+
+    async fn renew_run(
+        &self,
+        user: &str,
+        invocation_id: &str,
+        ttl_ms: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        let mut inv = self.inner.scripts.renew_run.prepare_invoke();
+        inv.key(self.inner.keys.leases(user))
+            .arg(self.now_arg())
+            .arg(invocation_id)
+            .arg(lua_count(ttl_ms));
+        let r: i64 = self.run("renew_run", &inv).await?;
+        Ok((r >= 0).then_some(u(r)))
+    }
+
+    async fn reserve_tokens(&self, req: ReserveRequest<'_>) -> Result<ReserveOutcome, StoreError> {
+        let k = &self.inner.keys;
+        let too_big = exceeds(&req.tokens, req.estimate, req.max_wait_ms);
+        let mut inv = self.inner.scripts.reserve_tokens.prepare_invoke();
+        inv.key(k.tokens(req.user))
+            .key(k.invocation(req.user, req.invocation_id))
+            .key(k.usage(req.user))
+            .arg(self.now_arg());
+        Self::spec_args(&mut inv, &req.tokens)
+            .arg(if too_big { 0 } else { req.estimate })
+            .arg(lua_count(req.max_wait_ms))
+            .arg(lua_count(req.max_llm_calls))
+            .arg(u8::from(req.shadow))
+            .arg(u8::from(too_big))
+            .arg(RESERVATION_RETENTION_MS);
+        let r: Vec<i64> = self.run("reserve_tokens", &inv).await?;
+        let reservation = |call: i64| ReservationId {
+            invocation_id: req.invocation_id.to_owned(),
+            call: u(call),
+        };
+        match r[..] {
+            [1, call, wait, now] => {
+                self.count_top(req.user, u(now), req.estimate as i64).await;
+                Ok(ReserveOutcome::Granted {
+                    reservation: reservation(call),
+                    wait_ms: u(wait),
+                })
+            }
+            [0, code, hint, call] => {
+                let denial = match code {
+                    3 => Denial::CapReached {
+                        limit: Limit::MaxLlmCalls,
+                        cap: req.max_llm_calls,
+                    },
+                    4 => Denial::Limited {
+                        limit: Limit::TokenRate,
+                        retry_after_ms: u(hint),
+                    },
+                    5 => Denial::ExceedsCapacity {
+                        limit: Limit::TokenRate,
+                        cost: req.estimate,
+                        max_cost: req.tokens.max_cost(req.max_wait_ms),
+                    },
+                    _ => return Err(bad_reply("reserve_tokens", format!("{r:?}"))),
+                };
+                Ok(ReserveOutcome::Denied {
+                    denial,
+                    shadow_reservation: (call > 0).then(|| reservation(call)),
+                })
+            }
+            _ => Err(bad_reply("reserve_tokens", format!("{r:?}"))),
+        }
+    }
+
+    async fn settle(&self, req: SettleRequest<'_>) -> Result<SettleOutcome, StoreError> {
+        let k = &self.inner.keys;
+        let rid = req.reservation;
+        if rid.call > 1 << 53 {
+            return Ok(SettleOutcome::Unknown);
+        }
+        let mut inv = self.inner.scripts.settle.prepare_invoke();
+        inv.key(k.tokens(req.user))
+            .key(k.invocation(req.user, &rid.invocation_id))
+            .key(k.usage(req.user))
+            .arg(self.now_arg());
+        Self::spec_args(&mut inv, &req.tokens)
+            .arg(rid.call)
+            .arg(req.actual.map_or(-1, |a| lua_count(a) as i64))
+            .arg(RESERVATION_RETENTION_MS);
+        let r: Vec<i64> = self.run("settle", &inv).await?;
+        match r[..] {
+            [1, balance, delta, now] => {
+                self.count_top(req.user, u(now), delta).await;
+                Ok(SettleOutcome::Applied { balance })
+            }
+            [2, balance, _] => Ok(SettleOutcome::AlreadyClosed { balance }),
+            [0] => Ok(SettleOutcome::Unknown),
+            _ => Err(bad_reply("settle", format!("{r:?}"))),
+        }
+    }
+
+    async fn take_many(
+        &self,
+        takes: &[BucketTake<'_>],
+        cooldown: Option<CooldownCheck<'_>>,
+    ) -> Result<MultiTake, StoreError> {
+        if takes.is_empty() && cooldown.is_none() {
+            return Ok(MultiTake::Granted { wait_ms: 0 });
+        }
+        let k = &self.inner.keys;
+        let mut inv = self.inner.scripts.take_many.prepare_invoke();
+        for t in takes {
+            inv.key(k.named(t.key));
+        }
+        if let Some(c) = cooldown {
+            inv.key(k.named(c.key));
+        }
+        inv.arg(self.now_arg())
+            .arg(takes.len())
+            .arg(u8::from(cooldown.is_some()))
+            .arg(cooldown.map_or(0, |c| lua_count(c.max_wait_ms)));
+        for t in takes {
+            let too_big = exceeds(&t.spec, t.cost, t.max_wait_ms);
+            Self::spec_args(&mut inv, &t.spec)
+                .arg(if too_big { 0 } else { t.cost })
+                .arg(lua_count(t.max_wait_ms))
+                .arg(u8::from(too_big));
+        }
+        let r: Vec<i64> = self.run("take_many", &inv).await?;
+        match r[..] {
+            [1, wait] => Ok(MultiTake::Granted { wait_ms: u(wait) }),
+            [2, index, hint] => Ok(MultiTake::Refused {
+                index: (index > 0).then(|| (index - 1) as usize),
+                retry_after_ms: u(hint),
+            }),
+            [3, index] if index > 0 => Ok(MultiTake::ExceedsCapacity {
+                index: (index - 1) as usize,
+            }),
+            _ => Err(bad_reply("take_many", format!("{r:?}"))),
+        }
+    }
+
+    async fn extend_cooldown(&self, key: &str, until_ms: u64) -> Result<u64, StoreError> {
+        let mut inv = self.inner.scripts.extend_cooldown.prepare_invoke();
+        inv.key(self.inner.keys.named(key))
+            .arg(self.now_arg())
+            .arg(lua_count(until_ms));
+        let r: i64 = self.run("extend_cooldown", &inv).await?;
+        Ok(u(r))
+    }
+
+    async fn session_acquire(
+        &self,
+        session: &str,
+        holder: &str,
+        ttl_ms: u64,
+    ) -> Result<SessionAcquire, StoreError> {
+        let mut inv = self.session_call(session, "acquire");
+        inv.arg(holder).arg(lua_count(ttl_ms));
+        let r: Vec<i64> = self.run("session_acquire", &inv).await?;
+        match r[..] {
+            [1, fence, exp] => Ok(SessionAcquire::Acquired(SessionGrant {
+                fence: u(fence),
+                expires_at_ms: u(exp),
+            })),
+            [0, retry] => Ok(SessionAcquire::Busy {
+                retry_after_ms: u(retry),
+            }),
+            _ => Err(bad_reply("session_acquire", format!("{r:?}"))),
+        }
+    }
+
+    async fn session_renew(
+        &self,
+        session: &str,
+        holder: &str,
+        ttl_ms: u64,
+    ) -> Result<Option<SessionGrant>, StoreError> {
+        let mut inv = self.session_call(session, "renew");
+        inv.arg(holder).arg(lua_count(ttl_ms));
+        let r: Vec<i64> = self.run("session_renew", &inv).await?;
+        match r[..] {
+            [1, fence, exp] => Ok(Some(SessionGrant {
+                fence: u(fence),
+                expires_at_ms: u(exp),
+            })),
+            [0] => Ok(None),
+            _ => Err(bad_reply("session_renew", format!("{r:?}"))),
+        }
+    }
+
+    async fn session_release(&self, session: &str, holder: &str) -> Result<bool, StoreError> {
+        let mut inv = self.session_call(session, "release");
+        inv.arg(holder);
+        let r: Vec<i64> = self.run("session_release", &inv).await?;
+        Ok(r.first() == Some(&1))
+    }
+
+    async fn fence_check(&self, session: &str, fence: u64) -> Result<FenceCheck, StoreError> {
+        let mut inv = self.session_call(session, "check");
+        inv.arg(lua_count(fence));
+        let r: Vec<i64> = self.run("fence_check", &inv).await?;
+        match r[..] {
+            [current, latest] => Ok(FenceCheck {
+                current: current == 1 && fence == u(latest),
+                latest: u(latest),
+            }),
+            _ => Err(bad_reply("fence_check", format!("{r:?}"))),
+        }
+    }
+
+    async fn append_fenced(
+        &self,
+        session: &str,
+        fence: u64,
+        record: &[u8],
+    ) -> Result<AppendOutcome, StoreError> {
+        let mut inv = self.session_call(session, "append");
+        inv.arg(lua_count(fence)).arg(record);
+        let r: Vec<i64> = self.run("append_fenced", &inv).await?;
+        match r[..] {
+            [1, index] => Ok(AppendOutcome::Appended { index: u(index) }),
+            [0, latest] => Ok(AppendOutcome::Stale { latest: u(latest) }),
+            _ => Err(bad_reply("append_fenced", format!("{r:?}"))),
+        }
+    }
+
+    async fn read_records(
+        &self,
+        session: &str,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        const MAX: u64 = i32::MAX as u64;
+        if from >= MAX || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let limit = (limit as u64).min(MAX - from);
+        let mut inv = self.session_call(session, "read");
+        inv.arg(from).arg(limit);
+        self.run("read_records", &inv).await
+    }
+
+    async fn delete_records(&self, session: &str) -> Result<u64, StoreError> {
+        let inv = self.session_call(session, "delete");
+        let r: Vec<i64> = self.run("delete_records", &inv).await?;
+        r.first()
+            .map(|n| u(*n))
+            .ok_or_else(|| bad_reply("delete_records", "empty"))
+    }
+
+    async fn user_state(
+        &self,
+        user: &str,
+        turns: BucketSpec,
+        tokens: BucketSpec,
+    ) -> Result<UserState, StoreError> {
+        let k = &self.inner.keys;
+        let mut inv = self.inner.scripts.user_state.prepare_invoke();
+        inv.key(k.turn(user))
+            .key(k.tokens(user))
+            .key(k.leases(user))
+            .key(k.usage(user))
+            .arg(self.now_arg());
+        Self::spec_args(&mut inv, &turns);
+        Self::spec_args(&mut inv, &tokens);
+        let r: Vec<Value> = self.run("user_state", &inv).await?;
+        if r.len() < 3 || !(r.len() - 3).is_multiple_of(2) {
+            return Err(bad_reply("user_state", format!("{} values", r.len())));
+        }
+        let mut leases = Vec::new();
+        for pair in r[3..].chunks(2) {
+            let id = match &pair[0] {
+                Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                other => return Err(bad_reply("user_state", format!("{other:?}"))),
+            };
+            leases.push((id, u(int(&pair[1], "user_state")?)));
+        }
+        Ok(UserState {
+            turns_available: int(&r[0], "user_state")?,
+            tokens_available: int(&r[1], "user_state")?,
+            leases,
+            tokens_last_minute: int(&r[2], "user_state")?,
+        })
+    }
+
+    async fn top_users(&self, n: usize) -> Result<Vec<TopUser>, StoreError> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let now = self.now().await?;
+        let minute = now / 60_000;
+        let (cur, prev) = (self.inner.keys.top(minute), self.inner.keys.top(minute - 1));
+        // Candidates: the leaders of this minute and of the last; their exact
+        // sliding-minute totals are then computed here as the memory store
+        // does. Exact unless more than `k` users lead one minute or the other.
+        let k = (4 * n).max(1_000) as isize;
+        let mut candidates: Vec<String> = Vec::new();
+        for key in [&cur, &prev] {
+            let mut c = redis::cmd("ZRANGE");
+            c.arg(key).arg(0).arg(k - 1).arg("REV");
+            let users: Vec<String> = self.cmd("top_users", &c).await?;
+            candidates.extend(users);
+        }
+        candidates.sort();
+        candidates.dedup();
+        if candidates.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut scores = Vec::with_capacity(2);
+        for key in [&cur, &prev] {
+            let mut c = redis::cmd("ZMSCORE");
+            c.arg(key).arg(&candidates);
+            let s: Vec<Option<f64>> = self.cmd("top_users", &c).await?;
+            scores.push(s);
+        }
+        let into = i128::from(now % 60_000);
+        let mut all: Vec<TopUser> = candidates
+            .into_iter()
+            .enumerate()
+            .map(|(i, user)| {
+                let c = scores[0][i].unwrap_or(0.0) as i64;
+                let p = scores[1][i].unwrap_or(0.0) as i64;
+                let prev = (i128::from(p) * (60_000 - into)).div_euclid(60_000) as i64;
+                TopUser {
+                    user,
+                    tokens_last_minute: c.saturating_add(prev),
+                }
+            })
+            .filter(|t| t.tokens_last_minute > 0)
+            .collect();
+        all.sort_by(|a, b| {
+            b.tokens_last_minute
+                .cmp(&a.tokens_last_minute)
+                .then_with(|| a.user.cmp(&b.user))
+        });
+        all.truncate(n);
+        Ok(all)
+    }
+
+    async fn reset_user(&self, user: &str) -> Result<bool, StoreError> {
+        let k = &self.inner.keys;
+        let mut inv = self.inner.scripts.reset_user.prepare_invoke();
+        inv.key(k.turn(user))
+            .key(k.tokens(user))
+            .arg(self.now_arg());
+        let r: i64 = self.run("reset_user", &inv).await?;
+        Ok(r == 1)
+    }
+}
