@@ -130,23 +130,44 @@ impl BucketSpec {
         level.div_euclid(self.period_ms as i64)
     }
 
+    /// The longest wait a take may be granted with:
+    /// `(2^53 - capacity × period) / amount`, so the debt it leaves stays
+    /// exact. Longer `max_wait_ms` values are cut to it.
+    pub fn max_wait_limit(&self) -> u64 {
+        (MAX_SCALED as u64 - self.capacity * self.period_ms) / self.amount
+    }
+
     /// The largest cost a take with `max_wait_ms` can ever be granted:
     /// `capacity + max_wait_ms × rate`, in whole tokens (rounded down).
     pub fn max_cost(&self, max_wait_ms: u64) -> u64 {
+        let max_wait_ms = max_wait_ms.min(self.max_wait_limit());
         let scaled = u128::from(self.capacity) * u128::from(self.period_ms)
             + u128::from(max_wait_ms) * u128::from(self.amount);
         u64::try_from(scaled / u128::from(self.period_ms)).unwrap_or(u64::MAX)
     }
 }
 
-/// A bucket's stored state: the scaled level (negative is debt) and the time
-/// of the last refill.
+/// The longest TTL tollgate accepts for a lease, ms (30 days); longer ones
+/// are cut to it, and 0 counts as 1.
+pub const MAX_TTL_MS: u64 = 30 * 24 * 3_600_000;
+
+/// Clamps a TTL to `1..=MAX_TTL_MS`.
+pub fn clamp_ttl(ttl_ms: u64) -> u64 {
+    ttl_ms.clamp(1, MAX_TTL_MS)
+}
+
+/// A bucket's stored state: the scaled level (negative is debt), the time of
+/// the last refill, and the period the level is scaled by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct BucketState {
     /// Level in token·ms (tokens × `period_ms`); negative while in debt.
     pub level: i64,
     /// Time of the last refill, ms.
     pub ts: u64,
+    /// The period `level` is scaled by. When a reloaded plan changes the
+    /// period, the level is rescaled in whole tokens (a fraction of a token
+    /// is dropped: never more credit than before).
+    pub period_ms: u64,
 }
 
 /// The answer to a take.
@@ -198,13 +219,21 @@ pub fn refill(spec: &BucketSpec, state: Option<BucketState>, now: u64) -> Bucket
         None => BucketState {
             level: cap,
             ts: now,
+            period_ms: spec.period_ms,
         },
         Some(s) => {
+            let mut level = i128::from(s.level);
+            if s.period_ms != spec.period_ms && s.period_ms > 0 {
+                // A reloaded plan changed the period: rescale in whole
+                // tokens, rounding toward less credit.
+                level = level.div_euclid(i128::from(s.period_ms)) * i128::from(spec.period_ms);
+            }
             let elapsed = now.saturating_sub(s.ts);
-            let level = i128::from(s.level) + i128::from(elapsed) * i128::from(spec.amount);
+            let level = level + i128::from(elapsed) * i128::from(spec.amount);
             BucketState {
                 level: clamp_i64(level.min(i128::from(cap))),
                 ts: s.ts.max(now),
+                period_ms: spec.period_ms,
             }
         }
     }
@@ -231,6 +260,9 @@ pub fn take(
 ) -> Transition<Take> {
     let s = refill(spec, state, now);
     let amount = spec.amount as i64;
+    // Debt past 2^53 could not be kept exactly: cap the wait a take may be
+    // granted with so that capacity + max_wait × rate stays within it.
+    let max_wait_ms = max_wait_ms.min(spec.max_wait_limit());
     let cost_scaled = i128::from(cost) * i128::from(spec.period_ms);
     let reach = i128::from(spec.capacity_scaled()) + i128::from(max_wait_ms) * i128::from(amount);
     if cost_scaled > reach {
@@ -262,7 +294,7 @@ pub fn take(
     let level = after.max(-MAX_SCALED);
     Transition {
         outcome: Take::Granted { wait_ms: wait },
-        state: BucketState { level, ts: s.ts },
+        state: BucketState { level, ..s },
         expires_at: expires_at(spec, level, now),
     }
 }
@@ -283,7 +315,7 @@ pub fn adjust(
     let level = clamp_i64(level);
     Transition {
         outcome: (),
-        state: BucketState { level, ts: s.ts },
+        state: BucketState { level, ..s },
         expires_at: expires_at(spec, level, now),
     }
 }
@@ -325,7 +357,8 @@ mod tests {
             s,
             BucketState {
                 level: 300_000,
-                ts: 77
+                ts: 77,
+                period_ms: 60_000
             }
         );
     }
@@ -336,6 +369,7 @@ mod tests {
         let s = BucketState {
             level: 0,
             ts: 1_000,
+            period_ms: 60_000,
         };
         assert_eq!(refill(&spec, Some(s), 2_000).level, 20_000);
         assert_eq!(refill(&spec, Some(s), 1_000_000).level, 300_000);
@@ -345,7 +379,8 @@ mod tests {
             back,
             BucketState {
                 level: 0,
-                ts: 1_000
+                ts: 1_000,
+                period_ms: 60_000
             }
         );
         // And moving forward again counts only from the later time.
@@ -381,7 +416,11 @@ mod tests {
     #[test]
     fn example_3_refusal_and_inclusive_boundary() {
         let spec = tokens();
-        let empty = Some(BucketState { level: 0, ts: 0 });
+        let empty = Some(BucketState {
+            level: 0,
+            ts: 0,
+            period_ms: 60_000,
+        });
         let t = take(&spec, empty, 0, 6_000, 2_000);
         assert_eq!(
             t.outcome,
@@ -389,7 +428,14 @@ mod tests {
                 retry_after_ms: 4_000
             }
         );
-        assert_eq!(t.state, BucketState { level: 0, ts: 0 });
+        assert_eq!(
+            t.state,
+            BucketState {
+                level: 0,
+                ts: 0,
+                period_ms: 60_000
+            }
+        );
         let t = take(&spec, empty, 0, 6_000, 6_000);
         assert_eq!(t.outcome, Take::Granted { wait_ms: 6_000 });
         assert_eq!(t.state.level, -360_000_000);
@@ -406,9 +452,29 @@ mod tests {
         // 1 token per 3 ms: 1 token short needs ceil(3) = 3 ms; a third of a
         // token short needs 1 ms.
         let spec = BucketSpec::new(1, 3, 1).unwrap();
-        let t = take(&spec, Some(BucketState { level: 0, ts: 0 }), 0, 1, 10);
+        let t = take(
+            &spec,
+            Some(BucketState {
+                level: 0,
+                ts: 0,
+                period_ms: 3,
+            }),
+            0,
+            1,
+            10,
+        );
         assert_eq!(t.outcome, Take::Granted { wait_ms: 3 });
-        let t = take(&spec, Some(BucketState { level: 2, ts: 0 }), 0, 1, 10);
+        let t = take(
+            &spec,
+            Some(BucketState {
+                level: 2,
+                ts: 0,
+                period_ms: 3,
+            }),
+            0,
+            1,
+            10,
+        );
         assert_eq!(t.outcome, Take::Granted { wait_ms: 1 });
     }
 
@@ -465,6 +531,53 @@ mod tests {
         assert_eq!(expires_at(&spec, -1, 0), 15_001 + 60_000);
         let t = take(&spec, None, 0, 1, 0);
         assert_eq!(t.expires_at, 3_000 + 60_000);
+    }
+
+    #[test]
+    fn a_new_period_rescales_in_whole_tokens() {
+        // 59,999.5 tokens at 1,000/1,000 ms, reloaded as 60,000/60,000 ms.
+        let old = BucketSpec::new(1_000, 1_000, 60_000).unwrap();
+        let new = BucketSpec::new(60_000, 60_000, 60_000).unwrap();
+        let s = BucketState {
+            level: 59_999_500,
+            ts: 0,
+            period_ms: 1_000,
+        };
+        let r = refill(&new, Some(s), 0);
+        assert_eq!(r.level, 59_999 * 60_000);
+        assert_eq!(r.period_ms, 60_000);
+        assert_eq!(new.unscale(r.level), 59_999);
+        // Debt keeps its size (rounded toward more debt).
+        let d = BucketState {
+            level: -1_500,
+            ts: 0,
+            period_ms: 1_000,
+        };
+        assert_eq!(refill(&new, Some(d), 0).level, -2 * 60_000);
+        assert_eq!(refill(&old, Some(s), 0).level, 59_999_500);
+    }
+
+    #[test]
+    fn max_wait_is_cut_so_debt_stays_exact() {
+        let spec = BucketSpec::new(1, 1, 1).unwrap();
+        assert_eq!(spec.max_wait_limit(), (1 << 53) - 1);
+        let t = take(&spec, None, 0, 1 << 60, u64::MAX);
+        assert_eq!(t.outcome, Take::ExceedsCapacity);
+        let t = take(&spec, None, 0, 1 << 53, u64::MAX);
+        assert_eq!(
+            t.outcome,
+            Take::Granted {
+                wait_ms: (1 << 53) - 1
+            }
+        );
+        assert_eq!(t.state.level, -((1 << 53) - 1));
+    }
+
+    #[test]
+    fn ttl_is_clamped() {
+        assert_eq!(clamp_ttl(0), 1);
+        assert_eq!(clamp_ttl(u64::MAX), MAX_TTL_MS);
+        assert_eq!(clamp_ttl(5), 5);
     }
 
     #[test]

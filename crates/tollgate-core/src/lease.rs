@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::bucket::{self, BucketSpec, BucketState, Take};
+use crate::bucket::{self, BucketSpec, BucketState, Take, clamp_ttl};
 use crate::decision::{Denial, Limit};
 
 /// A user's live run leases: invocation id → expiry (ms).
@@ -74,10 +74,11 @@ impl LeaseSet {
     /// What [`acquire`](Self::acquire) would answer, without changing
     /// anything. Expects a purged set.
     pub fn check(&self, now: u64, id: &str, ttl_ms: u64, cap: u32, retry_ms: u64) -> Acquire {
-        let expires_at = now.saturating_add(ttl_ms);
-        if self.position(id).is_some() {
+        let expires_at = now.saturating_add(clamp_ttl(ttl_ms));
+        if let Some(i) = self.position(id) {
             return Acquire::Acquired {
-                expires_at,
+                // A refresh pushes the expiry; it never shortens it.
+                expires_at: expires_at.max(self.members[i].1),
                 refreshed: true,
             };
         }
@@ -111,12 +112,12 @@ impl LeaseSet {
         }
     }
 
-    /// Push the expiry of a live member to `now + ttl_ms`. `None`: the lease
-    /// is gone (lost); it is never re-added.
+    /// Push the expiry of a live member to `now + ttl_ms` (never earlier
+    /// than it was). `None`: the lease is gone (lost); it is never re-added.
     pub fn renew(&mut self, now: u64, id: &str, ttl_ms: u64) -> Option<u64> {
         self.purge(now);
         let i = self.position(id)?;
-        let expires_at = now.saturating_add(ttl_ms);
+        let expires_at = now.saturating_add(clamp_ttl(ttl_ms)).max(self.members[i].1);
         self.members[i].1 = expires_at;
         Some(expires_at)
     }
@@ -309,9 +310,9 @@ impl SessionLease {
     /// Acquire for `holder`: refresh a live lease it holds (same fence),
     /// grant to a new holder when free (fence + 1), else busy.
     pub fn acquire(&mut self, now: u64, holder: &str, ttl_ms: u64) -> SessionAcquire {
-        let expires_at_ms = now.saturating_add(ttl_ms);
+        let mut expires_at_ms = now.saturating_add(clamp_ttl(ttl_ms));
         match self.live_holder(now) {
-            Some((h, _)) if h == holder => {}
+            Some((h, exp)) if h == holder => expires_at_ms = expires_at_ms.max(exp),
             Some((_, exp)) => {
                 return SessionAcquire::Busy {
                     retry_after_ms: (exp - now).max(1),
@@ -329,8 +330,8 @@ impl SessionLease {
     /// Renew: only the live holder's token works. `None`: not the holder.
     pub fn renew(&mut self, now: u64, holder: &str, ttl_ms: u64) -> Option<SessionGrant> {
         match self.live_holder(now) {
-            Some((h, _)) if h == holder => {
-                let expires_at_ms = now.saturating_add(ttl_ms);
+            Some((h, exp)) if h == holder => {
+                let expires_at_ms = now.saturating_add(clamp_ttl(ttl_ms)).max(exp);
                 self.holder = Some((holder.into(), expires_at_ms));
                 Some(SessionGrant {
                     fence: self.fence,
@@ -474,7 +475,11 @@ mod tests {
         let mut p = params();
         p.max_runs = 1;
         let mut leases = LeaseSet::default();
-        let empty = Some(BucketState { level: 0, ts: 0 });
+        let empty = Some(BucketState {
+            level: 0,
+            ts: 0,
+            period_ms: 60_000,
+        });
         leases.acquire(0, "x", 120_000, 1, 1_000);
         // Turn hint 3,000 > concurrency hint 1,000.
         let t = admit_turn(&p, empty, &mut leases, 0, "y");

@@ -20,9 +20,10 @@ pub const MAX_ID_LEN: usize = 512;
 /// A granted run lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunLease {
-    /// Lease expiry, ms; `None` when admitted only by shadow mode (no lease
-    /// was taken, so there is nothing to renew or release).
-    pub expires_at_ms: Option<u64>,
+    /// Lease expiry, ms. A turn admitted only by shadow mode holds no lease;
+    /// it gets `now + lease_ttl` here, and its renewals succeed the same way,
+    /// so shadow mode never shows to the client.
+    pub expires_at_ms: u64,
     /// The invocation already held a live lease: nothing was charged.
     pub refreshed: bool,
 }
@@ -167,14 +168,14 @@ impl<S: Store> Limiter<S> {
                 refreshed,
             } => Decision::Allowed {
                 grant: RunLease {
-                    expires_at_ms: Some(lease_expires_at),
+                    expires_at_ms: lease_expires_at,
                     refreshed,
                 },
                 shadow_denied: None,
             },
             Admit::Denied(d) if plan.shadow => Decision::Allowed {
                 grant: RunLease {
-                    expires_at_ms: None,
+                    expires_at_ms: self.clock.now_ms().saturating_add(plan.lease_ttl_ms),
                     refreshed: false,
                 },
                 shadow_denied: Some(d),
@@ -192,6 +193,8 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Renews a live run lease by the plan's TTL. `None`: the lease is lost.
+    /// In shadow mode a lost lease is answered renewed (`now + ttl`): the
+    /// turn may have been admitted by shadow mode without one.
     pub async fn renew_run(
         &self,
         user: &str,
@@ -199,10 +202,14 @@ impl<S: Store> Limiter<S> {
     ) -> Result<Option<u64>, LimiterError> {
         check_id("invocation_id", invocation_id)?;
         let plan = self.plan_for(user)?;
-        Ok(self
+        let renewed = self
             .store
             .renew_run(user, invocation_id, plan.lease_ttl_ms)
-            .await?)
+            .await?;
+        Ok(match renewed {
+            None if plan.shadow => Some(self.clock.now_ms().saturating_add(plan.lease_ttl_ms)),
+            other => other,
+        })
     }
 
     /// Reserves `estimate` tokens for a model call of `invocation_id` and
@@ -216,6 +223,17 @@ impl<S: Store> Limiter<S> {
     ) -> Result<Decision<Reservation>, LimiterError> {
         check_id("invocation_id", invocation_id)?;
         let plan = self.plan_for(user)?;
+        self.reserve_with(&plan, user, invocation_id, estimate)
+            .await
+    }
+
+    async fn reserve_with(
+        &self,
+        plan: &Plan,
+        user: &str,
+        invocation_id: &str,
+        estimate: u64,
+    ) -> Result<Decision<Reservation>, LimiterError> {
         let out = self
             .store
             .reserve_tokens(ReserveRequest {
@@ -272,11 +290,16 @@ impl<S: Store> Limiter<S> {
     where
         S: Clone,
     {
-        let mut decision = self.reserve_tokens(user, invocation_id, estimate).await?;
+        check_id("invocation_id", invocation_id)?;
+        // One plan for the reservation and its refund, even if plans are
+        // swapped meanwhile.
+        let plan = self.plan_for(user)?;
+        let mut decision = self
+            .reserve_with(&plan, user, invocation_id, estimate)
+            .await?;
         if let Decision::Allowed { grant, .. } = &mut decision
             && grant.wait_ms > 0
         {
-            let plan = self.plan_for(user)?;
             let guard = RefundOnDrop {
                 store: Some(self.store.clone()),
                 user: user.to_owned(),

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::bucket::{BucketSpec, MAX_SCALED};
+use crate::bucket::{BucketSpec, MAX_SCALED, MAX_TTL_MS};
 
 /// Default run lease TTL (SPEC §3): 120 s.
 pub const DEFAULT_LEASE_TTL_MS: u64 = 120_000;
@@ -182,6 +182,17 @@ impl Check {
         }
     }
 
+    fn ttl(&mut self, path: &str, v: i64) -> u64 {
+        let v = self.positive(path, v);
+        if v > MAX_TTL_MS {
+            self.err(
+                path,
+                format!("must be at most {MAX_TTL_MS} (30 days; got {v})"),
+            );
+        }
+        v
+    }
+
     fn non_negative(&mut self, path: &str, v: i64) -> u64 {
         if v < 0 {
             self.err(path, format!("must not be negative (got {v})"));
@@ -239,11 +250,11 @@ impl Check {
             self.err(&format!("{path}.concurrent_runs"), "must fit in 32 bits");
             1
         });
-        let lease_ttl_ms = self.positive(
+        let lease_ttl_ms = self.ttl(
             &format!("{path}.lease_ttl_ms"),
             c.lease_ttl_ms.unwrap_or(DEFAULT_LEASE_TTL_MS as i64),
         );
-        let concurrency_retry_ms = self.positive(
+        let concurrency_retry_ms = self.ttl(
             &format!("{path}.concurrency_retry_ms"),
             c.concurrency_retry_ms
                 .unwrap_or(DEFAULT_CONCURRENCY_RETRY_MS as i64),

@@ -55,7 +55,11 @@ fn start_state(spec: BucketSpec) -> impl Strategy<Value = Option<BucketState>> {
     prop_oneof![
         1 => Just(None),
         4 => (-4 * cap..=cap, 0u64..1_000_000)
-            .prop_map(|(level, ts)| Some(BucketState { level, ts })),
+            .prop_map(move |(level, ts)| Some(BucketState {
+                level,
+                ts,
+                period_ms: spec.period_ms(),
+            })),
     ]
 }
 
@@ -298,8 +302,10 @@ proptest! {
                     let id = IDS[id];
                     let got = set.acquire(now, id, ttl, cap, retry_ms);
                     let want = if model.contains_key(id) || model.len() < cap as usize {
-                        let refreshed = model.insert(id, now + ttl).is_some();
-                        Acquire::Acquired { expires_at: now + ttl, refreshed }
+                        // A refresh never shortens a lease.
+                        let exp = (now + ttl).max(model.get(id).copied().unwrap_or(0));
+                        let refreshed = model.insert(id, exp).is_some();
+                        Acquire::Acquired { expires_at: exp, refreshed }
                     } else {
                         let earliest = model.values().copied().min().expect("full, so not empty");
                         Acquire::Full { retry_after_ms: (earliest - now).min(retry_ms).max(1) }
@@ -310,7 +316,7 @@ proptest! {
                     let id = IDS[id];
                     let got = set.renew(now, id, ttl);
                     let want = model.get_mut(id).map(|exp| {
-                        *exp = now + ttl;
+                        *exp = (now + ttl).max(*exp);
                         *exp
                     });
                     prop_assert_eq!(got, want, "renew {} at {}", id, now);
@@ -413,7 +419,10 @@ proptest! {
                     let got = lease.acquire(now, HOLDERS[h], ttl);
                     let want = match live {
                         Some((other, exp)) if other != h => SessionAcquire::Busy { retry_after_ms: exp - now },
-                        Some(_) => SessionAcquire::Acquired(SessionGrant { fence, expires_at_ms: now + ttl }),
+                        Some((_, exp)) => SessionAcquire::Acquired(SessionGrant {
+                            fence,
+                            expires_at_ms: (now + ttl).max(exp),
+                        }),
                         None => {
                             fence += 1;
                             grew = true;
@@ -430,9 +439,10 @@ proptest! {
                 SessionOp::Renew { holder: h, ttl } => {
                     let got = lease.renew(now, HOLDERS[h], ttl);
                     let want = match live {
-                        Some((l, _)) if l == h => {
-                            holder = Some((h, now + ttl));
-                            Some(SessionGrant { fence, expires_at_ms: now + ttl })
+                        Some((l, exp)) if l == h => {
+                            let exp = (now + ttl).max(exp);
+                            holder = Some((h, exp));
+                            Some(SessionGrant { fence, expires_at_ms: exp })
                         }
                         _ => None,
                     };

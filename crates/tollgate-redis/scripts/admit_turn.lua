@@ -18,14 +18,17 @@ end
 
 local reclaimed = redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local exp = now + ttl
-if redis.call('ZSCORE', KEYS[2], inv) then
+local held = tonumber(redis.call('ZSCORE', KEYS[2], inv))
+if held then
+  -- A live holder retrying: refresh (never shorten), charge nothing.
+  if held > exp then exp = held end
   redis.call('ZADD', KEYS[2], exp, inv)
   lease_expire()
   return {1, exp, 1, reclaimed}
 end
 
-local level, ts, existed = bucket_load(KEYS[1], now, cap)
-level, ts = refill(level, ts, now, amount, cap)
+local level, ts, existed, old_period = bucket_load(KEYS[1], now, cap, period)
+level, ts = refill(level, ts, now, amount, cap, old_period, period)
 local outcome, hint, after = take(level, period, 0, amount, 0)
 local turn_hint = nil
 if outcome ~= 1 then turn_hint = hint end
@@ -40,13 +43,13 @@ if redis.call('ZCARD', KEYS[2]) >= max_runs then
 end
 
 if not turn_hint and not lease_hint then
-  bucket_save(KEYS[1], after, ts, now, amount, cap)
+  bucket_save(KEYS[1], after, ts, now, amount, cap, period)
   redis.call('ZADD', KEYS[2], exp, inv)
   lease_expire()
   return {1, exp, 0, reclaimed}
 end
 -- Denied: take nothing; keep only the refilled level of an existing bucket.
-if existed then bucket_save(KEYS[1], level, ts, now, amount, cap) end
+if existed then bucket_save(KEYS[1], level, ts, now, amount, cap, period) end
 if turn_hint and (not lease_hint or turn_hint > lease_hint) then
   return {0, 1, turn_hint, reclaimed}
 end

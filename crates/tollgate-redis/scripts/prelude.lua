@@ -32,19 +32,25 @@ local function ceil_div(a, b)
   return q
 end
 
--- A bucket is a hash {l = level (scaled), t = ts, e = logical expiry}.
--- Missing or logically expired state is a full bucket at `now` (rule 1).
-local function bucket_load(key, now, cap)
-  local v = redis.call('HMGET', key, 'l', 't', 'e')
+-- A bucket is a hash {l = level (scaled), t = ts, p = period the level is
+-- scaled by, e = logical expiry}. Missing or logically expired state is a
+-- full bucket at `now` (rule 1).
+local function bucket_load(key, now, cap, period)
+  local v = redis.call('HMGET', key, 'l', 't', 'e', 'p')
   if v[1] and tonumber(v[3]) > now then
-    return tonumber(v[1]), tonumber(v[2]), true
+    return tonumber(v[1]), tonumber(v[2]), true, tonumber(v[4]) or period
   end
-  return cap, now, false
+  return cap, now, false, period
 end
 
 -- Rule 2: refill by elapsed time, capped; a clock stepping back never
--- refills twice (ts only moves forward).
-local function refill(level, ts, now, amount, cap)
+-- refills twice (ts only moves forward). A level scaled by another period
+-- (a reloaded plan) is first rescaled in whole tokens, toward less credit.
+local function refill(level, ts, now, amount, cap, old_period, period)
+  if old_period ~= period and old_period > 0 then
+    level = floor_div(level, old_period) * period
+    if level < -MAX_SCALED then level = -MAX_SCALED end
+  end
   if now > ts then
     local elapsed = now - ts
     if elapsed >= ceil_div(cap - level, amount) then
@@ -65,9 +71,9 @@ local function bucket_expiry(level, now, amount, cap)
   return now + to_full + EXPIRY_GRACE_MS
 end
 
-local function bucket_save(key, level, ts, now, amount, cap)
+local function bucket_save(key, level, ts, now, amount, cap, period)
   local exp = bucket_expiry(level, now, amount, cap)
-  redis.call('HSET', key, 'l', level, 't', ts, 'e', exp)
+  redis.call('HSET', key, 'l', level, 't', ts, 'e', exp, 'p', period)
   redis.call('PEXPIRE', key, exp - now)
 end
 

@@ -4,10 +4,15 @@
 -- KEYS[2] invocation hash    {prefix}:inv:{user}:<invocation>
 --         {c = calls, e = logical expiry, o<n> = tokens charged by open reservation n}
 -- KEYS[3] usage hash         {prefix}:use:{user}
+-- KEYS[4] run index zset     {prefix}:invs:{user}  (member invocation, score expiry):
+--         past ARGV[11] runs the least recently active run's record is dropped
+--         (its key is built from ARGV[13]; it is in the same slot).
 -- ARGV[1] now override   ARGV[2] amount   ARGV[3] period_ms   ARGV[4] capacity scaled
 -- ARGV[5] estimate (tokens)   ARGV[6] max wait ms   ARGV[7] max llm calls
 -- ARGV[8] shadow (0/1)   ARGV[9] exceeds capacity (0/1, computed exactly by the caller)
--- ARGV[10] reservation retention ms
+-- ARGV[10] reservation retention ms   ARGV[11] most runs tracked per user
+-- ARGV[12] the invocation id (escaped, as in KEYS[2])
+-- ARGV[13] the prefix of invocation keys ({prefix}:inv:{user}:), for eviction
 -- Returns {1, call, wait_ms, now}
 --      or {0, code, retry_after_ms, shadow call (0: none)}
 --         code 3 max_llm_calls, 4 token_rate (retryable), 5 exceeds capacity
@@ -15,7 +20,8 @@ local now = now_ms(ARGV[1])
 local amount, period, cap = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local estimate, max_wait = tonumber(ARGV[5]), tonumber(ARGV[6])
 local max_calls, shadow, exceeds = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
-local retention = tonumber(ARGV[10])
+local retention, max_runs = tonumber(ARGV[10]), tonumber(ARGV[11])
+local inv_id = ARGV[12]
 
 local v = redis.call('HMGET', KEYS[2], 'c', 'e')
 local calls = 0
@@ -29,14 +35,26 @@ if calls >= max_calls and shadow == 0 then
 end
 
 local function record_call(charged)
+  local exp = now + retention
+  if calls == 0 then
+    -- A new run record: keep at most max_runs per user.
+    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+    if redis.call('ZCARD', KEYS[4]) >= max_runs then
+      local oldest = redis.call('ZRANGE', KEYS[4], 0, 0)
+      redis.call('ZREM', KEYS[4], oldest[1])
+      redis.call('DEL', ARGV[13] .. oldest[1])
+    end
+  end
+  redis.call('ZADD', KEYS[4], exp, inv_id)
+  redis.call('PEXPIRE', KEYS[4], retention)
   calls = calls + 1
-  redis.call('HSET', KEYS[2], 'c', calls, 'e', now + retention, 'o' .. calls, charged)
+  redis.call('HSET', KEYS[2], 'c', calls, 'e', exp, 'o' .. calls, charged)
   redis.call('PEXPIRE', KEYS[2], retention)
   return calls
 end
 
-local level, ts = bucket_load(KEYS[1], now, cap)
-level, ts = refill(level, ts, now, amount, cap)
+local level, ts, _, old_period = bucket_load(KEYS[1], now, cap, period)
+level, ts = refill(level, ts, now, amount, cap, old_period, period)
 local outcome, x, after = take(level, estimate * period, max_wait, amount, exceeds)
 local code = 0
 if calls >= max_calls then code = 3
@@ -44,12 +62,12 @@ elseif outcome == 2 then code = 4
 elseif outcome == 3 then code = 5 end
 
 if code == 0 then
-  bucket_save(KEYS[1], after, ts, now, amount, cap)
+  bucket_save(KEYS[1], after, ts, now, amount, cap, period)
   usage_add(KEYS[3], now, estimate)
   return {1, record_call(estimate), x, now}
 end
 -- Denied: take nothing; keep the refilled level.
-bucket_save(KEYS[1], level, ts, now, amount, cap)
+bucket_save(KEYS[1], level, ts, now, amount, cap, period)
 local hint = 0
 if code == 4 then hint = x end
 local call = 0

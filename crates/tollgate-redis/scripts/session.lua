@@ -60,14 +60,19 @@ if op == 'acquire' then
     if r < 1 then r = 1 end
     out = {0, r}
   else
-    if not live then fence = fence + 1 end
+    if live then
+      if hexp > exp then exp = hexp end
+    else
+      fence = fence + 1
+    end
     holder, hexp = h, exp
     redis.call('HSET', KEYS[1], 'h', h, 'x', exp)
     out = {1, fence, exp}
   end
 elseif op == 'renew' then
   if live and holder == ARGV[4] then
-    hexp = now + tonumber(ARGV[5])
+    local exp = now + tonumber(ARGV[5])
+    if exp > hexp then hexp = exp end
     redis.call('HSET', KEYS[1], 'x', hexp)
     out = {1, fence, hexp}
   else

@@ -14,8 +14,8 @@ local call, actual, retention = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(A
 local v = redis.call('HMGET', KEYS[2], 'c', 'e', 'o' .. call)
 if not v[1] or tonumber(v[2]) <= now then return {0} end
 if call < 1 or call > tonumber(v[1]) then return {0} end
-local level, ts = bucket_load(KEYS[1], now, cap)
-level, ts = refill(level, ts, now, amount, cap)
+local level, ts, _, old_period = bucket_load(KEYS[1], now, cap, period)
+level, ts = refill(level, ts, now, amount, cap, old_period, period)
 if not v[3] then return {2, floor_div(level, period), 0} end
 
 local charged = tonumber(v[3])
@@ -27,6 +27,6 @@ if actual >= 0 then delta = actual - charged end
 level = level - delta * period
 if level > cap then level = cap end
 if level < -MAX_SCALED then level = -MAX_SCALED end
-bucket_save(KEYS[1], level, ts, now, amount, cap)
+bucket_save(KEYS[1], level, ts, now, amount, cap, period)
 usage_add(KEYS[3], now, delta)
 return {1, floor_div(level, period), delta, now}

@@ -20,21 +20,22 @@ for i = 1, n do
   local amount, period, cap = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
   local cost, max_wait, exceeds = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
   local key = KEYS[i]
-  spec[i] = {amount, cap}
-  local level, ts
+  spec[i] = {amount, cap, period}
+  local level, ts, old_period
   if cur[key] then
-    level, ts = cur[key][1], cur[key][2]
+    level, ts, old_period = cur[key][1], cur[key][2], cur[key][3]
   else
-    level, ts = bucket_load(key, now, cap)
-    orig[key] = {level, ts}
+    local _
+    level, ts, _, old_period = bucket_load(key, now, cap, period)
+    orig[key] = {level, ts, old_period}
   end
-  level, ts = refill(level, ts, now, amount, cap)
+  level, ts = refill(level, ts, now, amount, cap, old_period, period)
   local outcome, x, after = take(level, cost * period, max_wait, amount, exceeds)
   if outcome == 1 then
     if x > wait then wait = x end
-    cur[key] = {after, ts}
+    cur[key] = {after, ts, period}
   else
-    cur[key] = {level, ts}
+    cur[key] = {level, ts, period}
     if outcome == 2 then
       if not refused_h or x > refused_h then refused_i, refused_h = i, x end
     elseif not exceeds_i then
@@ -58,15 +59,16 @@ end
 local granted = not exceeds_i and not refused_h
 for i = 1, n do
   local key = KEYS[i]
-  local amount, cap = spec[i][1], spec[i][2]
+  local amount, cap, period = spec[i][1], spec[i][2], spec[i][3]
   local st
   if granted then
     st = cur[key]
   else
-    local l, t = refill(orig[key][1], orig[key][2], now, amount, cap)
+    local o = orig[key]
+    local l, t = refill(o[1], o[2], now, amount, cap, o[3], period)
     st = {l, t}
   end
-  bucket_save(key, st[1], st[2], now, amount, cap)
+  bucket_save(key, st[1], st[2], now, amount, cap, period)
 end
 if exceeds_i then return {3, exceeds_i} end
 if refused_h then return {2, refused_i, refused_h} end

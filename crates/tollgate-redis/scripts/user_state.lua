@@ -6,8 +6,8 @@
 -- Returns {turns_available, tokens_available, tokens_last_minute, id1, exp1, id2, exp2, ...}
 local now = now_ms(ARGV[1])
 local function avail(key, amount, period, cap)
-  local level, ts = bucket_load(key, now, cap)
-  level = refill(level, ts, now, amount, cap)
+  local level, ts, _, old_period = bucket_load(key, now, cap, period)
+  level = refill(level, ts, now, amount, cap, old_period, period)
   return floor_div(level, period)
 end
 local turns = avail(KEYS[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]))

@@ -65,9 +65,22 @@ impl Keys {
 
     /// A run's model-call counter and open reservations.
     pub(crate) fn invocation(&self, user: &str, invocation: &str) -> String {
-        let mut k = self.user("inv", user);
-        let _ = write!(k, ":{}", esc(invocation));
+        let mut k = self.invocation_prefix(user);
+        let _ = write!(k, "{}", esc(invocation));
         k
+    }
+
+    /// The common prefix of a user's run records (the reserve script builds
+    /// the key of a run it evicts from it; same slot).
+    pub(crate) fn invocation_prefix(&self, user: &str) -> String {
+        let mut k = self.user("inv", user);
+        k.push(':');
+        k
+    }
+
+    /// The index of a user's run records, by last activity.
+    pub(crate) fn runs(&self, user: &str) -> String {
+        self.user("invs", user)
     }
 
     /// A session's lease hash and its records list.

@@ -7,7 +7,9 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, ScriptInvocation, Value};
+use tollgate_core::bucket::clamp_ttl;
 use tollgate_core::lease::{Admit, SessionAcquire, SessionGrant};
+use tollgate_core::store::memory::MAX_TRACKED_RUNS;
 use tollgate_core::store::{
     AppendOutcome, BucketTake, CooldownCheck, FenceCheck, MultiTake, RESERVATION_RETENTION_MS,
     ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome, SettleRequest, TopUser,
@@ -277,7 +279,7 @@ impl Store for RedisStore {
             .arg(self.now_arg());
         Self::spec_args(&mut inv, &p.turns)
             .arg(req.invocation_id)
-            .arg(lua_count(p.lease_ttl_ms))
+            .arg(clamp_ttl(p.lease_ttl_ms))
             .arg(p.max_runs)
             .arg(lua_count(p.concurrency_retry_ms));
         let r: Vec<i64> = self.run("admit_turn", &inv).await?;
@@ -324,26 +326,31 @@ impl Store for RedisStore {
         inv.key(self.inner.keys.leases(user))
             .arg(self.now_arg())
             .arg(invocation_id)
-            .arg(lua_count(ttl_ms));
+            .arg(clamp_ttl(ttl_ms));
         let r: i64 = self.run("renew_run", &inv).await?;
         Ok((r >= 0).then_some(u(r)))
     }
 
     async fn reserve_tokens(&self, req: ReserveRequest<'_>) -> Result<ReserveOutcome, StoreError> {
         let k = &self.inner.keys;
-        let too_big = exceeds(&req.tokens, req.estimate, req.max_wait_ms);
+        let max_wait = req.max_wait_ms.min(req.tokens.max_wait_limit());
+        let too_big = exceeds(&req.tokens, req.estimate, max_wait);
         let mut inv = self.inner.scripts.reserve_tokens.prepare_invoke();
         inv.key(k.tokens(req.user))
             .key(k.invocation(req.user, req.invocation_id))
             .key(k.usage(req.user))
+            .key(k.runs(req.user))
             .arg(self.now_arg());
         Self::spec_args(&mut inv, &req.tokens)
             .arg(if too_big { 0 } else { req.estimate })
-            .arg(lua_count(req.max_wait_ms))
+            .arg(max_wait)
             .arg(lua_count(req.max_llm_calls))
             .arg(u8::from(req.shadow))
             .arg(u8::from(too_big))
-            .arg(RESERVATION_RETENTION_MS);
+            .arg(RESERVATION_RETENTION_MS)
+            .arg(MAX_TRACKED_RUNS)
+            .arg(crate::keys::esc(req.invocation_id).as_ref())
+            .arg(k.invocation_prefix(req.user));
         let r: Vec<i64> = self.run("reserve_tokens", &inv).await?;
         let reservation = |call: i64| ReservationId {
             invocation_id: req.invocation_id.to_owned(),
@@ -431,10 +438,11 @@ impl Store for RedisStore {
             .arg(u8::from(cooldown.is_some()))
             .arg(cooldown.map_or(0, |c| lua_count(c.max_wait_ms)));
         for t in takes {
-            let too_big = exceeds(&t.spec, t.cost, t.max_wait_ms);
+            let max_wait = t.max_wait_ms.min(t.spec.max_wait_limit());
+            let too_big = exceeds(&t.spec, t.cost, max_wait);
             Self::spec_args(&mut inv, &t.spec)
                 .arg(if too_big { 0 } else { t.cost })
-                .arg(lua_count(t.max_wait_ms))
+                .arg(max_wait)
                 .arg(u8::from(too_big));
         }
         let r: Vec<i64> = self.run("take_many", &inv).await?;
@@ -467,7 +475,7 @@ impl Store for RedisStore {
         ttl_ms: u64,
     ) -> Result<SessionAcquire, StoreError> {
         let mut inv = self.session_call(session, "acquire");
-        inv.arg(holder).arg(lua_count(ttl_ms));
+        inv.arg(holder).arg(clamp_ttl(ttl_ms));
         let r: Vec<i64> = self.run("session_acquire", &inv).await?;
         match r[..] {
             [1, fence, exp] => Ok(SessionAcquire::Acquired(SessionGrant {
@@ -488,7 +496,7 @@ impl Store for RedisStore {
         ttl_ms: u64,
     ) -> Result<Option<SessionGrant>, StoreError> {
         let mut inv = self.session_call(session, "renew");
-        inv.arg(holder).arg(lua_count(ttl_ms));
+        inv.arg(holder).arg(clamp_ttl(ttl_ms));
         let r: Vec<i64> = self.run("session_renew", &inv).await?;
         match r[..] {
             [1, fence, exp] => Ok(Some(SessionGrant {

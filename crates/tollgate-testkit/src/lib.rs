@@ -73,6 +73,12 @@ where
         inspection_and_reset,
         exceeds_capacity,
         lowered_capacity_applies_at_refill,
+        both_limits_fail,
+        refused_calls_are_not_counted,
+        period_change_keeps_tokens,
+        renew_never_shortens,
+        reclaimed_leases_are_counted,
+        run_records_are_bounded,
     );
 }
 
@@ -102,6 +108,12 @@ macro_rules! conformance_tests {
             inspection_and_reset,
             exceeds_capacity,
             lowered_capacity_applies_at_refill,
+            both_limits_fail,
+            refused_calls_are_not_counted,
+            period_change_keeps_tokens,
+            renew_never_shortens,
+            reclaimed_leases_are_counted,
+            run_records_are_bounded,
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {$(

@@ -142,7 +142,7 @@ pub async fn example_3_token_wait_boundary<S: Store + Clone>(store: S, clock: Fa
 pub async fn example_4_concurrency<S: Store + Clone>(store: S, clock: FakeClock) {
     let l = limiter_with(store, &clock, support());
     let r1 = allowed(&l.admit_turn("u1", "r1").await.unwrap());
-    assert_eq!(r1.expires_at_ms, Some(clock.now_ms() + 120_000));
+    assert_eq!(r1.expires_at_ms, clock.now_ms() + 120_000);
     allowed(&l.admit_turn("u1", "r2").await.unwrap());
     assert_eq!(state(&l, "u1").await.turns_available, 3);
     let d = l.admit_turn("u1", "r3").await.unwrap();
@@ -300,7 +300,7 @@ pub async fn idempotent_admission<S: Store + Clone>(store: S, clock: FakeClock) 
 
     let again = allowed(&l.admit_turn("u1", "r1").await.unwrap());
     assert!(again.refreshed);
-    assert_eq!(again.expires_at_ms, Some(clock.now_ms() + 120_000));
+    assert_eq!(again.expires_at_ms, clock.now_ms() + 120_000);
     let s = state(&l, "u1").await;
     assert_eq!(s.turns_available, 4, "charged once");
     assert_eq!(s.leases.len(), 1);
@@ -466,14 +466,23 @@ pub async fn shadow_mode<S: Store + Clone>(store: S, clock: FakeClock) {
             shadow_denied: Some(denial),
         } => {
             assert_eq!(denial.limit(), Limit::TurnRate);
-            assert_eq!(grant.expires_at_ms, None, "no lease taken");
+            assert_eq!(grant.expires_at_ms, clock.now_ms() + 120_000);
         }
         other => panic!("expected shadow-allowed, got {other:?}"),
     }
     assert_eq!(d.outcome(), tollgate_core::Outcome::ShadowDenied);
     let s = state(&l, "u1").await;
-    assert_eq!(s.leases.len(), 1);
+    assert_eq!(
+        s.leases.len(),
+        1,
+        "no lease taken for the shadow-admitted turn"
+    );
     assert_eq!(s.turns_available, 0);
+    // Its renewals succeed too: shadow mode never shows to the client.
+    assert_eq!(
+        l.renew_run("u1", "r2").await.unwrap(),
+        Some(clock.now_ms() + 120_000)
+    );
 
     allowed(&l.reserve_tokens("u1", "r1", 1_000).await.unwrap());
     let d = l.reserve_tokens("u1", "r1", 500).await.unwrap();
@@ -782,4 +791,160 @@ pub async fn lowered_capacity_applies_at_refill<S: Store + Clone>(store: S, cloc
     let d = l.reserve_tokens("u1", "run", 10_001).await.unwrap();
     assert!(matches!(d.denial(), Some(Denial::ExceedsCapacity { .. })));
     allowed(&l.reserve_tokens("u1", "run", 10_000).await.unwrap());
+}
+
+/// Turn admission when both limits fail reports the larger hint, ties going
+/// to concurrency; a live holder retrying is admitted even then, uncharged.
+pub async fn both_limits_fail<S: Store + Clone>(store: S, clock: FakeClock) {
+    let mut plan = support();
+    plan.concurrent_runs = 1;
+    plan.turns.burst = Some(1);
+    let l = limiter_with(store, &clock, plan);
+    allowed(&l.admit_turn("u1", "x").await.unwrap());
+    // Turn hint 3,000 > concurrency hint 1,000.
+    let d = l.admit_turn("u1", "y").await.unwrap();
+    assert_eq!(limited(&d), (Limit::TurnRate, 3_000));
+    // At 2,000 ms: turn hint 1,000 = concurrency hint 1,000 -> concurrency.
+    clock.advance(2_000);
+    let d = l.admit_turn("u1", "y").await.unwrap();
+    assert_eq!(limited(&d), (Limit::Concurrency, 1_000));
+    // The holder of the only slot, with an empty turn bucket, retries.
+    let again = allowed(&l.admit_turn("u1", "x").await.unwrap());
+    assert!(again.refreshed);
+    assert_eq!(state(&l, "u1").await.turns_available, 0);
+    clock.advance(1_000);
+    assert_eq!(state(&l, "u1").await.turns_available, 1, "nothing charged");
+}
+
+/// A model call refused for tokens is not counted against `max_llm_calls`.
+pub async fn refused_calls_are_not_counted<S: Store + Clone>(store: S, clock: FakeClock) {
+    let mut plan = support();
+    plan.max_llm_calls = Some(2);
+    plan.max_wait_ms = 0;
+    let l = limiter_with(store, &clock, plan);
+    allowed(&l.reserve_tokens("u1", "run", 60_000).await.unwrap());
+    for _ in 0..3 {
+        let d = l.reserve_tokens("u1", "run", 10).await.unwrap();
+        assert_eq!(limited(&d).0, Limit::TokenRate);
+    }
+    clock.advance(1_000);
+    let g = allowed(&l.reserve_tokens("u1", "run", 10).await.unwrap());
+    assert_eq!(g.id.call, 2);
+}
+
+/// A reloaded plan that changes a rate's period keeps the level in whole
+/// tokens (never more credit).
+pub async fn period_change_keeps_tokens<S: Store + Clone>(store: S, clock: FakeClock) {
+    let mut per_second = support();
+    per_second.tokens = RateConfig {
+        amount: 1_000,
+        period_ms: 1_000,
+        burst: Some(60_000),
+    };
+    let l = limiter_with(store, &clock, per_second);
+    allowed(&l.reserve_tokens("u1", "run", 1).await.unwrap());
+    let mut cfg = PlansConfig {
+        default_plan: Some("p".into()),
+        ..PlansConfig::default()
+    };
+    cfg.plans.insert("p".into(), support());
+    l.set_plans(cfg.validate().unwrap());
+    assert_eq!(state(&l, "u1").await.tokens_available, 59_999);
+    let g = allowed(&l.reserve_tokens("u1", "run", 59_999).await.unwrap());
+    assert_eq!(g.wait_ms, 0);
+}
+
+/// Renewals push expiries and never shorten them; TTLs are clamped to
+/// `1..=MAX_TTL_MS`.
+pub async fn renew_never_shortens<S: Store + Clone>(store: S, clock: FakeClock) {
+    let now = clock.now_ms();
+    let s = &store;
+    let params = tollgate_core::lease::TurnParams {
+        turns: BucketSpec::new(20, 60_000, 5).unwrap(),
+        max_runs: 2,
+        lease_ttl_ms: 120_000,
+        concurrency_retry_ms: 1_000,
+    };
+    let req = tollgate_core::store::TurnRequest {
+        user: "u1",
+        invocation_id: "r1",
+        params,
+    };
+    s.admit_turn(req).await.unwrap();
+    assert_eq!(
+        s.renew_run("u1", "r1", 1).await.unwrap(),
+        Some(now + 120_000)
+    );
+    assert_eq!(
+        s.renew_run("u1", "r1", 200_000).await.unwrap(),
+        Some(now + 200_000)
+    );
+    let g = s.session_acquire("s", "h", 30_000).await.unwrap();
+    assert!(
+        matches!(g, SessionAcquire::Acquired(SessionGrant { expires_at_ms, .. }) if expires_at_ms == now + 30_000)
+    );
+    let r = s.session_renew("s", "h", 5).await.unwrap().unwrap();
+    assert_eq!(r.expires_at_ms, now + 30_000);
+    let g = s.session_acquire("s", "h", 1).await.unwrap();
+    assert!(
+        matches!(g, SessionAcquire::Acquired(SessionGrant { expires_at_ms, .. }) if expires_at_ms == now + 30_000)
+    );
+    // TTL 0 counts as 1 ms; u64::MAX is cut to 30 days.
+    let g = s.session_acquire("t", "h", 0).await.unwrap();
+    assert!(
+        matches!(g, SessionAcquire::Acquired(SessionGrant { expires_at_ms, .. }) if expires_at_ms == now + 1)
+    );
+    let g = s.session_acquire("v", "h", u64::MAX).await.unwrap();
+    assert!(
+        matches!(g, SessionAcquire::Acquired(SessionGrant { expires_at_ms, .. })
+        if expires_at_ms == now + tollgate_core::bucket::MAX_TTL_MS)
+    );
+}
+
+/// Leaked leases found expired by an admission are reported as reclaimed.
+pub async fn reclaimed_leases_are_counted<S: Store + Clone>(store: S, clock: FakeClock) {
+    let params = tollgate_core::lease::TurnParams {
+        turns: BucketSpec::new(20, 60_000, 5).unwrap(),
+        max_runs: 2,
+        lease_ttl_ms: 120_000,
+        concurrency_retry_ms: 1_000,
+    };
+    let admit = |inv| tollgate_core::store::TurnRequest {
+        user: "u1",
+        invocation_id: inv,
+        params,
+    };
+    assert_eq!(store.admit_turn(admit("r1")).await.unwrap().reclaimed, 0);
+    assert_eq!(store.admit_turn(admit("r2")).await.unwrap().reclaimed, 0);
+    clock.advance(120_000);
+    let out = store.admit_turn(admit("r3")).await.unwrap();
+    assert!(matches!(
+        out.admit,
+        tollgate_core::lease::Admit::Admitted { .. }
+    ));
+    assert_eq!(out.reclaimed, 2);
+}
+
+/// A user's run records are bounded: past `MAX_TRACKED_RUNS` runs, the
+/// least recently active one is forgotten (its reservation settles as
+/// unknown) and the newest are kept.
+pub async fn run_records_are_bounded<S: Store + Clone>(store: S, clock: FakeClock) {
+    let l = limiter_with(store, &clock, support());
+    let n = tollgate_core::store::memory::MAX_TRACKED_RUNS + 1;
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let g = allowed(
+            &l.reserve_tokens("u1", &format!("run{i:04}"), 1)
+                .await
+                .unwrap(),
+        );
+        ids.push(g.id);
+        clock.advance(1);
+    }
+    assert!(matches!(
+        l.refund("u1", &ids[0]).await,
+        Err(LimiterError::UnknownReservation(_))
+    ));
+    assert!(l.refund("u1", &ids[1]).await.unwrap().applied);
+    assert!(l.refund("u1", &ids[n - 1]).await.unwrap().applied);
 }

@@ -14,7 +14,6 @@
 //! when the shard has doubled since the last sweep or a minute has passed,
 //! or on demand through [`MemoryStore::purge_expired`].
 
-use std::future::{Future, ready};
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
@@ -33,12 +32,22 @@ use crate::error::StoreError;
 use crate::lease::{self, LeaseSet, SessionAcquire, SessionGrant, SessionLease};
 
 const SHARDS: usize = 64;
+
+/// Runs per user whose call counters and open reservations are remembered;
+/// past it the least recently active run's record is dropped (its open
+/// reservations then settle as unknown, which never under-charges).
+pub const MAX_TRACKED_RUNS: usize = 256;
 const SWEEP_EVERY_MS: u64 = 60_000;
 const MIN_SWEEP_LEN: usize = 1_024;
 
 trait Expiring: Default {
     /// After this time (ms) the entry is as good as missing.
     fn expires_at(&self) -> u64;
+
+    /// Makes an expired entry as good as new before an operation uses it.
+    fn reset(&mut self) {
+        *self = Self::default();
+    }
 }
 
 #[repr(align(128))]
@@ -156,7 +165,7 @@ impl<V: Expiring> Shard<V> {
         let mut occupied = entry.or_insert_with(|| (key.into(), V::default()));
         let v = &mut occupied.get_mut().1;
         if v.expires_at() <= now {
-            *v = V::default();
+            v.reset();
         }
         let r = f(v);
         if v.expires_at() <= now {
@@ -272,12 +281,19 @@ impl Usage {
         if self.current == 0 && self.previous == 0 {
             0
         } else {
-            (self.minute + 2) * 60_000
+            (self.minute + 2).saturating_mul(60_000)
         }
     }
 }
 
 impl Expiring for UserEntry {
+    /// Keeps the (expired) leases so the operation that purges them counts
+    /// them as reclaimed, as the Redis scripts do.
+    fn reset(&mut self) {
+        self.turns = None;
+        self.calls = None;
+    }
+
     fn expires_at(&self) -> u64 {
         let calls = self.calls.as_ref().map_or(0, |c| {
             slot_expiry(&c.tokens)
@@ -539,7 +555,7 @@ impl MemoryStore {
             if inv.open.is_empty() {
                 inv.open = Vec::new();
             }
-            inv.expires_at = now + RESERVATION_RETENTION_MS;
+            inv.expires_at = now.saturating_add(RESERVATION_RETENTION_MS);
             let delta = match req.actual {
                 Some(actual) => i128::from(actual) - i128::from(estimate),
                 None => -i128::from(estimate),
@@ -678,7 +694,7 @@ impl CallState {
     /// took nothing: its settle charges the actual usage, its refund changes
     /// nothing). Answers the call's number.
     fn record_call(&mut self, now: u64, invocation_id: &str, charged: u64) -> u64 {
-        let expires_at = now + RESERVATION_RETENTION_MS;
+        let expires_at = now.saturating_add(RESERVATION_RETENTION_MS);
         self.invocations.retain(|i| i.expires_at > now);
         let pos = self
             .invocations
@@ -687,6 +703,16 @@ impl CallState {
         let inv = match pos {
             Some(p) => &mut self.invocations[p],
             None => {
+                if self.invocations.len() >= MAX_TRACKED_RUNS
+                    && let Some(oldest) = self
+                        .invocations
+                        .iter()
+                        .enumerate()
+                        .min_by(|(_, a), (_, b)| (a.expires_at, &a.id).cmp(&(b.expires_at, &b.id)))
+                        .map(|(i, _)| i)
+                {
+                    self.invocations.swap_remove(oldest);
+                }
                 // Most users run one invocation at a time: the first
                 // allocation holds exactly one; growth after is amortized.
                 if self.invocations.capacity() == 0 {
@@ -712,66 +738,50 @@ impl CallState {
 }
 
 impl Store for MemoryStore {
-    fn admit_turn(
-        &self,
-        req: TurnRequest<'_>,
-    ) -> impl Future<Output = Result<TurnOutcome, StoreError>> + Send {
-        ready(Ok(self.admit(req)))
+    async fn admit_turn(&self, req: TurnRequest<'_>) -> Result<TurnOutcome, StoreError> {
+        Ok(self.admit(req))
     }
 
-    fn release_run(
-        &self,
-        user: &str,
-        invocation_id: &str,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+    async fn release_run(&self, user: &str, invocation_id: &str) -> Result<bool, StoreError> {
         let now = self.now();
-        ready(Ok(self
+        Ok(self
             .inner
             .users
-            .with(user, now, |u| u.leases.release(now, invocation_id))))
+            .with(user, now, |u| u.leases.release(now, invocation_id)))
     }
 
-    fn renew_run(
+    async fn renew_run(
         &self,
         user: &str,
         invocation_id: &str,
         ttl_ms: u64,
-    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send {
+    ) -> Result<Option<u64>, StoreError> {
         let now = self.now();
-        ready(Ok(self.inner.users.with(user, now, |u| {
-            u.leases.renew(now, invocation_id, ttl_ms)
-        })))
+        Ok(self
+            .inner
+            .users
+            .with(user, now, |u| u.leases.renew(now, invocation_id, ttl_ms)))
     }
 
-    fn reserve_tokens(
-        &self,
-        req: ReserveRequest<'_>,
-    ) -> impl Future<Output = Result<ReserveOutcome, StoreError>> + Send {
-        ready(Ok(self.reserve(req)))
+    async fn reserve_tokens(&self, req: ReserveRequest<'_>) -> Result<ReserveOutcome, StoreError> {
+        Ok(self.reserve(req))
     }
 
-    fn settle(
-        &self,
-        req: SettleRequest<'_>,
-    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
-        ready(Ok(self.settle_now(req)))
+    async fn settle(&self, req: SettleRequest<'_>) -> Result<SettleOutcome, StoreError> {
+        Ok(self.settle_now(req))
     }
 
-    fn take_many(
+    async fn take_many(
         &self,
         takes: &[BucketTake<'_>],
         cooldown: Option<CooldownCheck<'_>>,
-    ) -> impl Future<Output = Result<MultiTake, StoreError>> + Send {
-        ready(Ok(self.take_many_now(takes, cooldown)))
+    ) -> Result<MultiTake, StoreError> {
+        Ok(self.take_many_now(takes, cooldown))
     }
 
-    fn extend_cooldown(
-        &self,
-        key: &str,
-        until_ms: u64,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+    async fn extend_cooldown(&self, key: &str, until_ms: u64) -> Result<u64, StoreError> {
         let now = self.now();
-        ready(Ok(self.inner.keys.with(key, now, |e| {
+        Ok(self.inner.keys.with(key, now, |e| {
             let current = match *e {
                 KeyEntry::Cooldown(u) => u,
                 _ => 0,
@@ -779,63 +789,49 @@ impl Store for MemoryStore {
             let until = current.max(until_ms);
             *e = KeyEntry::Cooldown(until);
             until
-        })))
+        }))
     }
 
-    fn session_acquire(
+    async fn session_acquire(
         &self,
         session: &str,
         holder: &str,
         ttl_ms: u64,
-    ) -> impl Future<Output = Result<SessionAcquire, StoreError>> + Send {
-        ready(Ok(self.session(session, |s, now| {
-            s.lease.acquire(now, holder, ttl_ms)
-        })))
+    ) -> Result<SessionAcquire, StoreError> {
+        Ok(self.session(session, |s, now| s.lease.acquire(now, holder, ttl_ms)))
     }
 
-    fn session_renew(
+    async fn session_renew(
         &self,
         session: &str,
         holder: &str,
         ttl_ms: u64,
-    ) -> impl Future<Output = Result<Option<SessionGrant>, StoreError>> + Send {
-        ready(Ok(self.session(session, |s, now| {
-            s.lease.renew(now, holder, ttl_ms)
-        })))
+    ) -> Result<Option<SessionGrant>, StoreError> {
+        Ok(self.session(session, |s, now| s.lease.renew(now, holder, ttl_ms)))
     }
 
-    fn session_release(
-        &self,
-        session: &str,
-        holder: &str,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        ready(Ok(
-            self.session(session, |s, now| s.lease.release(now, holder))
-        ))
+    async fn session_release(&self, session: &str, holder: &str) -> Result<bool, StoreError> {
+        Ok(self.session(session, |s, now| s.lease.release(now, holder)))
     }
 
-    fn fence_check(
-        &self,
-        session: &str,
-        fence: u64,
-    ) -> impl Future<Output = Result<FenceCheck, StoreError>> + Send {
+    async fn fence_check(&self, session: &str, fence: u64) -> Result<FenceCheck, StoreError> {
         let now = self.now();
-        ready(Ok(self.inner.sessions.read(session, now, |s| {
+        Ok(self.inner.sessions.read(session, now, |s| {
             let latest = s.map_or(0, |s| s.lease.fence);
             FenceCheck {
                 current: latest != 0 && latest == fence,
                 latest,
             }
-        })))
+        }))
     }
 
-    fn append_fenced(
+    async fn append_fenced(
         &self,
         session: &str,
         fence: u64,
         record: &[u8],
-    ) -> impl Future<Output = Result<AppendOutcome, StoreError>> + Send {
-        ready(Ok(self.session(session, |s, _| {
+    ) -> Result<AppendOutcome, StoreError> {
+        Ok(self.session(session, |s, _| {
             if !s.lease.fence_is_current(fence) {
                 return AppendOutcome::Stale {
                     latest: s.lease.fence,
@@ -845,17 +841,17 @@ impl Store for MemoryStore {
             AppendOutcome::Appended {
                 index: s.records.len() as u64 - 1,
             }
-        })))
+        }))
     }
 
-    fn read_records(
+    async fn read_records(
         &self,
         session: &str,
         from: u64,
         limit: usize,
-    ) -> impl Future<Output = Result<Vec<Vec<u8>>, StoreError>> + Send {
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
         let now = self.now();
-        ready(Ok(self.inner.sessions.read(session, now, |s| {
+        Ok(self.inner.sessions.read(session, now, |s| {
             s.map(|s| {
                 s.records
                     .iter()
@@ -865,28 +861,25 @@ impl Store for MemoryStore {
                     .collect()
             })
             .unwrap_or_default()
-        })))
+        }))
     }
 
-    fn delete_records(
-        &self,
-        session: &str,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        ready(Ok(self.session(session, |s, _| {
+    async fn delete_records(&self, session: &str) -> Result<u64, StoreError> {
+        Ok(self.session(session, |s, _| {
             let n = s.records.len() as u64;
             s.records = Vec::new();
             n
-        })))
+        }))
     }
 
-    fn user_state(
+    async fn user_state(
         &self,
         user: &str,
         turns: BucketSpec,
         tokens: BucketSpec,
-    ) -> impl Future<Output = Result<UserState, StoreError>> + Send {
+    ) -> Result<UserState, StoreError> {
         let now = self.now();
-        ready(Ok(self.inner.users.read(user, now, |u| {
+        Ok(self.inner.users.read(user, now, |u| {
             let level = |spec: &BucketSpec, s: Option<(BucketState, u64)>| {
                 spec.unscale(bucket::refill(spec, s.and_then(|s| live(Some(s), now)), now).level)
             };
@@ -908,10 +901,10 @@ impl Store for MemoryStore {
                     tokens_last_minute: u.calls.as_ref().map_or(0, |c| c.usage.last_minute(now)),
                 },
             }
-        })))
+        }))
     }
 
-    fn top_users(&self, n: usize) -> impl Future<Output = Result<Vec<TopUser>, StoreError>> + Send {
+    async fn top_users(&self, n: usize) -> Result<Vec<TopUser>, StoreError> {
         let now = self.now();
         let mut all: Vec<TopUser> = Vec::new();
         self.inner.users.for_each_live(now, |user, u| {
@@ -929,19 +922,19 @@ impl Store for MemoryStore {
                 .then_with(|| a.user.cmp(&b.user))
         });
         all.truncate(n);
-        ready(Ok(all))
+        Ok(all)
     }
 
-    fn reset_user(&self, user: &str) -> impl Future<Output = Result<bool, StoreError>> + Send {
+    async fn reset_user(&self, user: &str) -> Result<bool, StoreError> {
         let now = self.now();
-        ready(Ok(self.inner.users.with(user, now, |u| {
+        Ok(self.inner.users.with(user, now, |u| {
             let had = live(u.turns, now).is_some() || live(u.tokens(), now).is_some();
             u.turns = None;
             if let Some(c) = u.calls.as_deref_mut() {
                 c.tokens = None;
             }
             had
-        })))
+        }))
     }
 }
 
