@@ -8,14 +8,19 @@
 //! (levels scaled by the period, integer ceilings), and time from Redis
 //! `TIME`, so a fleet decides on one clock.
 //!
+//! [`Failover`] applies the failure policy of SPEC §6 (fail closed, or fail
+//! open on a local store with scaled rates) to any store.
+//!
 //! The top-users counter (for the admin endpoint) lives in its own slot and
 //! is updated after a user's script, best effort.
 
 mod config;
 mod error;
+mod failover;
 mod keys;
 mod scripts;
 mod store;
 
 pub use config::{RedisConfig, RedisTarget};
+pub use failover::{Failover, FailurePolicy, FallbackEvent, InvalidShare};
 pub use store::RedisStore;

@@ -58,8 +58,26 @@ fn ping(port: u16) -> bool {
     if s.write_all(b"PING\r\n").is_err() {
         return false;
     }
+    // "+PONG" when open, "-NOAUTH…" behind a password: either way it is up.
     let mut buf = [0u8; 7];
-    matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
+    matches!(s.read(&mut buf), Ok(n) if n > 0 && (buf[0] == b'+' || buf[0] == b'-'))
+}
+
+/// Polls `cond` every 20 ms of real time until it holds or `secs` pass: for
+/// waiting on a real process (a restarted server, a reconnection), never for
+/// logic that a fake clock can drive. Answers whether it held.
+pub async fn wait_until<F, Fut>(secs: u64, mut cond: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..secs * 50 {
+        if cond().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
 }
 
 fn unique_dir() -> PathBuf {
@@ -79,6 +97,16 @@ impl RedisServer {
     /// `redis-server` is not installed, or it did not come up in 10 s.
     pub fn start() -> io::Result<Self> {
         Self::start_with(Vec::new(), false)
+    }
+
+    /// Starts a server with extra `redis-server` arguments (e.g.
+    /// `["--requirepass", "secret"]`).
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_with_args(args: &[&str]) -> io::Result<Self> {
+        Self::start_with(args.iter().map(|a| (*a).to_owned()).collect(), false)
     }
 
     fn start_with(extra: Vec<String>, cluster: bool) -> io::Result<Self> {

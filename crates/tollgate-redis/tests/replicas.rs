@@ -1,0 +1,134 @@
+//! Four replicas, each with its own `RedisStore` and connection, hammer one
+//! user at once for two seconds on the real clock (Redis `TIME`). The fleet
+//! shares one truth: the granted token cost stays within capacity + rate ×
+//! elapsed, and concurrently held run leases never exceed the cap.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tollgate_core::lease::{Admit, TurnParams};
+use tollgate_core::store::{ReserveOutcome, ReserveRequest, TurnRequest};
+use tollgate_core::{BucketSpec, Clock, Store, SystemClock};
+use tollgate_redis::{RedisConfig, RedisStore};
+use tollgate_testkit::redis::{shared_url, unique_prefix};
+
+const RATE_PER_S: u64 = 2_000;
+const CAPACITY: u64 = 1_000;
+const MAX_RUNS: u32 = 3;
+const RUN_FOR_MS: u64 = 2_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_replicas_share_one_truth() {
+    let prefix = unique_prefix();
+    let mut replicas = Vec::new();
+    for _ in 0..4 {
+        let store = RedisStore::connect(
+            RedisConfig::standalone(shared_url())
+                .with_key_prefix(prefix.clone())
+                .with_op_timeout(Duration::from_secs(2)),
+        )
+        .await
+        .expect("connect");
+        replicas.push(store);
+    }
+    let tokens = BucketSpec::new(RATE_PER_S, 1_000, CAPACITY).unwrap();
+    let turns = BucketSpec::new(1_000_000, 1_000, 1_000_000).unwrap();
+    let granted = Arc::new(AtomicU64::new(0));
+    let calls = Arc::new(AtomicU64::new(0));
+    let held = Arc::new(AtomicUsize::new(0));
+    let max_held = Arc::new(AtomicUsize::new(0));
+    let admitted = Arc::new(AtomicU64::new(0));
+
+    let start = SystemClock.now_ms();
+    let deadline = start + RUN_FOR_MS;
+    let mut tasks = Vec::new();
+    for (r, store) in replicas.iter().enumerate() {
+        for t in 0..4 {
+            // Token reservations.
+            let (reserver, granted, calls) = (store.clone(), granted.clone(), calls.clone());
+            tasks.push(tokio::spawn(async move {
+                let store = reserver;
+                let mut n = 0u64;
+                while SystemClock.now_ms() < deadline {
+                    let cost = 1 + (n * 7 + t) % 40;
+                    let inv = format!("r{r}t{t}b{}", n / 400);
+                    let out = store
+                        .reserve_tokens(ReserveRequest {
+                            user: "hot",
+                            invocation_id: &inv,
+                            tokens,
+                            estimate: cost,
+                            max_wait_ms: 0,
+                            max_llm_calls: 500,
+                            shadow: false,
+                        })
+                        .await
+                        .expect("reserve");
+                    if let ReserveOutcome::Granted { wait_ms, .. } = out {
+                        assert_eq!(wait_ms, 0);
+                        granted.fetch_add(cost, Ordering::Relaxed);
+                    }
+                    calls.fetch_add(1, Ordering::Relaxed);
+                    n += 1;
+                }
+            }));
+            // Run leases.
+            let (store, held, max_held, admitted) = (
+                store.clone(),
+                held.clone(),
+                max_held.clone(),
+                admitted.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                let inv = format!("run-{r}-{t}");
+                let params = TurnParams {
+                    turns,
+                    max_runs: MAX_RUNS,
+                    lease_ttl_ms: 60_000,
+                    concurrency_retry_ms: 1_000,
+                };
+                while SystemClock.now_ms() < deadline {
+                    let out = store
+                        .admit_turn(TurnRequest {
+                            user: "hot",
+                            invocation_id: &inv,
+                            params,
+                        })
+                        .await
+                        .expect("admit");
+                    if let Admit::Admitted { .. } = out.admit {
+                        let now_held = held.fetch_add(1, Ordering::SeqCst) + 1;
+                        max_held.fetch_max(now_held, Ordering::SeqCst);
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                        tokio::task::yield_now().await;
+                        held.fetch_sub(1, Ordering::SeqCst);
+                        assert!(store.release_run("hot", &inv).await.expect("release"));
+                    }
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let elapsed = SystemClock.now_ms() - start;
+    let granted = granted.load(Ordering::Relaxed);
+    // Redis TIME and this clock both run in real time; allow 50 ms of skew
+    // between the first and last script and our own readings.
+    let bound = CAPACITY + RATE_PER_S * (elapsed + 50) / 1_000;
+    eprintln!(
+        "{} reservations, {granted} tokens granted in {elapsed} ms (bound {bound}); \
+         {} admissions, at most {} leases held at once",
+        calls.load(Ordering::Relaxed),
+        admitted.load(Ordering::Relaxed),
+        max_held.load(Ordering::SeqCst)
+    );
+    assert!(granted <= bound, "granted {granted} > bound {bound}");
+    assert!(
+        granted >= RATE_PER_S * elapsed / 1_000 / 2,
+        "the limiter let through far less than the rate: {granted}"
+    );
+    assert!(max_held.load(Ordering::SeqCst) <= MAX_RUNS as usize);
+    assert!(admitted.load(Ordering::Relaxed) > 0);
+}
