@@ -30,6 +30,9 @@ pub struct RedisConfig {
     /// How long a session's lease state, fence counter and records are kept
     /// after its last activity (default 7 days).
     pub session_retention_ms: u64,
+    /// For `rediss://`: a PEM CA certificate to trust instead of the system's
+    /// roots (a private CA). `None`: the system's trust store.
+    pub tls_ca_pem: Option<Vec<u8>>,
 }
 
 impl RedisConfig {
@@ -56,7 +59,14 @@ impl RedisConfig {
             op_timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_secs(1),
             session_retention_ms: DEFAULT_SESSION_RETENTION_MS,
+            tls_ca_pem: None,
         }
+    }
+
+    /// The same settings trusting `pem` (a CA certificate) for TLS.
+    pub fn with_tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_ca_pem = Some(pem.into());
+        self
     }
 
     /// The same settings with another key prefix.

@@ -87,6 +87,14 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
+fn certs(ca_pem: &[u8]) -> redis::TlsCertificates {
+    install_tls_provider();
+    redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(ca_pem.to_vec()),
+    }
+}
+
 fn install_tls_provider() {
     // rustls needs a process-wide crypto provider; ring builds without cmake.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -129,7 +137,11 @@ impl RedisStore {
                 if url.starts_with("rediss://") {
                     install_tls_provider();
                 }
-                let client = redis::Client::open(url.as_str()).map_err(classify)?;
+                let client = match &config.tls_ca_pem {
+                    Some(pem) => redis::Client::build_with_tls(url.as_str(), certs(pem)),
+                    None => redis::Client::open(url.as_str()),
+                }
+                .map_err(classify)?;
                 let cfg = ConnectionManagerConfig::new()
                     .set_response_timeout(Some(config.op_timeout))
                     .set_connection_timeout(Some(config.connect_timeout))
@@ -143,7 +155,11 @@ impl RedisStore {
                 if seeds.iter().any(|s| s.starts_with("rediss://")) {
                     install_tls_provider();
                 }
-                let client = ClusterClientBuilder::new(seeds.clone())
+                let mut builder = ClusterClientBuilder::new(seeds.clone());
+                if let Some(pem) = &config.tls_ca_pem {
+                    builder = builder.certs(certs(pem));
+                }
+                let client = builder
                     .response_timeout(config.op_timeout)
                     .connection_timeout(config.connect_timeout)
                     .retries(2)

@@ -30,7 +30,13 @@ pub struct RedisServer {
     watchdog: Option<Child>,
 }
 
-fn free_port(also_plus_10000: bool) -> io::Result<u16> {
+/// A free local port (never 6379); with `also_plus_10000`, port + 10000
+/// is free too (a cluster node's bus port).
+///
+/// # Errors
+///
+/// No free port found in 100 tries.
+pub fn free_port(also_plus_10000: bool) -> io::Result<u16> {
     for _ in 0..100 {
         let l = TcpListener::bind("127.0.0.1:0")?;
         let port = l.local_addr()?.port();
