@@ -227,6 +227,7 @@ pub fn refill(spec: &BucketSpec, state: Option<BucketState>, now: u64) -> Bucket
                 // A reloaded plan changed the period: rescale in whole
                 // tokens, rounding toward less credit.
                 level = level.div_euclid(i128::from(s.period_ms)) * i128::from(spec.period_ms);
+                level = level.max(-i128::from(MAX_SCALED));
             }
             let elapsed = now.saturating_sub(s.ts);
             let level = level + i128::from(elapsed) * i128::from(spec.amount);

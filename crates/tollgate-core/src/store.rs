@@ -148,7 +148,9 @@ pub struct SettleRequest<'a> {
     /// The reservation.
     pub reservation: &'a ReservationId,
     /// `Some(actual)`: settle, adjusting by `actual - estimate`.
-    /// `None`: refund, adjusting by `-estimate`.
+    /// `None`: refund, adjusting by `-estimate`. Stores count exactly only up
+    /// to 2^53: a larger `actual` is taken as 2^53 (the `Limiter` refuses
+    /// anything past 2^53 / period as invalid before it gets here).
     pub actual: Option<u64>,
 }
 
@@ -312,7 +314,7 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<MultiTake, StoreError>> + Send;
 
     /// Set a cooldown to `max(existing, until_ms)`; answers the cooldown's
-    /// end after the change.
+    /// end after the change. Ends past 2^53 ms are taken as 2^53.
     fn extend_cooldown(
         &self,
         key: &str,

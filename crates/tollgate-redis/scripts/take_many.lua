@@ -11,7 +11,7 @@
 local now = now_ms(ARGV[1])
 local n, has_cd, cd_wait = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 
-local orig = {}   -- key -> {level, ts} as loaded and refilled
+local orig = {}   -- key -> {level, ts, period, existed} as loaded
 local cur = {}    -- key -> {level, ts} after the takes so far
 local spec = {}
 local wait, refused_i, refused_h, exceeds_i = 0, nil, nil, nil
@@ -25,9 +25,9 @@ for i = 1, n do
   if cur[key] then
     level, ts, old_period = cur[key][1], cur[key][2], cur[key][3]
   else
-    local _
-    level, ts, _, old_period = bucket_load(key, now, cap, period)
-    orig[key] = {level, ts, old_period}
+    local existed
+    level, ts, existed, old_period = bucket_load(key, now, cap, period)
+    orig[key] = {level, ts, old_period, existed}
   end
   level, ts = refill(level, ts, now, amount, cap, old_period, period)
   local outcome, x, after = take(level, cost * period, max_wait, amount, exceeds)
@@ -64,9 +64,15 @@ for i = 1, n do
   if granted then
     st = cur[key]
   else
+    -- Refused: each key as if untouched, refilled to now; a missing one is
+    -- full under this take's spec (not the first take's, rescaled).
     local o = orig[key]
-    local l, t = refill(o[1], o[2], now, amount, cap, o[3], period)
-    st = {l, t}
+    if o[4] then
+      local l, t = refill(o[1], o[2], now, amount, cap, o[3], period)
+      st = {l, t}
+    else
+      st = {cap, now}
+    end
   end
   bucket_save(key, st[1], st[2], now, amount, cap, period)
 end

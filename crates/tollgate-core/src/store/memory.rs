@@ -25,7 +25,7 @@ use super::{
     RESERVATION_RETENTION_MS, ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome,
     SettleRequest, Store, TopUser, TurnOutcome, TurnRequest, UserState,
 };
-use crate::bucket::{self, BucketSpec, BucketState, Take};
+use crate::bucket::{self, BucketSpec, BucketState, MAX_SCALED, Take};
 use crate::clock::Clock;
 use crate::decision::{Denial, Limit};
 use crate::error::StoreError;
@@ -557,7 +557,8 @@ impl MemoryStore {
             }
             inv.expires_at = now.saturating_add(RESERVATION_RETENTION_MS);
             let delta = match req.actual {
-                Some(actual) => i128::from(actual) - i128::from(estimate),
+                // Counts past 2^53 cannot be kept exactly (see SettleRequest).
+                Some(actual) => i128::from(actual.min(MAX_SCALED as u64)) - i128::from(estimate),
                 None => -i128::from(estimate),
             };
             let delta = delta.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
@@ -786,7 +787,7 @@ impl Store for MemoryStore {
                 KeyEntry::Cooldown(u) => u,
                 _ => 0,
             };
-            let until = current.max(until_ms);
+            let until = current.max(until_ms.min(MAX_SCALED as u64));
             *e = KeyEntry::Cooldown(until);
             until
         }))
