@@ -1,0 +1,427 @@
+//! The server's configuration: TOML, validated into a typed [`Config`] with
+//! every problem reported by field path. The core owns the plan types; this
+//! module owns loading them.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tollgate_core::plan::FieldError;
+use tollgate_core::{PlanBook, PlanConfig, PlanOverride, PlansConfig};
+use tollgate_redis::{FailurePolicy, RedisConfig, RedisTarget};
+
+use crate::identity::IdentityConfig;
+
+/// The embedded default config (`tollgate serve` with no file).
+pub const DEFAULT_CONFIG: &str = include_str!("default.toml");
+
+/// The config file as written.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// Address to listen on (default `127.0.0.1:8787`).
+    #[serde(default = "default_listen")]
+    pub listen: String,
+    /// Bearer token for `/admin/*` endpoints; none: they are off.
+    #[serde(default)]
+    pub admin_token: Option<String>,
+    /// Requests this replica serves at once; past it, 429 `overloaded`.
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
+    /// Where state lives.
+    #[serde(default)]
+    pub store: StoreConfig,
+    /// How requests prove who they are.
+    pub identity: IdentityConfig,
+    /// The plan of users with no assignment.
+    #[serde(default)]
+    pub default_plan: Option<String>,
+    /// Plans by name.
+    #[serde(default)]
+    pub plans: BTreeMap<String, PlanConfig>,
+    /// User id → plan name.
+    #[serde(default)]
+    pub users: BTreeMap<String, String>,
+    /// User id → changes over that user's plan.
+    #[serde(default)]
+    pub overrides: BTreeMap<String, PlanOverride>,
+}
+
+fn default_listen() -> String {
+    "127.0.0.1:8787".to_owned()
+}
+
+fn default_max_in_flight() -> usize {
+    1_024
+}
+
+/// Which store.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreKind {
+    /// In this process (one replica).
+    #[default]
+    Memory,
+    /// One Redis server.
+    Redis,
+    /// A Redis Cluster.
+    Cluster,
+}
+
+/// What to do while Redis is unreachable.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureMode {
+    /// Answer 503 `store_unavailable`.
+    #[default]
+    FailClosed,
+    /// Decide locally with rates scaled by `fallback_share`.
+    FailOpen,
+}
+
+/// `[store]` as written.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `memory` (default), `redis` or `cluster`.
+    #[serde(default)]
+    pub kind: StoreKind,
+    /// `redis`: `redis://[user:password@]host:port[/db]` or `rediss://…`.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// `cluster`: seed node URLs.
+    #[serde(default)]
+    pub nodes: Vec<String>,
+    /// Key prefix (default `tg`).
+    #[serde(default)]
+    pub key_prefix: Option<String>,
+    /// Per-operation timeout, ms (default 50).
+    #[serde(default)]
+    pub op_timeout_ms: Option<u64>,
+    /// Connect timeout, ms (default 1,000).
+    #[serde(default)]
+    pub connect_timeout_ms: Option<u64>,
+    /// A PEM CA file to trust for `rediss://` instead of the system roots.
+    #[serde(default)]
+    pub tls_ca_file: Option<PathBuf>,
+    /// `fail_closed` (default) or `fail_open`.
+    #[serde(default)]
+    pub failure: FailureMode,
+    /// `fail_open`: this replica's share of each limit, in (0, 1] (default 1).
+    #[serde(default)]
+    pub fallback_share: Option<f64>,
+    /// How long session state is kept after its last activity, ms (default 7 days).
+    #[serde(default)]
+    pub session_retention_ms: Option<u64>,
+}
+
+/// The store to build.
+#[derive(Debug, Clone)]
+pub enum StoreSettings {
+    /// In memory.
+    Memory,
+    /// Redis or Redis Cluster, with a failure policy.
+    Redis {
+        /// Connection settings.
+        redis: RedisConfig,
+        /// Fail closed or open.
+        policy: FailurePolicy,
+    },
+}
+
+/// A validated config.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// Admin bearer token, if admin endpoints are on.
+    pub admin_token: Option<String>,
+    /// The replica's in-flight cap.
+    pub max_in_flight: usize,
+    /// The store.
+    pub store: StoreSettings,
+    /// Identity settings (verified into a `Verifier` at startup).
+    pub identity: IdentityConfig,
+    /// The plans.
+    pub plans: PlanBook,
+    /// Directory relative paths in the config are resolved against.
+    pub base_dir: PathBuf,
+}
+
+/// A config that cannot be used: every problem, each with its field path.
+#[derive(Debug, Clone, thiserror::Error)]
+pub struct ConfigError {
+    /// Where the config came from.
+    pub source_name: String,
+    /// Each problem.
+    pub errors: Vec<FieldError>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} is not a valid tollgate config:", self.source_name)?;
+        for e in &self.errors {
+            write!(f, "\n  - {}: {}", e.path, e.reason)?;
+        }
+        Ok(())
+    }
+}
+
+fn err(path: impl Into<String>, reason: impl Into<String>) -> FieldError {
+    FieldError {
+        path: path.into(),
+        reason: reason.into(),
+    }
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    ///
+    /// # Errors
+    ///
+    /// The file cannot be read, is not TOML of the right shape, or fails
+    /// validation; every problem is listed with its field path.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            source_name: name.clone(),
+            errors: vec![err("(file)", format!("cannot read: {e}"))],
+        })?;
+        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        Self::parse(&text, &name, &base)
+    }
+
+    /// The embedded default config.
+    ///
+    /// # Errors
+    ///
+    /// Never in a released build (a test checks it).
+    pub fn default_config() -> Result<Self, ConfigError> {
+        Self::parse(
+            DEFAULT_CONFIG,
+            "the embedded default config",
+            Path::new("."),
+        )
+    }
+
+    /// Parses and validates config text; `base_dir` resolves relative paths.
+    ///
+    /// # Errors
+    ///
+    /// As [`load`](Self::load).
+    pub fn parse(text: &str, source_name: &str, base_dir: &Path) -> Result<Self, ConfigError> {
+        let fail = |errors| ConfigError {
+            source_name: source_name.to_owned(),
+            errors,
+        };
+        let de = toml::Deserializer::parse(text).map_err(|e| fail(vec![toml_error(&e)]))?;
+        let file: FileConfig = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            fail(vec![err(
+                if path == "." {
+                    "(file)".to_owned()
+                } else {
+                    path
+                },
+                toml_message(&inner),
+            )])
+        })?;
+        file.validate(base_dir).map_err(fail)
+    }
+}
+
+fn toml_error(e: &toml::de::Error) -> FieldError {
+    err("(file)", toml_message(e))
+}
+
+fn toml_message(e: &toml::de::Error) -> String {
+    e.message().trim().to_owned()
+}
+
+impl FileConfig {
+    /// Checks every field; answers a usable [`Config`] or every problem.
+    ///
+    /// # Errors
+    ///
+    /// Each problem with its field path.
+    pub fn validate(self, base_dir: &Path) -> Result<Config, Vec<FieldError>> {
+        let mut errors = Vec::new();
+        let listen = match self.listen.parse::<SocketAddr>() {
+            Ok(a) => Some(a),
+            Err(_) => {
+                errors.push(err(
+                    "listen",
+                    format!("{:?} is not an address like 127.0.0.1:8787", self.listen),
+                ));
+                None
+            }
+        };
+        if self.max_in_flight == 0 {
+            errors.push(err("max_in_flight", "must be at least 1"));
+        }
+        if let Some(t) = &self.admin_token
+            && t.len() < 16
+        {
+            errors.push(err("admin_token", "must be at least 16 characters"));
+        }
+        let store = self.store.validate(base_dir, &mut errors);
+        let plans = PlansConfig {
+            default_plan: self.default_plan,
+            plans: self.plans,
+            users: self.users,
+            overrides: self.overrides,
+        };
+        let plans = match plans.validate() {
+            Ok(p) => Some(p),
+            Err(e) => {
+                errors.extend(e.errors);
+                None
+            }
+        };
+        match (listen, store, plans) {
+            (Some(listen), Some(store), Some(plans)) if errors.is_empty() => Ok(Config {
+                listen,
+                admin_token: self.admin_token,
+                max_in_flight: self.max_in_flight,
+                store,
+                identity: self.identity,
+                plans,
+                base_dir: base_dir.to_path_buf(),
+            }),
+            _ => Err(errors),
+        }
+    }
+}
+
+impl StoreConfig {
+    fn validate(&self, base_dir: &Path, errors: &mut Vec<FieldError>) -> Option<StoreSettings> {
+        let before = errors.len();
+        let target = match self.kind {
+            StoreKind::Memory => {
+                for (set, name) in [
+                    (self.url.is_some(), "url"),
+                    (!self.nodes.is_empty(), "nodes"),
+                    (self.tls_ca_file.is_some(), "tls_ca_file"),
+                    (self.fallback_share.is_some(), "fallback_share"),
+                ] {
+                    if set {
+                        errors.push(err(
+                            format!("store.{name}"),
+                            "only applies to kind = \"redis\" or \"cluster\"",
+                        ));
+                    }
+                }
+                return (errors.len() == before).then_some(StoreSettings::Memory);
+            }
+            StoreKind::Redis => match &self.url {
+                Some(u) if is_redis_url(u) => RedisTarget::Standalone(u.clone()),
+                Some(u) => {
+                    errors.push(err(
+                        "store.url",
+                        format!("{u:?} is not a redis:// or rediss:// URL"),
+                    ));
+                    return None;
+                }
+                None => {
+                    errors.push(err("store.url", "required for kind = \"redis\""));
+                    return None;
+                }
+            },
+            StoreKind::Cluster => {
+                if self.nodes.is_empty() {
+                    errors.push(err(
+                        "store.nodes",
+                        "required for kind = \"cluster\" (seed URLs)",
+                    ));
+                }
+                for (i, n) in self.nodes.iter().enumerate() {
+                    if !is_redis_url(n) {
+                        errors.push(err(
+                            format!("store.nodes[{i}]"),
+                            format!("{n:?} is not a redis:// or rediss:// URL"),
+                        ));
+                    }
+                }
+                RedisTarget::Cluster(self.nodes.clone())
+            }
+        };
+        let mut redis = match target {
+            RedisTarget::Standalone(u) => RedisConfig::standalone(u),
+            RedisTarget::Cluster(n) => RedisConfig::cluster(n),
+        };
+        if let Some(p) = &self.key_prefix {
+            if p.is_empty() || p.contains(['{', '}']) {
+                errors.push(err("store.key_prefix", "must be non-empty without { or }"));
+            }
+            redis.key_prefix = p.clone();
+        }
+        for (v, name) in [
+            (self.op_timeout_ms, "op_timeout_ms"),
+            (self.connect_timeout_ms, "connect_timeout_ms"),
+        ] {
+            if let Some(ms) = v
+                && !(1..=60_000).contains(&ms)
+            {
+                errors.push(err(
+                    format!("store.{name}"),
+                    "must be between 1 and 60000 ms",
+                ));
+            }
+        }
+        if let Some(ms) = self.op_timeout_ms {
+            redis.op_timeout = Duration::from_millis(ms);
+        }
+        if let Some(ms) = self.connect_timeout_ms {
+            redis.connect_timeout = Duration::from_millis(ms);
+        }
+        if let Some(ms) = self.session_retention_ms {
+            if ms == 0 {
+                errors.push(err("store.session_retention_ms", "must be at least 1"));
+            }
+            redis.session_retention_ms = ms;
+        }
+        if let Some(f) = &self.tls_ca_file {
+            let path = base_dir.join(f);
+            match std::fs::read(&path) {
+                Ok(pem) if pem.starts_with(b"-----BEGIN") => redis.tls_ca_pem = Some(pem),
+                Ok(_) => errors.push(err("store.tls_ca_file", "is not a PEM certificate")),
+                Err(e) => errors.push(err(
+                    "store.tls_ca_file",
+                    format!("cannot read {}: {e}", path.display()),
+                )),
+            }
+        }
+        let policy = match self.failure {
+            FailureMode::FailClosed => {
+                if self.fallback_share.is_some() {
+                    errors.push(err(
+                        "store.fallback_share",
+                        "only applies to failure = \"fail_open\"",
+                    ));
+                }
+                FailurePolicy::FailClosed
+            }
+            FailureMode::FailOpen => {
+                let share = self.fallback_share.unwrap_or(1.0);
+                if !(share > 0.0 && share <= 1.0) {
+                    errors.push(err(
+                        "store.fallback_share",
+                        format!("must be in (0, 1], got {share}"),
+                    ));
+                }
+                FailurePolicy::FailOpen {
+                    fallback_share: share,
+                }
+            }
+        };
+        (errors.len() == before).then_some(StoreSettings::Redis { redis, policy })
+    }
+}
+
+fn is_redis_url(u: &str) -> bool {
+    u.starts_with("redis://") || u.starts_with("rediss://")
+}

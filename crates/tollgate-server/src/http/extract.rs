@@ -1,0 +1,84 @@
+//! Extractors that turn every malformed input into a 400 naming the field,
+//! and a missing or invalid identity into a 401.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+use tollgate_core::Store;
+
+use crate::outcome::ApiError;
+use crate::state::App;
+
+/// The verified user of the request.
+pub(crate) struct User(pub(crate) String);
+
+impl<S: Store + Clone> FromRequestParts<App<S>> for User {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &App<S>) -> Result<Self, ApiError> {
+        app.verifier()
+            .verify(&parts.headers)
+            .map(User)
+            .map_err(|e| ApiError::Unauthorized(e.message()))
+    }
+}
+
+/// A JSON body; a parse error names the offending field.
+pub(crate) struct Body<T>(pub(crate) T);
+
+impl<S, T> FromRequest<App<S>> for Body<T>
+where
+    S: Store + Clone,
+    T: DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, app: &App<S>) -> Result<Self, ApiError> {
+        let bytes = Bytes::from_request(req, app)
+            .await
+            .map_err(|e| ApiError::invalid("body", e.body_text()))?;
+        if bytes.is_empty() {
+            return Err(ApiError::invalid("body", "a JSON object is required"));
+        }
+        let de = &mut serde_json::Deserializer::from_slice(&bytes);
+        serde_path_to_error::deserialize(de).map(Body).map_err(|e| {
+            let path = e.path().to_string();
+            let field = if path == "." { "body".to_owned() } else { path };
+            let inner = e.into_inner();
+            ApiError::invalid(field, clean(&inner))
+        })
+    }
+}
+
+/// serde_json's message without its "at line 1 column 5" suffix.
+fn clean(e: &serde_json::Error) -> String {
+    let s = e.to_string();
+    match s.rfind(" at line ") {
+        Some(i) => s[..i].to_owned(),
+        None => s,
+    }
+}
+
+/// Longest id accepted (invocation, session, holder, reservation), bytes.
+pub(crate) const MAX_ID: usize = 512;
+
+/// Checks an id: non-empty, at most [`MAX_ID`] bytes, no control characters.
+pub(crate) fn check_id(field: &str, v: &str) -> Result<(), ApiError> {
+    if v.is_empty() {
+        return Err(ApiError::invalid(field, "must not be empty"));
+    }
+    if v.len() > MAX_ID {
+        return Err(ApiError::invalid(
+            field,
+            format!("must be at most {MAX_ID} bytes"),
+        ));
+    }
+    if v.chars().any(char::is_control) {
+        return Err(ApiError::invalid(
+            field,
+            "must not contain control characters",
+        ));
+    }
+    Ok(())
+}

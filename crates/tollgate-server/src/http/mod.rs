@@ -1,0 +1,4 @@
+//! The HTTP/JSON API (SPEC §8): extractors, handlers and the router.
+
+pub(crate) mod extract;
+pub mod routes;

@@ -1,0 +1,586 @@
+//! Handlers for every operation of SPEC §8 (but the provider ones), the
+//! router, and the OpenAPI document generated from the same types.
+
+use axum::Json;
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use serde::{Deserialize, Serialize};
+use tollgate_core::lease::SessionAcquire;
+use tollgate_core::{Decision, Denial, ReservationId, Store};
+use utoipa::{OpenApi, ToSchema};
+
+use super::extract::{Body, User, check_id};
+use crate::outcome::{ApiError, ErrorBody};
+use crate::state::App;
+
+/// Session lease TTL when `POST /v1/runs` names a session without one, ms.
+pub const DEFAULT_SESSION_TTL_MS: u64 = 30_000;
+/// Longest session lease TTL accepted, ms (1 hour; renew to keep it longer).
+pub const MAX_SESSION_TTL_MS: u64 = 3_600_000;
+/// Largest token count accepted in a body (2^53: exact everywhere).
+pub const MAX_TOKENS: u64 = 1 << 53;
+
+/// `POST /v1/runs`.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct AdmitRequest {
+    /// The run (ADK invocation id); retrying with it is idempotent.
+    pub invocation_id: String,
+    /// The conversation, to hold its session lease for the turn.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// Session lease TTL, ms (default 30,000; at most 3,600,000).
+    #[serde(default)]
+    pub session_ttl_ms: Option<u64>,
+}
+
+/// A session lease.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionLeaseBody {
+    /// The fencing number: session writes must carry it.
+    pub fence: u64,
+    /// Lease expiry, ms since the Unix epoch.
+    pub expires_at_ms: u64,
+}
+
+/// The answer to `POST /v1/runs`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AdmitResponse {
+    /// Run lease expiry, ms since the Unix epoch; renew every ttl/3.
+    pub lease_expires_at_ms: u64,
+    /// The session lease, when a session was named.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<SessionLeaseBody>,
+}
+
+/// `{released}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReleasedResponse {
+    /// `false`: it held nothing (not an error).
+    pub released: bool,
+}
+
+/// `DELETE /v1/runs/{invocation_id}` options.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct ReleaseQuery {
+    /// Also release the session lease this run holds.
+    #[serde(default)]
+    pub session_id: Option<String>,
+}
+
+/// The answer to a run renewal.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RenewResponse {
+    /// New run lease expiry, ms since the Unix epoch.
+    pub lease_expires_at_ms: u64,
+}
+
+/// `POST /v1/tokens/reserve`.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct ReserveRequest {
+    /// The run making the model call.
+    pub invocation_id: String,
+    /// Estimated tokens of the call.
+    pub estimate: u64,
+    /// `true`: the server waits before answering (`wait_ms` is then 0).
+    #[serde(default)]
+    pub wait: bool,
+}
+
+/// The answer to a reservation.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReserveResponse {
+    /// Names it for settle and refund.
+    pub reservation_id: String,
+    /// Wait this long before the model call, ms (0 when `wait` was true).
+    pub wait_ms: u64,
+}
+
+/// `POST /v1/tokens/settle`.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct SettleRequest {
+    /// The reservation.
+    pub reservation_id: String,
+    /// Tokens the call really used.
+    pub actual: u64,
+}
+
+/// `POST /v1/tokens/refund`.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct RefundRequest {
+    /// The reservation.
+    pub reservation_id: String,
+}
+
+/// The answer to a settle or refund.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BalanceResponse {
+    /// The user's tokens now (negative: debt). A repeat changes nothing.
+    pub balance: i64,
+}
+
+/// `POST /v1/sessions/{session_id}/lease` and `…/lease/renew`.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct SessionLeaseRequest {
+    /// The holder's token (e.g. the invocation id).
+    pub holder: String,
+    /// Lease TTL, ms (1 ..= 3,600,000).
+    pub ttl_ms: u64,
+}
+
+/// `DELETE /v1/sessions/{session_id}/lease?holder=…`.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct HolderQuery {
+    /// The holder's token.
+    pub holder: String,
+}
+
+/// `POST /v1/sessions/{session_id}/fence`.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct FenceRequest {
+    /// The fence the writer holds.
+    pub fence: u64,
+}
+
+/// The answer to a fence check.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FenceResponse {
+    /// Always `true` on 200 (a stale fence is a 409).
+    pub current: bool,
+}
+
+/// `/healthz` and `/readyz`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct HealthResponse {
+    /// `ok`, or what is wrong.
+    pub status: &'static str,
+}
+
+type ApiResult<T> = Result<Json<T>, ApiError>;
+
+fn session_key(user: &str, session: &str) -> String {
+    // Namespaced by the verified user, unambiguously (length prefix).
+    format!("{}:{user}/{session}", user.len())
+}
+
+fn path_id(
+    p: Result<Path<String>, axum::extract::rejection::PathRejection>,
+    field: &str,
+) -> Result<String, ApiError> {
+    let Path(v) = p.map_err(|e| ApiError::invalid(field, e.body_text()))?;
+    check_id(field, &v)?;
+    Ok(v)
+}
+
+fn tokens(field: &str, v: u64) -> Result<u64, ApiError> {
+    if v > MAX_TOKENS {
+        return Err(ApiError::invalid(
+            field,
+            format!("must be at most {MAX_TOKENS}"),
+        ));
+    }
+    Ok(v)
+}
+
+fn session_ttl(field: &str, v: u64) -> Result<u64, ApiError> {
+    if v == 0 || v > MAX_SESSION_TTL_MS {
+        return Err(ApiError::invalid(
+            field,
+            format!("must be between 1 and {MAX_SESSION_TTL_MS} ms"),
+        ));
+    }
+    Ok(v)
+}
+
+fn shadow_header(headers: &mut HeaderMap, shadow: Option<&Denial>) {
+    if let Some(d) = shadow
+        && let Ok(v) = HeaderValue::from_str(d.limit().as_str())
+    {
+        headers.insert("x-tollgate-shadow-denied", v);
+    }
+}
+
+#[utoipa::path(post, path = "/v1/runs", request_body = AdmitRequest,
+    responses((status = 200, body = AdmitResponse), (status = 429, body = ErrorBody, description = "turn_rate or concurrency"),
+              (status = 409, body = ErrorBody, description = "session_busy"), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn admit_run<S: Store + Clone>(
+    State(app): State<App<S>>,
+    User(user): User,
+    Body(req): Body<AdmitRequest>,
+) -> Result<Response, ApiError> {
+    check_id("invocation_id", &req.invocation_id)?;
+    let session = match &req.session_id {
+        Some(sid) => {
+            check_id("session_id", sid)?;
+            let ttl = session_ttl(
+                "session_ttl_ms",
+                req.session_ttl_ms.unwrap_or(DEFAULT_SESSION_TTL_MS),
+            )?;
+            let key = session_key(&user, sid);
+            match app
+                .store()
+                .session_acquire(&key, &req.invocation_id, ttl)
+                .await?
+            {
+                SessionAcquire::Acquired(g) => Some((key, g)),
+                SessionAcquire::Busy { retry_after_ms } => {
+                    return Err(ApiError::SessionBusy { retry_after_ms });
+                }
+            }
+        }
+        None => None,
+    };
+    let release_session = |app: App<S>, key: String, holder: String| async move {
+        if let Err(e) = app.store().session_release(&key, &holder).await {
+            tracing::warn!(error = %e, "session lease not released after a denied turn");
+        }
+    };
+    let decision = match app.limiter().admit_turn(&user, &req.invocation_id).await {
+        Ok(d) => d,
+        Err(e) => {
+            if let Some((key, _)) = session {
+                release_session(app.clone(), key, req.invocation_id.clone()).await;
+            }
+            return Err(e.into());
+        }
+    };
+    match decision {
+        Decision::Allowed {
+            grant,
+            shadow_denied,
+        } => {
+            let mut headers = HeaderMap::new();
+            shadow_header(&mut headers, shadow_denied.as_ref());
+            let body = AdmitResponse {
+                lease_expires_at_ms: grant.expires_at_ms,
+                session: session.map(|(_, g)| SessionLeaseBody {
+                    fence: g.fence,
+                    expires_at_ms: g.expires_at_ms,
+                }),
+            };
+            Ok((headers, Json(body)).into_response())
+        }
+        Decision::Denied(d) => {
+            if let Some((key, _)) = session {
+                release_session(app.clone(), key, req.invocation_id.clone()).await;
+            }
+            Err(ApiError::Denied(d))
+        }
+    }
+}
+
+#[utoipa::path(delete, path = "/v1/runs/{invocation_id}",
+    params(("invocation_id" = String, Path, description = "the run"), ("session_id" = Option<String>, Query, description = "also release this session's lease held by the run")),
+    responses((status = 200, body = ReleasedResponse), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn release_run<S: Store + Clone>(
+    State(app): State<App<S>>,
+    User(user): User,
+    inv: Result<Path<String>, axum::extract::rejection::PathRejection>,
+    q: Result<Query<ReleaseQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<ReleasedResponse> {
+    let inv = path_id(inv, "invocation_id")?;
+    let Query(q) = q.map_err(|e| ApiError::invalid("query", e.body_text()))?;
+    let released = app.limiter().release_run(&user, &inv).await?;
+    if let Some(sid) = q.session_id {
+        check_id("session_id", &sid)?;
+        app.store()
+            .session_release(&session_key(&user, &sid), &inv)
+            .await?;
+    }
+    Ok(Json(ReleasedResponse { released }))
+}
+
+#[utoipa::path(post, path = "/v1/runs/{invocation_id}/renew",
+    params(("invocation_id" = String, Path, description = "the run")),
+    responses((status = 200, body = RenewResponse), (status = 404, body = ErrorBody, description = "lease_lost"), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn renew_run<S: Store + Clone>(
+    State(app): State<App<S>>,
+    User(user): User,
+    inv: Result<Path<String>, axum::extract::rejection::PathRejection>,
+) -> ApiResult<RenewResponse> {
+    let inv = path_id(inv, "invocation_id")?;
+    match app.limiter().renew_run(&user, &inv).await? {
+        Some(exp) => Ok(Json(RenewResponse {
+            lease_expires_at_ms: exp,
+        })),
+        None => Err(ApiError::LeaseLost),
+    }
+}
+
+#[utoipa::path(post, path = "/v1/tokens/reserve", request_body = ReserveRequest,
+    responses((status = 200, body = ReserveResponse), (status = 429, body = ErrorBody, description = "token_rate (Retry-After) or max_llm_calls (not retryable)"),
+              (status = 400, body = ErrorBody, description = "exceeds_capacity or invalid_request"), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn reserve<S: Store + Clone>(
+    State(app): State<App<S>>,
+    User(user): User,
+    Body(req): Body<ReserveRequest>,
+) -> Result<Response, ApiError> {
+    check_id("invocation_id", &req.invocation_id)?;
+    let estimate = tokens("estimate", req.estimate)?;
+    // With wait=true, a client that disconnects drops this future; the
+    // limiter then refunds the reservation it was waiting on.
+    let decision = if req.wait {
+        app.limiter()
+            .reserve_tokens_and_wait(&user, &req.invocation_id, estimate)
+            .await?
+    } else {
+        app.limiter()
+            .reserve_tokens(&user, &req.invocation_id, estimate)
+            .await?
+    };
+    match decision {
+        Decision::Allowed {
+            grant,
+            shadow_denied,
+        } => {
+            let mut headers = HeaderMap::new();
+            shadow_header(&mut headers, shadow_denied.as_ref());
+            let body = ReserveResponse {
+                reservation_id: grant.id.to_string(),
+                wait_ms: grant.wait_ms,
+            };
+            Ok((headers, Json(body)).into_response())
+        }
+        Decision::Denied(d) => Err(ApiError::Denied(d)),
+    }
+}
+
+fn reservation(v: &str) -> Result<ReservationId, ApiError> {
+    check_id("reservation_id", v)?;
+    v.parse()
+        .map_err(|e: tollgate_core::store::MalformedReservationId| {
+            ApiError::invalid("reservation_id", e.to_string())
+        })
+}
+
+#[utoipa::path(post, path = "/v1/tokens/settle", request_body = SettleRequest,
+    responses((status = 200, body = BalanceResponse), (status = 404, body = ErrorBody, description = "unknown_reservation"), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn settle<S: Store + Clone>(
+    State(app): State<App<S>>,
+    User(user): User,
+    Body(req): Body<SettleRequest>,
+) -> ApiResult<BalanceResponse> {
+    let id = reservation(&req.reservation_id)?;
+    let actual = tokens("actual", req.actual)?;
+    let s = app.limiter().settle(&user, &id, actual).await?;
+    Ok(Json(BalanceResponse { balance: s.balance }))
+}
+
+#[utoipa::path(post, path = "/v1/tokens/refund", request_body = RefundRequest,
+    responses((status = 200, body = BalanceResponse), (status = 404, body = ErrorBody, description = "unknown_reservation"), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn refund<S: Store + Clone>(
+    State(app): State<App<S>>,
+    User(user): User,
+    Body(req): Body<RefundRequest>,
+) -> ApiResult<BalanceResponse> {
+    let id = reservation(&req.reservation_id)?;
+    let s = app.limiter().refund(&user, &id).await?;
+    Ok(Json(BalanceResponse { balance: s.balance }))
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{session_id}/lease", request_body = SessionLeaseRequest,
+    params(("session_id" = String, Path, description = "the conversation")),
+    responses((status = 200, body = SessionLeaseBody), (status = 409, body = ErrorBody, description = "session_busy, with retry_after_ms"), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn session_acquire<S: Store + Clone>(
+    State(app): State<App<S>>,
+    User(user): User,
+    sid: Result<Path<String>, axum::extract::rejection::PathRejection>,
+    Body(req): Body<SessionLeaseRequest>,
+) -> ApiResult<SessionLeaseBody> {
+    let sid = path_id(sid, "session_id")?;
+    check_id("holder", &req.holder)?;
+    let ttl = session_ttl("ttl_ms", req.ttl_ms)?;
+    match app
+        .store()
+        .session_acquire(&session_key(&user, &sid), &req.holder, ttl)
+        .await?
+    {
+        SessionAcquire::Acquired(g) => Ok(Json(SessionLeaseBody {
+            fence: g.fence,
+            expires_at_ms: g.expires_at_ms,
+        })),
+        SessionAcquire::Busy { retry_after_ms } => Err(ApiError::SessionBusy { retry_after_ms }),
+    }
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{session_id}/lease/renew", request_body = SessionLeaseRequest,
+    params(("session_id" = String, Path, description = "the conversation")),
+    responses((status = 200, body = SessionLeaseBody), (status = 404, body = ErrorBody, description = "not_holder"), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn session_renew<S: Store + Clone>(
+    State(app): State<App<S>>,
+    User(user): User,
+    sid: Result<Path<String>, axum::extract::rejection::PathRejection>,
+    Body(req): Body<SessionLeaseRequest>,
+) -> ApiResult<SessionLeaseBody> {
+    let sid = path_id(sid, "session_id")?;
+    check_id("holder", &req.holder)?;
+    let ttl = session_ttl("ttl_ms", req.ttl_ms)?;
+    match app
+        .store()
+        .session_renew(&session_key(&user, &sid), &req.holder, ttl)
+        .await?
+    {
+        Some(g) => Ok(Json(SessionLeaseBody {
+            fence: g.fence,
+            expires_at_ms: g.expires_at_ms,
+        })),
+        None => Err(ApiError::NotHolder),
+    }
+}
+
+#[utoipa::path(delete, path = "/v1/sessions/{session_id}/lease",
+    params(("session_id" = String, Path, description = "the conversation"), ("holder" = String, Query, description = "the holder's token")),
+    responses((status = 200, body = ReleasedResponse), (status = 404, body = ErrorBody, description = "not_holder"), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn session_release<S: Store + Clone>(
+    State(app): State<App<S>>,
+    User(user): User,
+    sid: Result<Path<String>, axum::extract::rejection::PathRejection>,
+    q: Result<Query<HolderQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<ReleasedResponse> {
+    let sid = path_id(sid, "session_id")?;
+    let Query(q) = q.map_err(|e| ApiError::invalid("holder", e.body_text()))?;
+    check_id("holder", &q.holder)?;
+    if app
+        .store()
+        .session_release(&session_key(&user, &sid), &q.holder)
+        .await?
+    {
+        Ok(Json(ReleasedResponse { released: true }))
+    } else {
+        Err(ApiError::NotHolder)
+    }
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{session_id}/fence", request_body = FenceRequest,
+    params(("session_id" = String, Path, description = "the conversation")),
+    responses((status = 200, body = FenceResponse), (status = 409, body = ErrorBody, description = "stale_fence"), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn fence_check<S: Store + Clone>(
+    State(app): State<App<S>>,
+    User(user): User,
+    sid: Result<Path<String>, axum::extract::rejection::PathRejection>,
+    Body(req): Body<FenceRequest>,
+) -> ApiResult<FenceResponse> {
+    let sid = path_id(sid, "session_id")?;
+    let check = app
+        .store()
+        .fence_check(&session_key(&user, &sid), req.fence)
+        .await?;
+    if check.current {
+        Ok(Json(FenceResponse { current: true }))
+    } else {
+        Err(ApiError::StaleFence {
+            latest: check.latest,
+        })
+    }
+}
+
+#[utoipa::path(get, path = "/healthz", responses((status = 200, body = HealthResponse)))]
+async fn healthz() -> Json<HealthResponse> {
+    Json(HealthResponse { status: "ok" })
+}
+
+#[utoipa::path(get, path = "/readyz", responses((status = 200, body = HealthResponse), (status = 503, body = ErrorBody)))]
+async fn readyz<S: Store + Clone>(
+    State(app): State<App<S>>,
+) -> Result<Json<HealthResponse>, ApiError> {
+    // A read that needs the store: answers 503 while it is unreachable.
+    app.store().fence_check("tollgate:readyz", 0).await?;
+    Ok(Json(HealthResponse { status: "ok" }))
+}
+
+async fn openapi() -> Json<utoipa::openapi::OpenApi> {
+    Json(ApiDoc::openapi())
+}
+
+async fn not_found() -> impl IntoResponse {
+    (
+        StatusCode::NOT_FOUND,
+        Json(serde_json::json!({"error": "not_found", "message": "no such route"})),
+    )
+}
+
+/// The replica's in-flight cap: over it, 429 `overloaded` with `Retry-After: 1`.
+async fn in_flight<S: Store + Clone>(
+    State(app): State<App<S>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    match app.gate().try_acquire() {
+        Ok(_permit) => next.run(req).await,
+        Err(_) => ApiError::Overloaded.into_response(),
+    }
+}
+
+/// The OpenAPI 3 document of this API, generated from the handlers' types.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "tollgate",
+        description = "Admission control for LLM agent platforms: the sidecar's HTTP/JSON API (SPEC §8). Every request but /healthz, /readyz and /openapi.json needs `Authorization: Bearer <JWT>` (or the trusted header when that mode is on)."
+    ),
+    paths(
+        admit_run,
+        release_run,
+        renew_run,
+        reserve,
+        settle,
+        refund,
+        session_acquire,
+        session_renew,
+        session_release,
+        fence_check,
+        healthz,
+        readyz
+    ),
+    components(schemas(ErrorBody))
+)]
+pub struct ApiDoc;
+
+/// The routes, as (method, path) pairs: the router and the OpenAPI test
+/// both use this list.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("post", "/v1/runs"),
+    ("delete", "/v1/runs/{invocation_id}"),
+    ("post", "/v1/runs/{invocation_id}/renew"),
+    ("post", "/v1/tokens/reserve"),
+    ("post", "/v1/tokens/settle"),
+    ("post", "/v1/tokens/refund"),
+    ("post", "/v1/sessions/{session_id}/lease"),
+    ("post", "/v1/sessions/{session_id}/lease/renew"),
+    ("delete", "/v1/sessions/{session_id}/lease"),
+    ("post", "/v1/sessions/{session_id}/fence"),
+    ("get", "/healthz"),
+    ("get", "/readyz"),
+];
+
+/// The router of the whole API over `app`.
+pub fn router<S: Store + Clone>(app: App<S>) -> Router {
+    let v1 = Router::new()
+        .route("/v1/runs", post(admit_run::<S>))
+        .route("/v1/runs/{invocation_id}", delete(release_run::<S>))
+        .route("/v1/runs/{invocation_id}/renew", post(renew_run::<S>))
+        .route("/v1/tokens/reserve", post(reserve::<S>))
+        .route("/v1/tokens/settle", post(settle::<S>))
+        .route("/v1/tokens/refund", post(refund::<S>))
+        .route(
+            "/v1/sessions/{session_id}/lease",
+            post(session_acquire::<S>).delete(session_release::<S>),
+        )
+        .route(
+            "/v1/sessions/{session_id}/lease/renew",
+            post(session_renew::<S>),
+        )
+        .route("/v1/sessions/{session_id}/fence", post(fence_check::<S>))
+        .layer(middleware::from_fn_with_state(app.clone(), in_flight::<S>));
+    Router::new()
+        .merge(v1)
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz::<S>))
+        .route("/openapi.json", get(openapi))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(64 * 1024))
+        .with_state(app)
+}

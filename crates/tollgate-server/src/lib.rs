@@ -1,0 +1,184 @@
+//! # tollgate-server
+//!
+//! `tollgate serve`: the admission-control sidecar for agents in any
+//! language. It speaks the HTTP/JSON wire contract of SPEC §8 (documented
+//! at `/openapi.json`), identifies users from a verified JWT (or a trusted
+//! upstream header) and decides with the `tollgate-core` limiter on the
+//! in-memory store or Redis.
+//!
+//! [`app`] builds the router from a config so tests can run it on any
+//! listener and clock; [`serve`] runs it until a shutdown signal.
+
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tollgate_core::{Clock, Limiter, MemoryStore, MonotonicClock, Store};
+use tollgate_redis::{Failover, RedisStore};
+
+pub mod config;
+pub mod http;
+pub mod identity;
+pub mod outcome;
+pub mod shutdown;
+pub mod state;
+
+pub use config::{Config, ConfigError, StoreSettings};
+pub use state::App;
+
+use crate::identity::Verifier;
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The identity settings are unusable.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The store could not be set up.
+    #[error("store: {0}")]
+    Store(#[from] tollgate_core::StoreError),
+    /// The failure policy is invalid.
+    #[error(transparent)]
+    Policy(#[from] tollgate_redis::InvalidShare),
+    /// Binding or serving failed.
+    #[error("listen: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Builds the identity verifier of `config`.
+///
+/// # Errors
+///
+/// Identity settings that cannot be used (each with its field path).
+pub fn verifier(config: &Config, clock: Arc<dyn Clock>) -> Result<Verifier, ConfigError> {
+    Verifier::from_config(&config.identity, &config.base_dir, clock).map_err(|errors| ConfigError {
+        source_name: "the config".to_owned(),
+        errors,
+    })
+}
+
+/// The application over `store`, deciding on `clock`.
+///
+/// # Errors
+///
+/// Identity settings that cannot be used.
+pub fn app<S: Store + Clone>(
+    config: &Config,
+    store: S,
+    clock: Arc<dyn Clock>,
+) -> Result<App<S>, ConfigError> {
+    let verifier = verifier(config, clock.clone())?;
+    let limiter = Limiter::new(store, clock, config.plans.clone());
+    Ok(App::new(
+        limiter,
+        verifier,
+        config.max_in_flight,
+        config.admin_token.clone(),
+    ))
+}
+
+/// What the server is running, for the startup banner.
+#[derive(Debug, Clone)]
+pub struct Running {
+    /// The address it listens on.
+    pub addr: std::net::SocketAddr,
+    /// The store, in words.
+    pub store: String,
+    /// The identity mode, in words.
+    pub identity: String,
+}
+
+/// Serves `config` on `listener` until `shutdown` completes, then drains
+/// requests in flight. `clock`: `None` for production time (Redis `TIME` for
+/// Redis; a monotonic clock in memory). `on_start` is called once listening.
+///
+/// # Errors
+///
+/// A store or identity that cannot be set up, or a failing listener.
+pub async fn serve(
+    config: Config,
+    listener: TcpListener,
+    clock: Option<Arc<dyn Clock>>,
+    on_start: impl FnOnce(&Running),
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), StartError> {
+    let clock: Arc<dyn Clock> = clock.unwrap_or_else(|| Arc::new(MonotonicClock::new()));
+    let addr = listener.local_addr()?;
+    match &config.store {
+        StoreSettings::Memory => {
+            let store = MemoryStore::new(clock.clone());
+            run(
+                &config,
+                store,
+                clock,
+                listener,
+                "memory (this process only)".into(),
+                on_start,
+                shutdown,
+            )
+            .await
+        }
+        StoreSettings::Redis { redis, policy } => {
+            let desc = format!(
+                "redis {} ({:?}, key prefix {:?})",
+                match &redis.target {
+                    tollgate_redis::RedisTarget::Standalone(u) => redact(u),
+                    tollgate_redis::RedisTarget::Cluster(n) => format!(
+                        "cluster {}",
+                        n.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",")
+                    ),
+                },
+                policy,
+                redis.key_prefix
+            );
+            let store = RedisStore::connect(redis.clone()).await?;
+            let store = Failover::new(store, *policy, clock.clone())?;
+            let _ = addr;
+            run(&config, store, clock, listener, desc, on_start, shutdown).await
+        }
+    }
+}
+
+/// A URL without its password.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://***@{}", &url[..s], &url[at + 1..]),
+        _ => url.to_owned(),
+    }
+}
+
+async fn run<S: Store + Clone>(
+    config: &Config,
+    store: S,
+    clock: Arc<dyn Clock>,
+    listener: TcpListener,
+    store_desc: String,
+    on_start: impl FnOnce(&Running),
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), StartError> {
+    let app = app(config, store, clock)?;
+    let running = Running {
+        addr: listener.local_addr()?,
+        store: store_desc,
+        identity: app.verifier().describe(),
+    };
+    on_start(&running);
+    let router = http::routes::router(app);
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    Ok(())
+}
+
+/// Loads `path`, or the embedded default when `None`.
+///
+/// # Errors
+///
+/// As [`Config::load`].
+pub fn load_config(path: Option<&Path>) -> Result<Config, ConfigError> {
+    match path {
+        Some(p) => Config::load(p),
+        None => Config::default_config(),
+    }
+}
