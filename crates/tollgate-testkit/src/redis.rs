@@ -37,23 +37,23 @@ pub struct RedisServer {
 ///
 /// No free port found in 100 tries.
 pub fn free_port(also_plus_10000: bool) -> io::Result<u16> {
-    for _ in 0..100 {
-        let l = TcpListener::bind("127.0.0.1:0")?;
-        let port = l.local_addr()?.port();
-        if port == 6379 {
+    // Below the kernel's ephemeral range (32768+), so no outgoing connection
+    // can take the port between this check and the server's bind: 20000 to
+    // 22767, whose bus ports (+10000) stay below 32768 too.
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let seed = u64::from(std::process::id()).wrapping_mul(7_919);
+    for _ in 0..2_768 {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = 20_000 + ((seed + n * 104_729) % 2_768) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_err() {
             continue;
         }
-        if also_plus_10000 {
-            let Some(bus) = port.checked_add(10_000) else {
-                continue;
-            };
-            if TcpListener::bind(("127.0.0.1", bus)).is_err() {
-                continue;
-            }
+        if also_plus_10000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_err() {
+            continue;
         }
         return Ok(port);
     }
-    Err(io::Error::other("no free port"))
+    Err(io::Error::other("no free port in 20000..22767"))
 }
 
 fn ping(port: u16) -> bool {
