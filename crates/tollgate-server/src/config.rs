@@ -6,14 +6,15 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tollgate_core::plan::FieldError;
-use tollgate_core::{PlanBook, PlanConfig, PlanOverride, PlansConfig};
+use tollgate_core::{PlanBook, PlanConfig, PlanOverride, PlansConfig, SystemClock};
 use tollgate_redis::{FailurePolicy, RedisConfig, RedisTarget};
 
-use crate::identity::IdentityConfig;
+use crate::identity::{IdentityConfig, Verifier};
 
 /// The embedded default config (`tollgate serve` with no file).
 pub const DEFAULT_CONFIG: &str = include_str!("default.toml");
@@ -269,6 +270,11 @@ impl FileConfig {
             errors.push(err("admin_token", "must be at least 16 characters"));
         }
         let store = self.store.validate(base_dir, &mut errors);
+        // The identity settings are checked (keys loaded) here too, so that
+        // `check-config` and startup report them with the rest.
+        if let Err(e) = Verifier::from_config(&self.identity, base_dir, Arc::new(SystemClock)) {
+            errors.extend(e);
+        }
         let plans = PlansConfig {
             default_plan: self.default_plan,
             plans: self.plans,

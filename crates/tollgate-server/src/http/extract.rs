@@ -41,13 +41,30 @@ where
         if bytes.is_empty() {
             return Err(ApiError::invalid("body", "a JSON object is required"));
         }
-        let de = &mut serde_json::Deserializer::from_slice(&bytes);
-        serde_path_to_error::deserialize(de).map(Body).map_err(|e| {
+        let mut de = serde_json::Deserializer::from_slice(&bytes);
+        let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             let path = e.path().to_string();
-            let field = if path == "." { "body".to_owned() } else { path };
             let inner = e.into_inner();
-            ApiError::invalid(field, clean(&inner))
-        })
+            let message = clean(&inner);
+            ApiError::invalid(field_of(&path, &message), message)
+        })?;
+        // Nothing but whitespace may follow the object.
+        de.end().map_err(|e| ApiError::invalid("body", clean(&e)))?;
+        Ok(Body(value))
+    }
+}
+
+/// The field a deserialization error is about: its path, or for a missing
+/// field (reported at the enclosing object) that field under the path.
+fn field_of(path: &str, message: &str) -> String {
+    let missing = message
+        .strip_prefix("missing field `")
+        .and_then(|rest| rest.strip_suffix('`'));
+    match (path, missing) {
+        (".", Some(name)) => name.to_owned(),
+        (_, Some(name)) => format!("{path}.{name}"),
+        (".", None) => "body".to_owned(),
+        (_, None) => path.to_owned(),
     }
 }
 

@@ -13,7 +13,7 @@ use tollgate_core::lease::SessionAcquire;
 use tollgate_core::{Decision, Denial, ReservationId, Store};
 use utoipa::{OpenApi, ToSchema};
 
-use super::extract::{Body, User, check_id};
+use super::extract::{Body, MAX_ID, User, check_id};
 use crate::outcome::{ApiError, ErrorBody};
 use crate::state::App;
 
@@ -283,9 +283,12 @@ async fn release_run<S: Store + Clone>(
 ) -> ApiResult<ReleasedResponse> {
     let inv = path_id(inv, "invocation_id")?;
     let Query(q) = q.map_err(|e| ApiError::invalid("query", e.body_text()))?;
+    // Validate everything before acting: a 400 must change nothing.
+    if let Some(sid) = &q.session_id {
+        check_id("session_id", sid)?;
+    }
     let released = app.limiter().release_run(&user, &inv).await?;
     if let Some(sid) = q.session_id {
-        check_id("session_id", &sid)?;
         app.store()
             .session_release(&session_key(&user, &sid), &inv)
             .await?;
@@ -348,12 +351,24 @@ async fn reserve<S: Store + Clone>(
     }
 }
 
+/// Longest reservation id: `<call>.<invocation_id>`, a u64 (at most 20
+/// digits), a dot and an id of at most [`MAX_ID`] bytes.
+const MAX_RESERVATION_ID: usize = MAX_ID + 21;
+
 fn reservation(v: &str) -> Result<ReservationId, ApiError> {
-    check_id("reservation_id", v)?;
-    v.parse()
-        .map_err(|e: tollgate_core::store::MalformedReservationId| {
-            ApiError::invalid("reservation_id", e.to_string())
-        })
+    if v.len() > MAX_RESERVATION_ID {
+        return Err(ApiError::invalid(
+            "reservation_id",
+            format!("must be at most {MAX_RESERVATION_ID} bytes"),
+        ));
+    }
+    let id: ReservationId =
+        v.parse()
+            .map_err(|e: tollgate_core::store::MalformedReservationId| {
+                ApiError::invalid("reservation_id", e.to_string())
+            })?;
+    check_id("reservation_id", &id.invocation_id)?;
+    Ok(id)
 }
 
 #[utoipa::path(post, path = "/v1/tokens/settle", request_body = SettleRequest,
