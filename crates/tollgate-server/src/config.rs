@@ -123,7 +123,10 @@ pub struct StoreConfig {
 #[derive(Debug, Clone)]
 pub enum StoreSettings {
     /// In memory.
-    Memory,
+    Memory {
+        /// How long session state is kept after its last activity, ms.
+        session_retention_ms: u64,
+    },
     /// Redis or Redis Cluster, with a failure policy.
     Redis {
         /// Connection settings.
@@ -313,6 +316,10 @@ impl StoreConfig {
                     (!self.nodes.is_empty(), "nodes"),
                     (self.tls_ca_file.is_some(), "tls_ca_file"),
                     (self.fallback_share.is_some(), "fallback_share"),
+                    (self.key_prefix.is_some(), "key_prefix"),
+                    (self.op_timeout_ms.is_some(), "op_timeout_ms"),
+                    (self.connect_timeout_ms.is_some(), "connect_timeout_ms"),
+                    (self.failure != FailureMode::FailClosed, "failure"),
                 ] {
                     if set {
                         errors.push(err(
@@ -321,7 +328,29 @@ impl StoreConfig {
                         ));
                     }
                 }
-                return (errors.len() == before).then_some(StoreSettings::Memory);
+                let session_retention_ms = self
+                    .session_retention_ms
+                    .unwrap_or(tollgate_core::store::DEFAULT_SESSION_RETENTION_MS);
+                if session_retention_ms == 0 {
+                    errors.push(err("store.session_retention_ms", "must be at least 1"));
+                }
+                return (errors.len() == before).then_some(StoreSettings::Memory {
+                    session_retention_ms,
+                });
+            }
+            StoreKind::Redis if !self.nodes.is_empty() => {
+                errors.push(err(
+                    "store.nodes",
+                    "only applies to kind = \"cluster\" (use url)",
+                ));
+                return None;
+            }
+            StoreKind::Cluster if self.url.is_some() => {
+                errors.push(err(
+                    "store.url",
+                    "only applies to kind = \"redis\" (use nodes)",
+                ));
+                return None;
             }
             StoreKind::Redis => match &self.url {
                 Some(u) if is_redis_url(u) => RedisTarget::Standalone(u.clone()),
@@ -389,6 +418,16 @@ impl StoreConfig {
                 errors.push(err("store.session_retention_ms", "must be at least 1"));
             }
             redis.session_retention_ms = ms;
+        }
+        let tls = match &self.url {
+            Some(u) => u.starts_with("rediss://"),
+            None => self.nodes.iter().any(|n| n.starts_with("rediss://")),
+        };
+        if self.tls_ca_file.is_some() && !tls {
+            errors.push(err(
+                "store.tls_ca_file",
+                "only applies to rediss:// (TLS) URLs",
+            ));
         }
         if let Some(f) = &self.tls_ca_file {
             let path = base_dir.join(f);

@@ -106,8 +106,10 @@ pub async fn serve(
     let clock: Arc<dyn Clock> = clock.unwrap_or_else(|| Arc::new(MonotonicClock::new()));
     let addr = listener.local_addr()?;
     match &config.store {
-        StoreSettings::Memory => {
-            let store = MemoryStore::new(clock.clone());
+        StoreSettings::Memory {
+            session_retention_ms,
+        } => {
+            let store = MemoryStore::with_session_retention(clock.clone(), *session_retention_ms);
             run(
                 &config,
                 store,

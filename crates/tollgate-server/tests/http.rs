@@ -1740,7 +1740,10 @@ async fn openapi_document_matches_the_routes() {
 fn the_embedded_default_config_parses() {
     let c = Config::default_config().expect("the embedded default config is valid");
     assert_eq!(c.listen.to_string(), "127.0.0.1:8787");
-    assert!(matches!(c.store, tollgate_server::StoreSettings::Memory));
+    assert!(matches!(
+        c.store,
+        tollgate_server::StoreSettings::Memory { .. }
+    ));
     assert!(c.plans.resolve("anyone").is_some(), "a default plan");
 }
 
@@ -1814,4 +1817,68 @@ concurrent_runs = 2
         .output()
         .expect("run tollgate");
     assert_eq!(out.status.code(), Some(64));
+}
+
+/// `tollgate serve` prints where it listens, which store and which identity
+/// mode, serves, and exits 0 after draining when sent SIGTERM or SIGINT.
+#[test]
+fn serve_prints_its_banner_and_shuts_down_gracefully_on_signals() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    for signal in ["TERM", "INT"] {
+        let dir =
+            std::env::temp_dir().join(format!("tollgate-serve-{}-{signal}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = dir.join("tollgate.toml");
+        let body = tollgate_server::config::DEFAULT_CONFIG
+            .replace("listen = \"127.0.0.1:8787\"", "listen = \"127.0.0.1:0\"");
+        std::fs::write(&cfg, body).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&cfg)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("run tollgate serve");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = lines.next().unwrap().unwrap();
+        assert!(
+            first.starts_with("tollgate listening on http://127.0.0.1:"),
+            "{first}"
+        );
+        let addr = first
+            .trim_start_matches("tollgate listening on http://")
+            .to_owned();
+        let store = lines.next().unwrap().unwrap();
+        assert!(
+            store.contains("store:") && store.contains("memory"),
+            "{store}"
+        );
+        let identity = lines.next().unwrap().unwrap();
+        assert!(
+            identity.contains("identity:") && identity.contains("dev"),
+            "{identity}"
+        );
+        // It serves.
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        std::io::Write::write_all(
+            &mut s,
+            b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        )
+        .unwrap();
+        let mut resp = String::new();
+        std::io::Read::read_to_string(&mut s, &mut resp).unwrap();
+        assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let exit = child.wait().unwrap();
+        assert!(exit.success(), "SIG{signal}: {exit:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -501,8 +501,14 @@ async fn healthz() -> Json<HealthResponse> {
 async fn readyz<S: Store + Clone>(
     State(app): State<App<S>>,
 ) -> Result<Json<HealthResponse>, ApiError> {
-    // A read that needs the store: answers 503 while it is unreachable.
-    app.store().fence_check("tollgate:readyz", 0).await?;
+    // A read through the store as a limit decision would make it: 503 when
+    // the store is unreachable under fail_closed; under fail_open the
+    // replica can still decide (locally), so it stays ready.
+    let spec =
+        tollgate_core::BucketSpec::new(1, 1, 1).map_err(|e| ApiError::Internal(e.to_string()))?;
+    app.store()
+        .user_state("tollgate:readyz", spec, spec)
+        .await?;
     Ok(Json(HealthResponse { status: "ok" }))
 }
 
