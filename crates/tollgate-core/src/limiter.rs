@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use arc_swap::ArcSwap;
 
 use crate::bucket::MAX_SCALED;
@@ -69,6 +71,7 @@ pub struct Limiter<S> {
     store: S,
     clock: Arc<dyn Clock>,
     plans: ArcSwap<PlanBook>,
+    reclaimed: AtomicU64,
 }
 
 impl<S> std::fmt::Debug for Limiter<S> {
@@ -98,6 +101,7 @@ impl<S: Store> Limiter<S> {
             store,
             clock: Arc::new(clock),
             plans: ArcSwap::from_pointee(plans),
+            reclaimed: AtomicU64::new(0),
         }
     }
 
@@ -109,6 +113,12 @@ impl<S: Store> Limiter<S> {
     /// The clock.
     pub fn clock(&self) -> &Arc<dyn Clock> {
         &self.clock
+    }
+
+    /// Run leases that expired without a release and were reclaimed by this
+    /// limiter's admissions so far (a metric: leaked slots).
+    pub fn reclaimed_leases(&self) -> u64 {
+        self.reclaimed.load(Ordering::Relaxed)
     }
 
     /// The plans in force.
@@ -162,6 +172,10 @@ impl<S: Store> Limiter<S> {
                 },
             })
             .await?;
+        if out.reclaimed > 0 {
+            self.reclaimed
+                .fetch_add(u64::from(out.reclaimed), Ordering::Relaxed);
+        }
         Ok(match out.admit {
             Admit::Admitted {
                 lease_expires_at,

@@ -153,6 +153,9 @@ pub struct Config {
     pub plans: PlanBook,
     /// Directory relative paths in the config are resolved against.
     pub base_dir: PathBuf,
+    /// The file it was loaded from (none: the embedded default); reloads
+    /// reread it.
+    pub source: Option<PathBuf>,
 }
 
 /// A config that cannot be used: every problem, each with its field path.
@@ -195,7 +198,9 @@ impl Config {
             errors: vec![err("(file)", format!("cannot read: {e}"))],
         })?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        Self::parse(&text, &name, &base)
+        let mut cfg = Self::parse(&text, &name, &base)?;
+        cfg.source = Some(path.to_path_buf());
+        Ok(cfg)
     }
 
     /// The embedded default config.
@@ -300,6 +305,7 @@ impl FileConfig {
                 identity: self.identity,
                 plans,
                 base_dir: base_dir.to_path_buf(),
+                source: None,
             }),
             _ => Err(errors),
         }

@@ -20,7 +20,9 @@ use tollgate_redis::{Failover, RedisStore};
 pub mod config;
 pub mod http;
 pub mod identity;
+pub mod metrics;
 pub mod outcome;
+pub mod reload;
 pub mod shutdown;
 pub mod state;
 
@@ -68,13 +70,24 @@ pub fn app<S: Store + Clone>(
     store: S,
     clock: Arc<dyn Clock>,
 ) -> Result<App<S>, ConfigError> {
+    app_with_metrics(config, store, clock, Arc::default())
+}
+
+fn app_with_metrics<S: Store + Clone>(
+    config: &Config,
+    store: S,
+    clock: Arc<dyn Clock>,
+    metrics: Arc<metrics::Metrics>,
+) -> Result<App<S>, ConfigError> {
     let verifier = verifier(config, clock.clone())?;
     let limiter = Limiter::new(store, clock, config.plans.clone());
-    Ok(App::new(
+    Ok(App::with_metrics(
         limiter,
         verifier,
         config.max_in_flight,
         config.admin_token.clone(),
+        metrics,
+        config.source.clone(),
     ))
 }
 
@@ -104,7 +117,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
     let clock: Arc<dyn Clock> = clock.unwrap_or_else(|| Arc::new(MonotonicClock::new()));
-    let addr = listener.local_addr()?;
+    let metrics = Arc::new(metrics::Metrics::new());
     match &config.store {
         StoreSettings::Memory {
             session_retention_ms,
@@ -114,6 +127,7 @@ pub async fn serve(
                 &config,
                 store,
                 clock,
+                metrics,
                 listener,
                 "memory (this process only)".into(),
                 on_start,
@@ -135,9 +149,18 @@ pub async fn serve(
                 redis.key_prefix
             );
             let store = RedisStore::connect(redis.clone()).await?;
-            let store = Failover::new(store, *policy, clock.clone())?;
-            let _ = addr;
-            run(&config, store, clock, listener, desc, on_start, shutdown).await
+            let counted = metrics.clone();
+            let store = Failover::new(store, *policy, clock.clone())?.with_hook(move |e| {
+                let labels = metrics::FallbackLabels {
+                    op: e.op,
+                    decided: if e.local { "local" } else { "refused" },
+                };
+                counted.fallbacks.get_or_create(&labels).inc();
+            });
+            run(
+                &config, store, clock, metrics, listener, desc, on_start, shutdown,
+            )
+            .await
         }
     }
 }
@@ -150,16 +173,19 @@ fn redact(url: &str) -> String {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run<S: Store + Clone>(
     config: &Config,
     store: S,
     clock: Arc<dyn Clock>,
+    metrics: Arc<metrics::Metrics>,
     listener: TcpListener,
     store_desc: String,
     on_start: impl FnOnce(&Running),
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
-    let app = app(config, store, clock)?;
+    let app = app_with_metrics(config, store, clock, metrics)?;
+    let reloaders = reload::spawn(app.clone());
     let running = Running {
         addr: listener.local_addr()?,
         store: store_desc,
@@ -167,9 +193,13 @@ async fn run<S: Store + Clone>(
     };
     on_start(&running);
     let router = http::routes::router(app);
-    axum::serve(listener, router)
+    let served = axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
-        .await?;
+        .await;
+    for task in reloaders {
+        task.abort();
+    }
+    served?;
     Ok(())
 }
 

@@ -46,11 +46,18 @@ enum Command {
 const EX_USAGE: u8 = 64;
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+    // Structured logs (they carry user ids; metrics never do). JSON lines
+    // with TOLLGATE_LOG_FORMAT=json; the level from RUST_LOG (default info).
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    if std::env::var("TOLLGATE_LOG_FORMAT").is_ok_and(|f| f == "json") {
+        tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .init();
+    } else {
+        tracing_subscriber::fmt().with_env_filter(filter).init();
+    }
     match Cli::parse().command {
         Command::CheckConfig { file } => match tollgate_server::config::Config::load(&file) {
             Ok(_) => {

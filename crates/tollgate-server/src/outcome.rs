@@ -91,6 +91,11 @@ impl From<LimiterError> for ApiError {
     }
 }
 
+/// A response extension marking a store fault, so the metrics layer can
+/// count it (details go to the logs, never to the client).
+#[derive(Debug, Clone, Copy)]
+pub struct StoreFault;
+
 /// The body of every refusal.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ErrorBody {
@@ -258,6 +263,11 @@ impl IntoResponse for ApiError {
                 )
             }
         };
-        (status, headers, Json(b)).into_response()
+        let fault = matches!(self, ApiError::StoreUnavailable(_) | ApiError::Internal(_));
+        let mut resp = (status, headers, Json(b)).into_response();
+        if fault {
+            resp.extensions_mut().insert(StoreFault);
+        }
+        resp
     }
 }

@@ -1,10 +1,13 @@
 //! The state every handler shares.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use tollgate_core::{Clock, Limiter, ReplicaGate, Store};
 
+use crate::config::{Config, ConfigError};
 use crate::identity::Verifier;
+use crate::metrics::{Metrics, ReloadLabels};
 
 /// The application: limiter, identity, replica gate. Cloning shares it.
 pub struct App<S> {
@@ -24,6 +27,9 @@ struct Inner<S> {
     verifier: Verifier,
     gate: ReplicaGate,
     admin_token: Option<String>,
+    metrics: Arc<Metrics>,
+    config_path: Option<PathBuf>,
+    reload_lock: tokio::sync::Mutex<()>,
 }
 
 impl<S: Store + Clone> App<S> {
@@ -35,14 +41,80 @@ impl<S: Store + Clone> App<S> {
         max_in_flight: usize,
         admin_token: Option<String>,
     ) -> Self {
+        Self::with_metrics(
+            limiter,
+            verifier,
+            max_in_flight,
+            admin_token,
+            Arc::default(),
+            None,
+        )
+    }
+
+    /// The same, reporting to `metrics` and reloading plans from
+    /// `config_path` (none: the embedded default, nothing to reload).
+    pub fn with_metrics(
+        limiter: Limiter<S>,
+        verifier: Verifier,
+        max_in_flight: usize,
+        admin_token: Option<String>,
+        metrics: Arc<Metrics>,
+        config_path: Option<PathBuf>,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 limiter,
                 verifier,
                 gate: ReplicaGate::new(max_in_flight),
                 admin_token,
+                metrics,
+                config_path,
+                reload_lock: tokio::sync::Mutex::new(()),
             }),
         }
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// Rereads the config file and swaps in its plans, users and overrides
+    /// atomically (a decision sees the old plans or the new, never a mix).
+    /// An invalid file is rejected with every reason, counted and logged,
+    /// and the old config keeps serving. Other settings (listen, store,
+    /// identity, caps, admin token) need a restart.
+    ///
+    /// # Errors
+    ///
+    /// The file is unreadable or invalid.
+    pub async fn reload(&self) -> Result<(), ConfigError> {
+        let _one_at_a_time = self.inner.reload_lock.lock().await;
+        let Some(path) = &self.inner.config_path else {
+            tracing::info!("reload: serving the embedded default config; nothing to reload");
+            return Ok(());
+        };
+        let result = match Config::load(path) {
+            Ok(cfg) => {
+                self.inner.limiter.set_plans(cfg.plans);
+                tracing::info!(path = %path.display(), "config reloaded: plans, users and overrides swapped in");
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "config reload rejected; the old config keeps serving");
+                Err(e)
+            }
+        };
+        let label = ReloadLabels {
+            result: if result.is_ok() { "ok" } else { "error" },
+        };
+        self.inner.metrics.reloads.get_or_create(&label).inc();
+        result
+    }
+
+    /// The config file plans are reloaded from, if any.
+    pub fn config_path(&self) -> Option<&std::path::Path> {
+        self.inner.config_path.as_deref()
     }
 
     /// The limiter.

@@ -1,4 +1,5 @@
 //! The HTTP/JSON API (SPEC §8): extractors, handlers and the router.
 
+pub mod admin;
 pub(crate) mod extract;
 pub mod routes;

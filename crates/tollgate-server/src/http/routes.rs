@@ -14,7 +14,8 @@ use tollgate_core::{Decision, Denial, ReservationId, Store};
 use utoipa::{OpenApi, ToSchema};
 
 use super::extract::{Body, MAX_ID, User, check_id};
-use crate::outcome::{ApiError, ErrorBody};
+use crate::metrics::DecisionLabels;
+use crate::outcome::{ApiError, ErrorBody, StoreFault};
 use crate::state::App;
 
 /// Session lease TTL when `POST /v1/runs` names a session without one, ms.
@@ -195,6 +196,32 @@ fn session_ttl(field: &str, v: u64) -> Result<u64, ApiError> {
     Ok(v)
 }
 
+/// Counts a decision: by operation, refusing limit, outcome and plan (never
+/// the user), and logs refusals with the user id (logs may carry it).
+fn observe<S: Store + Clone, T: tollgate_core::decision::Waited>(
+    app: &App<S>,
+    op: &'static str,
+    user: &str,
+    decision: &Decision<T>,
+) {
+    let plan = app
+        .limiter()
+        .plan_for(user)
+        .map(|p| p.name.to_string())
+        .unwrap_or_default();
+    let denial = decision.denial();
+    let labels = DecisionLabels {
+        op,
+        limit: denial.map_or("none", |d| d.limit().as_str()),
+        outcome: decision.outcome().as_str(),
+        plan,
+    };
+    app.metrics().decisions.get_or_create(&labels).inc();
+    if let Some(d) = denial {
+        tracing::info!(user, op, outcome = labels.outcome, limit = labels.limit, plan = %labels.plan, "{d}");
+    }
+}
+
 fn shadow_header(headers: &mut HeaderMap, shadow: Option<&Denial>) {
     if let Some(d) = shadow
         && let Ok(v) = HeaderValue::from_str(d.limit().as_str())
@@ -247,11 +274,17 @@ async fn admit_run<S: Store + Clone>(
             return Err(e.into());
         }
     };
+    observe(&app, "admit", &user, &decision);
     match decision {
         Decision::Allowed {
             grant,
             shadow_denied,
         } => {
+            if !grant.refreshed && shadow_denied.is_none() {
+                app.metrics().turn_started();
+            }
+            app.metrics()
+                .sync_reclaimed(app.limiter().reclaimed_leases());
             let mut headers = HeaderMap::new();
             shadow_header(&mut headers, shadow_denied.as_ref());
             let body = AdmitResponse {
@@ -288,6 +321,9 @@ async fn release_run<S: Store + Clone>(
         check_id("session_id", sid)?;
     }
     let released = app.limiter().release_run(&user, &inv).await?;
+    if released {
+        app.metrics().turn_ended();
+    }
     if let Some(sid) = q.session_id {
         app.store()
             .session_release(&session_key(&user, &sid), &inv)
@@ -334,11 +370,14 @@ async fn reserve<S: Store + Clone>(
             .reserve_tokens(&user, &req.invocation_id, estimate)
             .await?
     };
+    observe(&app, "reserve", &user, &decision);
     match decision {
         Decision::Allowed {
             grant,
             shadow_denied,
         } => {
+            let waited = grant.wait_ms + grant.waited_ms;
+            app.metrics().wait.observe(waited as f64 / 1_000.0);
             let mut headers = HeaderMap::new();
             shadow_header(&mut headers, shadow_denied.as_ref());
             let body = ReserveResponse {
@@ -486,6 +525,7 @@ async fn fence_check<S: Store + Clone>(
     if check.current {
         Ok(Json(FenceResponse { current: true }))
     } else {
+        app.metrics().fence_rejected.inc();
         Err(ApiError::StaleFence {
             latest: check.latest,
         })
@@ -512,6 +552,19 @@ async fn readyz<S: Store + Clone>(
     Ok(Json(HealthResponse { status: "ok" }))
 }
 
+async fn metrics_text<S: Store + Clone>(State(app): State<App<S>>) -> Response {
+    app.metrics()
+        .sync_reclaimed(app.limiter().reclaimed_leases());
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        app.metrics().encode(),
+    )
+        .into_response()
+}
+
 async fn openapi() -> Json<utoipa::openapi::OpenApi> {
     Json(ApiDoc::openapi())
 }
@@ -530,7 +583,19 @@ async fn in_flight<S: Store + Clone>(
     next: Next,
 ) -> Response {
     match app.gate().try_acquire() {
-        Ok(_permit) => next.run(req).await,
+        Ok(_permit) => {
+            app.metrics()
+                .requests_in_flight
+                .set(app.gate().in_flight() as i64);
+            let resp = next.run(req).await;
+            if resp.extensions().get::<StoreFault>().is_some() {
+                app.metrics().store_errors.inc();
+            }
+            app.metrics()
+                .requests_in_flight
+                .set(app.gate().in_flight().saturating_sub(1) as i64);
+            resp
+        }
         Err(_) => ApiError::Overloaded.into_response(),
     }
 }
@@ -601,6 +666,8 @@ pub fn router<S: Store + Clone>(app: App<S>) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz::<S>))
         .route("/openapi.json", get(openapi))
+        .route("/metrics", get(metrics_text::<S>))
+        .merge(super::admin::router::<S>())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(64 * 1024))
         .with_state(app)

@@ -1,0 +1,191 @@
+//! Prometheus metrics (SPEC §6). No label ever carries a user id: top users
+//! come from `/admin/top` and the logs.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Labels of a decision.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    /// `admit` or `reserve`.
+    pub op: &'static str,
+    /// The refusing limit (or the one shadow mode would have refused
+    /// with); `none` when allowed.
+    pub limit: &'static str,
+    /// `allowed`, `waited`, `denied` or `shadow_denied`.
+    pub outcome: &'static str,
+    /// The plan name.
+    pub plan: String,
+}
+
+/// Labels naming an operation.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabels {
+    /// The store operation.
+    pub op: &'static str,
+}
+
+/// Labels of a fallback decision.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FallbackLabels {
+    /// The store operation.
+    pub op: &'static str,
+    /// `local` (fail open) or `refused` (fail closed).
+    pub decided: &'static str,
+}
+
+/// Labels of a config reload.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReloadLabels {
+    /// `ok` or `error`.
+    pub result: &'static str,
+}
+
+/// Every metric the server exports.
+pub struct Metrics {
+    registry: Registry,
+    /// Decisions by op, limit, outcome and plan.
+    pub decisions: Family<DecisionLabels, Counter>,
+    /// Waits granted to token reservations, seconds.
+    pub wait: Histogram,
+    /// Store faults seen by requests.
+    pub store_errors: Counter,
+    /// Decisions taken without the shared store.
+    pub fallbacks: Family<FallbackLabels, Counter>,
+    /// Leaked run leases reclaimed by expiry.
+    pub reclaimed: Counter,
+    /// Fence checks answered stale.
+    pub fence_rejected: Counter,
+    /// Requests being served now (the replica's in-flight count).
+    pub requests_in_flight: Gauge,
+    /// Turns admitted through this replica and not yet released.
+    pub turns_in_flight: Gauge,
+    turns: AtomicI64,
+    /// Config reloads by result.
+    pub reloads: Family<ReloadLabels, Counter>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("tollgate");
+        let decisions = Family::<DecisionLabels, Counter>::default();
+        registry.register(
+            "decisions",
+            "Limit decisions by operation, refusing limit, outcome and plan",
+            decisions.clone(),
+        );
+        let wait = Histogram::new([
+            0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0,
+        ]);
+        registry.register(
+            "token_wait_seconds",
+            "Waits granted to token reservations",
+            wait.clone(),
+        );
+        let store_errors = Counter::default();
+        registry.register(
+            "store_errors",
+            "Requests that failed on a store fault",
+            store_errors.clone(),
+        );
+        let fallbacks = Family::<FallbackLabels, Counter>::default();
+        registry.register(
+            "store_fallbacks",
+            "Decisions taken while the shared store was unreachable",
+            fallbacks.clone(),
+        );
+        let reclaimed = Counter::default();
+        registry.register(
+            "leases_reclaimed",
+            "Run leases that expired without a release and were reclaimed",
+            reclaimed.clone(),
+        );
+        let fence_rejected = Counter::default();
+        registry.register(
+            "fence_rejected",
+            "Fence checks (fenced writes) refused as stale",
+            fence_rejected.clone(),
+        );
+        let requests_in_flight = Gauge::default();
+        registry.register(
+            "requests_in_flight",
+            "Requests this replica is serving now",
+            requests_in_flight.clone(),
+        );
+        let turns_in_flight = Gauge::default();
+        registry.register(
+            "turns_in_flight",
+            "Turns admitted through this replica and not released (leases that expire unreleased stay counted until the process restarts): the autoscaling signal",
+            turns_in_flight.clone(),
+        );
+        let reloads = Family::<ReloadLabels, Counter>::default();
+        registry.register(
+            "config_reloads",
+            "Config reloads by result",
+            reloads.clone(),
+        );
+        Self {
+            registry,
+            decisions,
+            wait,
+            store_errors,
+            fallbacks,
+            reclaimed,
+            fence_rejected,
+            requests_in_flight,
+            turns_in_flight,
+            turns: AtomicI64::new(0),
+            reloads,
+        }
+    }
+
+    /// A turn was admitted (not a refresh).
+    pub fn turn_started(&self) {
+        let n = self.turns.fetch_add(1, Ordering::Relaxed) + 1;
+        self.turns_in_flight.set(n);
+    }
+
+    /// A run lease was released.
+    pub fn turn_ended(&self) {
+        let n = (self.turns.fetch_sub(1, Ordering::Relaxed) - 1).max(0);
+        if n == 0 {
+            self.turns.store(0, Ordering::Relaxed);
+        }
+        self.turns_in_flight.set(n);
+    }
+
+    /// Brings the reclaimed-lease counter up to `total`.
+    pub fn sync_reclaimed(&self, total: u64) {
+        let seen = self.reclaimed.get();
+        if total > seen {
+            self.reclaimed.inc_by(total - seen);
+        }
+    }
+
+    /// The text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

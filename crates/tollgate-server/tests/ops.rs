@@ -1,0 +1,420 @@
+//! Operations over a real socket: Prometheus metrics (and no user id in any
+//! label), admin endpoints behind the admin token, and hot reload of plans
+//! by file change (in-place edit and atomic rename), by `POST /admin/reload`
+//! (an invalid file is rejected and the old config keeps serving) and by
+//! SIGHUP.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tollgate_core::FakeClock;
+use tollgate_server::config::Config;
+use tollgate_testkit::T0;
+use tollgate_testkit::redis::wait_until;
+
+const ADMIN: &str = "admin-token-0123456789abcdef";
+
+fn config(burst: u32, shadow: bool) -> String {
+    format!(
+        r#"listen = "127.0.0.1:0"
+admin_token = "{ADMIN}"
+default_plan = "std"
+
+[identity]
+mode = "dev"
+
+[plans.std]
+turns = {{ amount = 20, period_ms = 60000, burst = {burst} }}
+tokens = {{ amount = 60000, period_ms = 60000 }}
+concurrent_runs = 10
+max_wait_ms = 0
+shadow = {shadow}
+"#
+    )
+}
+
+struct Server {
+    url: String,
+    clock: FakeClock,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+    client: reqwest::Client,
+    dir: PathBuf,
+}
+
+impl Server {
+    /// Serves `text`, written to a file so reloads can reread it.
+    async fn start(name: &str, text: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("tollgate-ops-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("tollgate.toml");
+        std::fs::write(&file, text).unwrap();
+        let cfg = Config::load(&file).expect("valid config");
+        let clock = FakeClock::new(T0);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, rx) = oneshot::channel::<()>();
+        let c = clock.clone();
+        let task = tokio::spawn(async move {
+            tollgate_server::serve(cfg, listener, Some(Arc::new(c)), |_| {}, async {
+                let _ = rx.await;
+            })
+            .await
+            .expect("serve");
+        });
+        Self {
+            url,
+            clock,
+            stop: Some(tx),
+            task,
+            client: reqwest::Client::new(),
+            dir,
+        }
+    }
+
+    fn file(&self) -> PathBuf {
+        self.dir.join("tollgate.toml")
+    }
+
+    fn token(&self, user: &str) -> String {
+        // Dev mode: HS256 with the well-known secret; exp from the fake clock.
+        let claims = json!({"sub": user, "exp": T0 / 1000 + 3_600});
+        jsonwebtoken::encode(
+            &jsonwebtoken::Header::default(),
+            &claims,
+            &jsonwebtoken::EncodingKey::from_secret(
+                tollgate_server::identity::DEV_SECRET.as_bytes(),
+            ),
+        )
+        .unwrap()
+    }
+
+    async fn admit(&self, user: &str, inv: &str) -> StatusCode {
+        self.client
+            .post(format!("{}/v1/runs", self.url))
+            .bearer_auth(self.token(user))
+            .json(&json!({"invocation_id": inv}))
+            .send()
+            .await
+            .unwrap()
+            .status()
+    }
+
+    async fn admin(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: Option<&str>,
+    ) -> (StatusCode, Value) {
+        let mut req = self.client.request(method, format!("{}{path}", self.url));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn metrics(&self) -> String {
+        self.client
+            .get(format!("{}/metrics", self.url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.await.unwrap();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn metric(text: &str, line_prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(line_prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test]
+async fn metrics_count_decisions_by_limit_outcome_and_plan_without_user_ids() {
+    let s = Server::start("metrics", &config(2, false)).await;
+    let user = "user-with-a-very-distinctive-id-42";
+    for inv in ["a", "b", "c"] {
+        s.admit(user, inv).await;
+    }
+    let text = s.metrics().await;
+    assert_eq!(
+        metric(
+            &text,
+            r#"tollgate_decisions_total{op="admit",limit="none",outcome="allowed",plan="std"}"#
+        ),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            r#"tollgate_decisions_total{op="admit",limit="turn_rate",outcome="denied",plan="std"}"#
+        ),
+        Some(1.0)
+    );
+    assert_eq!(metric(&text, "tollgate_turns_in_flight "), Some(2.0));
+    for name in [
+        "tollgate_token_wait_seconds",
+        "tollgate_store_errors_total",
+        "tollgate_leases_reclaimed_total",
+        "tollgate_fence_rejected_total",
+        "tollgate_requests_in_flight",
+    ] {
+        assert!(text.contains(name), "{name} missing:\n{text}");
+    }
+    assert!(!text.contains(user), "a user id leaked into a label");
+    assert!(!text.contains("distinctive"));
+    // A stale fence and a reclaimed lease are counted.
+    let r = s
+        .client
+        .post(format!("{}/v1/sessions/s1/fence", s.url))
+        .bearer_auth(s.token(user))
+        .json(&json!({"fence": 9}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    s.clock.advance(120_000);
+    s.admit(user, "d").await;
+    let text = s.metrics().await;
+    assert_eq!(metric(&text, "tollgate_fence_rejected_total "), Some(1.0));
+    assert_eq!(metric(&text, "tollgate_leases_reclaimed_total "), Some(2.0));
+    assert!(!text.contains(user));
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn shadow_mode_is_visible_in_metrics_and_the_response() {
+    let s = Server::start("shadow", &config(1, true)).await;
+    assert_eq!(s.admit("u", "a").await, StatusCode::OK);
+    let r = s
+        .client
+        .post(format!("{}/v1/runs", s.url))
+        .bearer_auth(s.token("u"))
+        .json(&json!({"invocation_id": "b"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK, "shadow mode never refuses");
+    assert_eq!(
+        r.headers().get("x-tollgate-shadow-denied").unwrap(),
+        "turn_rate"
+    );
+    let text = s.metrics().await;
+    assert_eq!(
+        metric(
+            &text,
+            r#"tollgate_decisions_total{op="admit",limit="turn_rate",outcome="shadow_denied",plan="std"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn admin_endpoints_need_the_admin_token() {
+    let s = Server::start("admin", &config(5, false)).await;
+    for inv in ["r1", "r2"] {
+        assert_eq!(s.admit("alice", inv).await, StatusCode::OK);
+    }
+    let r = s
+        .client
+        .post(format!("{}/v1/tokens/reserve", s.url))
+        .bearer_auth(s.token("alice"))
+        .json(&json!({"invocation_id": "r1", "estimate": 7000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+
+    use reqwest::Method;
+    // No token, a wrong one, and a user's JWT are all refused.
+    let alice = s.token("alice");
+    for t in [None, Some("nope"), Some(alice.as_str())] {
+        let (st, body) = s.admin(Method::GET, "/admin/users/alice", t).await;
+        assert_eq!(st, StatusCode::UNAUTHORIZED, "{t:?}");
+        assert_eq!(body["error"], "unauthorized");
+    }
+    let (st, v) = s
+        .admin(Method::GET, "/admin/users/alice", Some(ADMIN))
+        .await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(v["plan"], "std");
+    assert_eq!(v["turns_available"], 3);
+    assert_eq!(v["tokens_available"], 53_000);
+    assert_eq!(v["leases"].as_array().unwrap().len(), 2);
+    let (st, v) = s.admin(Method::GET, "/admin/top?n=5", Some(ADMIN)).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(v["users"][0]["user"], "alice");
+    assert_eq!(v["users"][0]["tokens_last_minute"], 7_000);
+    let (st, v) = s
+        .admin(Method::DELETE, "/admin/users/alice/leases/r1", Some(ADMIN))
+        .await;
+    assert_eq!((st, v["released"].clone()), (StatusCode::OK, json!(true)));
+    let (_, v) = s
+        .admin(Method::DELETE, "/admin/users/alice/leases/r1", Some(ADMIN))
+        .await;
+    assert_eq!(v["released"], false);
+    let (st, v) = s
+        .admin(Method::POST, "/admin/users/alice/reset", Some(ADMIN))
+        .await;
+    assert_eq!((st, v["reset"].clone()), (StatusCode::OK, json!(true)));
+    let (_, v) = s
+        .admin(Method::GET, "/admin/users/alice", Some(ADMIN))
+        .await;
+    assert_eq!(v["turns_available"], 5);
+    assert_eq!(v["tokens_available"], 60_000);
+    assert_eq!(v["leases"].as_array().unwrap().len(), 1);
+    s.stop().await;
+}
+
+async fn plan_burst(s: &Server) -> i64 {
+    // A fresh user's turns_available is the plan's burst.
+    let (_, v) = s
+        .admin(reqwest::Method::GET, "/admin/users/fresh-user", Some(ADMIN))
+        .await;
+    v["turns_available"].as_i64().unwrap()
+}
+
+fn write_atomically(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+#[tokio::test]
+async fn reload_on_file_change_in_place_and_by_rename() {
+    let s = Server::start("watch", &config(5, false)).await;
+    assert_eq!(plan_burst(&s).await, 5);
+    // In-place edit.
+    std::fs::write(s.file(), config(7, false)).unwrap();
+    assert!(wait_until(10, || async { plan_burst(&s).await == 7 }).await);
+    // Atomic write + rename.
+    write_atomically(&s.file(), &config(9, false));
+    assert!(wait_until(10, || async { plan_burst(&s).await == 9 }).await);
+    let text = s.metrics().await;
+    assert!(metric(&text, r#"tollgate_config_reloads_total{result="ok"}"#).unwrap() >= 2.0);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn admin_reload_rejects_an_invalid_file_and_keeps_serving() {
+    let s = Server::start("reload", &config(5, false)).await;
+    use reqwest::Method;
+    // Broken file: the watcher and the endpoint both reject it.
+    write_atomically(
+        &s.file(),
+        &config(5, false).replace("burst = 5", "burst = 0"),
+    );
+    let (st, v) = s.admin(Method::POST, "/admin/reload", Some(ADMIN)).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    assert_eq!(v["error"], "invalid_config");
+    assert_eq!(v["errors"][0]["path"], "plans.std.turns.burst");
+    assert_eq!(plan_burst(&s).await, 5, "the old config keeps serving");
+    assert_eq!(s.admit("u", "x").await, StatusCode::OK);
+    let text = s.metrics().await;
+    assert!(metric(&text, r#"tollgate_config_reloads_total{result="error"}"#).unwrap() >= 1.0);
+    // A good file, reloaded on demand.
+    write_atomically(&s.file(), &config(3, false));
+    let (st, v) = s.admin(Method::POST, "/admin/reload", Some(ADMIN)).await;
+    assert_eq!((st, v["reloaded"].clone()), (StatusCode::OK, json!(true)));
+    assert_eq!(plan_burst(&s).await, 3);
+    let (st, _) = s.admin(Method::POST, "/admin/reload", None).await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED);
+    s.stop().await;
+}
+
+#[test]
+fn sighup_reloads_the_config_of_a_running_server() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::process::{Command, Stdio};
+
+    let dir = std::env::temp_dir().join(format!("tollgate-hup-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("tollgate.toml");
+    std::fs::write(&file, config(5, false)).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["serve", "--config"])
+        .arg(&file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let addr = first
+        .trim_start_matches("tollgate listening on http://")
+        .to_owned();
+    // The rest of stdout (the logs) is read on a thread.
+    let (log_tx, log_rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            if log_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let burst = || {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        write!(
+            s,
+            "GET /admin/users/fresh HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {ADMIN}\r\nconnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        let body = resp.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
+        let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        v["turns_available"].as_i64()
+    };
+    assert_eq!(burst(), Some(5));
+    std::fs::write(&file, config(6, false)).unwrap();
+    assert!(
+        Command::new("kill")
+            .args(["-HUP", &child.id().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    // The log shows the reload came from SIGHUP (the file watcher, which
+    // may also notice the change, logs differently).
+    let mut hup = false;
+    while let Ok(line) = log_rx.recv_timeout(std::time::Duration::from_secs(10)) {
+        if line.contains("SIGHUP: reloading the config") {
+            hup = true;
+            break;
+        }
+    }
+    let mut ok = false;
+    for _ in 0..100 {
+        if burst() == Some(6) {
+            ok = true;
+            break;
+        }
+        #[allow(clippy::disallowed_methods)] // waiting on a real process
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(hup, "no SIGHUP reload was logged");
+    assert!(ok, "the reload did not land");
+}
