@@ -1,0 +1,855 @@
+//! A load generator for `tollgate serve`: decisions per second, latency per
+//! call and the CPU split between itself, the server and Redis.
+//!
+//! # Running it
+//!
+//! Build the server and this tool in release mode, start the server on a
+//! bench config (a generous plan, dev identity, `127.0.0.1:8788`), then
+//! run the load:
+//!
+//! ```sh
+//! cargo build --release -p tollgate-server --examples --bin tollgate
+//!
+//! # Memory store.
+//! target/release/tollgate serve --config crates/tollgate-server/examples/bench-memory.toml &
+//! target/release/examples/loadgen --mode admit --duration 10 --warmup 2
+//! target/release/examples/loadgen --mode reserve --duration 10 --warmup 2
+//! kill %1
+//!
+//! # Redis store: a fresh, throwaway redis-server (not the machine's 6379;
+//! # if 6399 is taken, pick a free port and change `url` in bench-redis.toml).
+//! redis-server --port 6399 --save '' --appendonly no --daemonize yes
+//! target/release/tollgate serve --config crates/tollgate-server/examples/bench-redis.toml &
+//! target/release/examples/loadgen --mode admit --duration 10 --warmup 2 --redis-port 6399
+//! target/release/examples/loadgen --mode reserve --duration 10 --warmup 2 --redis-port 6399
+//! kill %1; redis-cli -p 6399 shutdown nosave
+//! ```
+//!
+//! Flags (all optional):
+//!
+//! * `--url URL` — the server (default `http://127.0.0.1:8788`).
+//! * `--mode admit|reserve` — what one operation is (default `admit`):
+//!   * `admit`: `POST /v1/runs {invocation_id}` then
+//!     `DELETE /v1/runs/{invocation_id}` (an admit + release pair);
+//!   * `reserve`: `POST /v1/tokens/reserve {invocation_id, estimate}` then
+//!     `POST /v1/tokens/settle {reservation_id, actual}` (reserve + settle).
+//!
+//!   The second call is made only when the first answered 2xx. Every
+//!   operation is for a uniformly random user and a fresh invocation id.
+//!   In reserve mode that makes every model call a new run, the costliest
+//!   case for state: each leaves a run record (call counter) that the store
+//!   keeps for `RESERVATION_RETENTION_MS` (1 h), at most 256 per user, so
+//!   state grows during a run; start a fresh server (and Redis) per
+//!   measurement to compare like with like.
+//! * `--concurrency N` — tasks, each with one call in flight (default 64).
+//! * `--users N` — distinct users `u0` … `u{N-1}` (default 10000).
+//! * `--duration S`, `--warmup S` — measured window and warm-up before it,
+//!   seconds (defaults 10 and 2).
+//! * `--estimate N`, `--actual N` — reserve mode's token counts (1000, 800).
+//! * `--workers N` — tokio worker threads of this tool (default: one per core).
+//! * Identity, one of: nothing (dev mode: HS256 with
+//!   `tollgate_server::identity::DEV_SECRET`, claims `sub`, `iat`, `exp`, which
+//!   is all a dev server with no `issuer`/`audience` checks); `--secret S`
+//!   (HS256 with that secret, plus `--issuer I` / `--audience A` if the
+//!   server requires them); or `--config FILE` (the server's own config file:
+//!   tokens are minted by `Verifier::mint` of that identity config, so the
+//!   issuer, audience and user claim match whatever it says).
+//! * `--server-pid PID` — the server process; default: the process
+//!   listening on the URL's port (found through `/proc/net/tcp` and
+//!   `/proc/*/fd`).
+//! * `--redis-port P` / `--redis-pid PID` — also report `redis-server`'s CPU.
+//!
+//! # What is measured
+//!
+//! One HTTP/1.1 client (hyper's pooled `hyper_util` client: keep-alive
+//! connections, `TCP_NODELAY`; lighter per request than `reqwest`, which
+//! matters when the tool shares the machine with the server) shared by
+//! `--concurrency` tokio tasks, so up to that many connections. One token
+//! per user is minted before anything is timed. After the warm-up, a call counts when it starts
+//! and ends inside the measured window; **decisions/s** counts every such
+//! HTTP call (an admit and a release are two decisions), **pairs/s** the
+//! operations whose two calls both counted and both answered 2xx. Each call
+//! is classed 2xx, 429 or other (any other status, or a transport error);
+//! non-2xx answers are tallied by status and error code. Latency is per call,
+//! from sending the request to reading the whole body.
+//!
+//! **CPU**, in % of one core over the measured window (so a 2-core machine
+//! has 200 %): this tool (`/proc/self/stat`), the server and `redis-server`
+//! (`/proc/<pid>/stat`, utime + stime of all threads), and `other`: the rest
+//! of the machine's busy time (`/proc/stat`), i.e. how quiet it was. On a
+//! small machine the load tool and the server compete for the same cores:
+//! read the figures as a split of one box, not as the server's ceiling.
+
+// A benchmark measures wall time and prints its results: real clocks and
+// stdout are its job.
+#![allow(
+    clippy::disallowed_methods,
+    clippy::disallowed_types,
+    clippy::print_stdout
+)]
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
+use axum::http::{HeaderValue, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use parking_lot::Mutex;
+use serde::Deserialize;
+use tollgate_core::{Clock, MonotonicClock};
+use tollgate_server::identity::DEV_SECRET;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Admit,
+    Reserve,
+}
+
+impl Mode {
+    fn calls(self) -> [&'static str; 2] {
+        match self {
+            Mode::Admit => ["POST /v1/runs", "DELETE /v1/runs/{id}"],
+            Mode::Reserve => ["POST /v1/tokens/reserve", "POST /v1/tokens/settle"],
+        }
+    }
+}
+
+struct Args {
+    url: String,
+    mode: Mode,
+    concurrency: usize,
+    users: usize,
+    duration: Duration,
+    warmup: Duration,
+    estimate: u64,
+    actual: u64,
+    workers: Option<usize>,
+    secret: Option<String>,
+    issuer: Option<String>,
+    audience: Option<String>,
+    config: Option<PathBuf>,
+    server_pid: Option<u32>,
+    redis_pid: Option<u32>,
+    redis_port: Option<u16>,
+}
+
+fn usage(msg: &str) -> ! {
+    eprintln!("loadgen: {msg} (see the doc comment at the top of examples/loadgen.rs)");
+    std::process::exit(64)
+}
+
+fn parse_args() -> Args {
+    let mut a = Args {
+        url: "http://127.0.0.1:8788".to_owned(),
+        mode: Mode::Admit,
+        concurrency: 64,
+        users: 10_000,
+        duration: Duration::from_secs(10),
+        warmup: Duration::from_secs(2),
+        estimate: 1_000,
+        actual: 800,
+        workers: None,
+        secret: None,
+        issuer: None,
+        audience: None,
+        config: None,
+        server_pid: None,
+        redis_pid: None,
+        redis_port: None,
+    };
+    let mut it = std::env::args().skip(1);
+    fn num<T: std::str::FromStr>(flag: &str, v: Option<String>) -> T {
+        v.and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| usage(&format!("{flag} needs a number")))
+    }
+    fn secs(flag: &str, v: Option<String>) -> Duration {
+        let s: f64 = num(flag, v);
+        if !(s.is_finite() && s >= 0.0) {
+            usage(&format!("{flag} needs a non-negative number of seconds"));
+        }
+        Duration::from_secs_f64(s)
+    }
+    while let Some(flag) = it.next() {
+        match flag.as_str() {
+            "--url" => a.url = it.next().unwrap_or_else(|| usage("--url needs a URL")),
+            "--mode" => {
+                a.mode = match it.next().as_deref() {
+                    Some("admit") => Mode::Admit,
+                    Some("reserve") => Mode::Reserve,
+                    _ => usage("--mode is admit or reserve"),
+                }
+            }
+            "--concurrency" => a.concurrency = num(&flag, it.next()),
+            "--users" => a.users = num(&flag, it.next()),
+            "--duration" => a.duration = secs(&flag, it.next()),
+            "--warmup" => a.warmup = secs(&flag, it.next()),
+            "--estimate" => a.estimate = num(&flag, it.next()),
+            "--actual" => a.actual = num(&flag, it.next()),
+            "--workers" => a.workers = Some(num(&flag, it.next())),
+            "--secret" => a.secret = it.next(),
+            "--issuer" => a.issuer = it.next(),
+            "--audience" => a.audience = it.next(),
+            "--config" => a.config = it.next().map(PathBuf::from),
+            "--server-pid" => a.server_pid = Some(num(&flag, it.next())),
+            "--redis-pid" => a.redis_pid = Some(num(&flag, it.next())),
+            "--redis-port" => a.redis_port = Some(num(&flag, it.next())),
+            "-h" | "--help" => usage("flags"),
+            other => usage(&format!("unknown flag {other}")),
+        }
+    }
+    if a.concurrency == 0 || a.users == 0 || a.duration.is_zero() {
+        usage("--concurrency, --users and --duration must be positive");
+    }
+    if a.config.is_some() && (a.secret.is_some() || a.issuer.is_some() || a.audience.is_some()) {
+        usage("--config mints as the server's config says: no --secret/--issuer/--audience");
+    }
+    a.url = a.url.trim_end_matches('/').to_owned();
+    a
+}
+
+/// One bearer header per user, minted before anything is timed.
+fn mint_tokens(a: &Args) -> Result<Vec<HeaderValue>, String> {
+    // Valid for the whole run and then some.
+    let ttl_s = 3_600 + (a.warmup + a.duration).as_secs();
+    let bearer = |t: String| {
+        HeaderValue::from_str(&format!("Bearer {t}")).map_err(|e| format!("token header: {e}"))
+    };
+    let users = (0..a.users).map(|i| format!("u{i}"));
+    if let Some(path) = &a.config {
+        let cfg = tollgate_server::load_config(Some(path)).map_err(|e| e.to_string())?;
+        let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+        let verifier = tollgate_server::verifier(&cfg, clock).map_err(|e| e.to_string())?;
+        return users
+            .map(|u| {
+                verifier
+                    .mint(&u, ttl_s)
+                    .map_err(|e| format!("cannot mint with {}: {e}", path.display()))
+                    .and_then(bearer)
+            })
+            .collect();
+    }
+    let secret = a.secret.as_deref().unwrap_or(DEV_SECRET);
+    let key = jsonwebtoken::EncodingKey::from_secret(secret.as_bytes());
+    let header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
+    let now_s = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_err(|e| e.to_string())?
+        .as_secs();
+    users
+        .map(|u| {
+            let mut claims = serde_json::json!({ "sub": u, "iat": now_s, "exp": now_s + ttl_s });
+            if let Some(iss) = &a.issuer {
+                claims["iss"] = iss.as_str().into();
+            }
+            if let Some(aud) = &a.audience {
+                claims["aud"] = aud.as_str().into();
+            }
+            jsonwebtoken::encode(&header, &claims, &key)
+                .map_err(|e| format!("signing: {e}"))
+                .and_then(bearer)
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------- the load
+
+/// What a call answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    Ok,
+    Denied,
+    Other,
+}
+
+#[derive(Default)]
+struct CallStats {
+    ok: u64,
+    denied: u64,
+    other: u64,
+    /// Latency of every counted call, µs.
+    lat_us: Vec<u32>,
+}
+
+impl CallStats {
+    fn merge(&mut self, o: CallStats) {
+        self.ok += o.ok;
+        self.denied += o.denied;
+        self.other += o.other;
+        self.lat_us.extend(o.lat_us);
+    }
+
+    fn total(&self) -> u64 {
+        self.ok + self.denied + self.other
+    }
+}
+
+#[derive(Default)]
+struct TaskStats {
+    calls: [CallStats; 2],
+    pairs: u64,
+}
+
+struct Ctx {
+    client: Client<HttpConnector, Full<Bytes>>,
+    url: String,
+    mode: Mode,
+    tokens: Vec<HeaderValue>,
+    estimate: u64,
+    actual: u64,
+    /// Prefix of every invocation id: unique per run, so a rerun against
+    /// the same server is not answered from an earlier run's idempotency.
+    tag: String,
+    measure_start: Instant,
+    measure_end: Instant,
+    /// Non-2xx answers at any time (warm-up included), by "status code",
+    /// with one example body.
+    refusals: Mutex<BTreeMap<String, (u64, String)>>,
+}
+
+/// A finished call.
+struct Done {
+    class: Class,
+    started: Instant,
+    ended: Instant,
+    body: Option<Bytes>,
+}
+
+impl Ctx {
+    async fn send(&self, method: Method, path: &str, user: usize, body: Option<String>) -> Done {
+        let started = Instant::now();
+        let mut req = Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.url))
+            .header(AUTHORIZATION, self.tokens[user].clone());
+        if body.is_some() {
+            req = req.header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        }
+        let req = match req.body(Full::new(Bytes::from(body.unwrap_or_default()))) {
+            Ok(r) => r,
+            Err(e) => {
+                self.note("bad request".to_owned(), e.to_string().as_bytes());
+                return Done {
+                    class: Class::Other,
+                    started,
+                    ended: Instant::now(),
+                    body: None,
+                };
+            }
+        };
+        let (class, body) = match self.client.request(req).await {
+            Ok(resp) => {
+                let status = resp.status();
+                match resp.into_body().collect().await {
+                    Ok(b) => {
+                        let b = b.to_bytes();
+                        let class = if status.is_success() {
+                            Class::Ok
+                        } else if status == StatusCode::TOO_MANY_REQUESTS {
+                            Class::Denied
+                        } else {
+                            Class::Other
+                        };
+                        if class != Class::Ok {
+                            self.note(status.as_u16().to_string(), &b);
+                        }
+                        (class, Some(b))
+                    }
+                    Err(e) => {
+                        self.note(format!("{status}, body error"), e.to_string().as_bytes());
+                        (Class::Other, None)
+                    }
+                }
+            }
+            Err(e) => {
+                self.note("transport error".to_owned(), e.to_string().as_bytes());
+                (Class::Other, None)
+            }
+        };
+        Done {
+            class,
+            started,
+            ended: Instant::now(),
+            body,
+        }
+    }
+
+    fn note(&self, what: String, body: &[u8]) {
+        #[derive(Deserialize)]
+        struct Err {
+            error: String,
+        }
+        let key = match serde_json::from_slice::<Err>(body) {
+            Ok(e) => format!("{what} {}", e.error),
+            Err(_) => what,
+        };
+        let mut map = self.refusals.lock();
+        let entry = map
+            .entry(key)
+            .or_insert_with(|| (0, String::from_utf8_lossy(body).chars().take(300).collect()));
+        entry.0 += 1;
+    }
+
+    fn in_window(&self, d: &Done) -> bool {
+        d.started >= self.measure_start && d.ended <= self.measure_end
+    }
+
+    fn record(&self, stats: &mut TaskStats, i: usize, d: &Done) -> bool {
+        if !self.in_window(d) {
+            return false;
+        }
+        let s = &mut stats.calls[i];
+        match d.class {
+            Class::Ok => s.ok += 1,
+            Class::Denied => s.denied += 1,
+            Class::Other => s.other += 1,
+        }
+        let us = d.ended.duration_since(d.started).as_micros();
+        s.lat_us.push(u32::try_from(us).unwrap_or(u32::MAX));
+        true
+    }
+
+    /// One operation (two calls when the first is granted); answers the two
+    /// calls' outcomes.
+    async fn op(&self, user: usize, inv: &str) -> (Done, Option<Done>) {
+        match self.mode {
+            Mode::Admit => {
+                let body = format!(r#"{{"invocation_id":"{inv}"}}"#);
+                let first = self.send(Method::POST, "/v1/runs", user, Some(body)).await;
+                if first.class != Class::Ok {
+                    return (first, None);
+                }
+                let path = format!("/v1/runs/{inv}");
+                let second = self.send(Method::DELETE, &path, user, None).await;
+                (first, Some(second))
+            }
+            Mode::Reserve => {
+                let body = format!(
+                    r#"{{"invocation_id":"{inv}","estimate":{}}}"#,
+                    self.estimate
+                );
+                let first = self
+                    .send(Method::POST, "/v1/tokens/reserve", user, Some(body))
+                    .await;
+                if first.class != Class::Ok {
+                    return (first, None);
+                }
+                #[derive(Deserialize)]
+                struct Reserved {
+                    reservation_id: String,
+                }
+                let id = match first
+                    .body
+                    .as_deref()
+                    .map(serde_json::from_slice::<Reserved>)
+                {
+                    Some(Ok(r)) => r.reservation_id,
+                    _ => {
+                        self.note(
+                            "2xx without a reservation_id".to_owned(),
+                            first.body.as_deref().unwrap_or_default(),
+                        );
+                        return (first, None);
+                    }
+                };
+                let id = serde_json::to_string(&id).unwrap_or_default();
+                let body = format!(r#"{{"reservation_id":{id},"actual":{}}}"#, self.actual);
+                let second = self
+                    .send(Method::POST, "/v1/tokens/settle", user, Some(body))
+                    .await;
+                (first, Some(second))
+            }
+        }
+    }
+}
+
+/// SplitMix64: a tiny, good-enough PRNG for picking users.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+async fn worker(ctx: Arc<Ctx>, task: usize) -> TaskStats {
+    let mut stats = TaskStats::default();
+    let mut rng = SplitMix(0x5EED ^ (task as u64).wrapping_mul(0x1234_5678_9ABC_DEF1));
+    let users = ctx.tokens.len() as u64;
+    let mut seq = 0_u64;
+    while Instant::now() < ctx.measure_end {
+        let user = usize::try_from(rng.next() % users).unwrap_or(0);
+        seq += 1;
+        let inv = format!("{}-{task}-{seq}", ctx.tag);
+        let (first, second) = ctx.op(user, &inv).await;
+        let counted = ctx.record(&mut stats, 0, &first);
+        if let Some(second) = second {
+            let counted_too = ctx.record(&mut stats, 1, &second);
+            if counted && counted_too && second.class == Class::Ok {
+                stats.pairs += 1;
+            }
+        }
+    }
+    stats
+}
+
+// ---------------------------------------------------------------- CPU
+
+/// utime + stime of a process, clock ticks.
+fn proc_ticks(pid: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) start with the
+    // state, field 3; utime and stime are fields 14 and 15.
+    let rest = s.get(s.rfind(')')? + 1..)?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// The machine's busy ticks (all CPUs) from `/proc/stat`.
+fn machine_busy_ticks() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = s.lines().next()?.strip_prefix("cpu ")?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest is in user).
+    let total: u64 = v.iter().take(8).sum();
+    Some(total - v.get(3)? - v.get(4)?)
+}
+
+fn clock_ticks_per_s() -> f64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// The process listening on TCP `port` (this network namespace).
+fn pid_listening_on(port: u16) -> Option<u32> {
+    let mut sockets = HashSet::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let c: Vec<&str> = line.split_whitespace().collect();
+            let local_port = c
+                .get(1)
+                .and_then(|a| a.rsplit(':').next())
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            if c.len() > 9 && c[3] == "0A" && local_port == Some(port) {
+                sockets.insert(format!("socket:[{}]", c[9]));
+            }
+        }
+    }
+    if sockets.is_empty() {
+        return None;
+    }
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if let Ok(link) = std::fs::read_link(fd.path())
+                && sockets.contains(link.to_string_lossy().as_ref())
+            {
+                return Some(pid);
+            }
+        }
+    }
+    None
+}
+
+fn url_port(url: &str) -> Option<u16> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split('/').next()?;
+    match authority.rsplit_once(':') {
+        Some((_, p)) => p.parse().ok(),
+        None if url.starts_with("https://") => Some(443),
+        None => Some(80),
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct CpuSnap {
+    me: Option<u64>,
+    server: Option<u64>,
+    redis: Option<u64>,
+    machine: Option<u64>,
+}
+
+fn cpu_snap(server: Option<u32>, redis: Option<u32>) -> CpuSnap {
+    CpuSnap {
+        me: proc_ticks("self"),
+        server: server.and_then(|p| proc_ticks(&p.to_string())),
+        redis: redis.and_then(|p| proc_ticks(&p.to_string())),
+        machine: machine_busy_ticks(),
+    }
+}
+
+// ---------------------------------------------------------------- report
+
+fn percentile(sorted: &[u32], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    // Nearest rank.
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    f64::from(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+fn ms(us: f64) -> String {
+    format!("{:.2} ms", us / 1_000.0)
+}
+
+fn main() -> ExitCode {
+    let args = parse_args();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(
+            args.workers
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, usize::from)),
+        )
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("loadgen: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("loadgen: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(a: Args) -> Result<(), String> {
+    let server_pid = a
+        .server_pid
+        .or_else(|| url_port(&a.url).and_then(pid_listening_on));
+    let redis_pid = a
+        .redis_pid
+        .or_else(|| a.redis_port.and_then(pid_listening_on));
+    if a.redis_port.is_some() && redis_pid.is_none() {
+        eprintln!("loadgen: nothing of mine listens on the --redis-port; no Redis CPU figure");
+    }
+
+    let minted = Instant::now();
+    let tokens = mint_tokens(&a)?;
+    let mint_time = minted.elapsed();
+
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(a.concurrency)
+        .pool_idle_timeout(Duration::from_secs(90))
+        .build(connector);
+
+    let readyz = format!("{}/readyz", a.url)
+        .parse()
+        .map_err(|e| format!("--url {}: {e}", a.url))?;
+    let ready = client
+        .get(readyz)
+        .await
+        .map_err(|e| format!("{} does not answer: {e}", a.url))?;
+    if !ready.status().is_success() {
+        return Err(format!("{}/readyz answered {}", a.url, ready.status()));
+    }
+
+    let tag = format!(
+        "lg{:x}",
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros())
+            ^ u128::from(std::process::id())
+    );
+    let now = Instant::now();
+    let mut ctx = Ctx {
+        client,
+        url: a.url.clone(),
+        mode: a.mode,
+        tokens,
+        estimate: a.estimate,
+        actual: a.actual,
+        tag,
+        measure_start: now,
+        measure_end: now,
+        refusals: Mutex::new(BTreeMap::new()),
+    };
+
+    // One operation before anything is timed: fail fast on a token the
+    // server refuses (401) or a config that denies everything.
+    let (first, second) = ctx.op(0, &format!("{}-check", ctx.tag)).await;
+    let second_ok = second.as_ref().is_none_or(|d| d.class == Class::Ok);
+    if first.class != Class::Ok || !second_ok {
+        let body = second
+            .as_ref()
+            .filter(|_| first.class == Class::Ok)
+            .unwrap_or(&first)
+            .body
+            .as_deref()
+            .map(String::from_utf8_lossy)
+            .unwrap_or_default()
+            .into_owned();
+        return Err(format!("the check operation was refused: {body}"));
+    }
+
+    let start = Instant::now();
+    ctx.measure_start = start + a.warmup;
+    ctx.measure_end = ctx.measure_start + a.duration;
+    let ctx = Arc::new(ctx);
+    let tasks: Vec<_> = (0..a.concurrency)
+        .map(|t| tokio::spawn(worker(ctx.clone(), t)))
+        .collect();
+
+    tokio::time::sleep_until(ctx.measure_start.into()).await;
+    let before = cpu_snap(server_pid, redis_pid);
+    let t0 = Instant::now();
+    tokio::time::sleep_until(ctx.measure_end.into()).await;
+    let after = cpu_snap(server_pid, redis_pid);
+    let cpu_wall = t0.elapsed().as_secs_f64();
+
+    let mut calls = [CallStats::default(), CallStats::default()];
+    let mut pairs = 0_u64;
+    for t in tasks {
+        let s = t.await.map_err(|e| format!("a task failed: {e}"))?;
+        let [c0, c1] = s.calls;
+        calls[0].merge(c0);
+        calls[1].merge(c1);
+        pairs += s.pairs;
+    }
+
+    // ------------------------------------------------------------ print
+    let secs = a.duration.as_secs_f64();
+    let names = a.mode.calls();
+    let total_calls: u64 = calls.iter().map(CallStats::total).sum();
+    println!(
+        "loadgen: {} mode against {} (server pid {}), concurrency {}, {} users, warm-up {:.1} s, measured {:.1} s; {} tokens minted in {:.2} s before the run",
+        match a.mode {
+            Mode::Admit => "admit+release",
+            Mode::Reserve => "reserve+settle",
+        },
+        a.url,
+        server_pid.map_or("unknown".to_owned(), |p| p.to_string()),
+        a.concurrency,
+        a.users,
+        a.warmup.as_secs_f64(),
+        secs,
+        ctx.tokens.len(),
+        mint_time.as_secs_f64(),
+    );
+    println!(
+        "decisions/s {:.0}   pairs/s {:.0}   ({} calls, {} complete pairs in the window)",
+        total_calls as f64 / secs,
+        pairs as f64 / secs,
+        total_calls,
+        pairs
+    );
+    let mut all: Vec<u32> = Vec::with_capacity(calls[0].lat_us.len() + calls[1].lat_us.len());
+    println!(
+        "{:<26} {:>9} {:>7} {:>7} {:>10} {:>10} {:>10} {:>10}",
+        "call", "2xx", "429", "other", "p50", "p99", "p99.9", "max"
+    );
+    for (name, c) in names.iter().zip(calls.iter_mut()) {
+        c.lat_us.sort_unstable();
+        all.extend_from_slice(&c.lat_us);
+        println!(
+            "{:<26} {:>9} {:>7} {:>7} {:>10} {:>10} {:>10} {:>10}",
+            name,
+            c.ok,
+            c.denied,
+            c.other,
+            ms(percentile(&c.lat_us, 50.0)),
+            ms(percentile(&c.lat_us, 99.0)),
+            ms(percentile(&c.lat_us, 99.9)),
+            ms(percentile(&c.lat_us, 100.0)),
+        );
+    }
+    all.sort_unstable();
+    let (ok, denied, other) = calls.iter().fold((0, 0, 0), |(o, d, x), c| {
+        (o + c.ok, d + c.denied, x + c.other)
+    });
+    println!(
+        "{:<26} {:>9} {:>7} {:>7} {:>10} {:>10} {:>10} {:>10}",
+        "every call",
+        ok,
+        denied,
+        other,
+        ms(percentile(&all, 50.0)),
+        ms(percentile(&all, 99.0)),
+        ms(percentile(&all, 99.9)),
+        ms(percentile(&all, 100.0)),
+    );
+
+    let hz = clock_ticks_per_s();
+    let pct = |b: Option<u64>, a: Option<u64>| -> Option<f64> {
+        Some(a?.checked_sub(b?)? as f64 / hz / cpu_wall * 100.0)
+    };
+    let me = pct(before.me, after.me);
+    let server = pct(before.server, after.server);
+    let redis = pct(before.redis, after.redis);
+    let machine = pct(before.machine, after.machine);
+    let other_cpu =
+        machine.map(|m| m - me.unwrap_or(0.0) - server.unwrap_or(0.0) - redis.unwrap_or(0.0));
+    let show = |v: Option<f64>| v.map_or("n/a".to_owned(), |v| format!("{v:.0} %"));
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    println!(
+        "CPU (% of one core; {cores} cores = {} %): loadgen {}, server {}, redis-server {}, other {}, machine busy {}",
+        cores * 100,
+        show(me),
+        show(server),
+        show(redis),
+        show(other_cpu),
+        show(machine),
+    );
+    let refusals = ctx.refusals.lock();
+    if refusals.is_empty() {
+        println!("non-2xx answers (whole run, warm-up included): none");
+    } else {
+        println!("non-2xx answers (whole run, warm-up included):");
+        for (what, (n, example)) in refusals.iter() {
+            println!("  {n:>9} × {what}: {example}");
+        }
+    }
+    println!(
+        "RESULT\tmode={}\tdecisions_per_s={:.0}\tpairs_per_s={:.0}\tp50_ms={:.3}\tp99_ms={:.3}\tcpu_loadgen={}\tcpu_server={}\tcpu_redis={}\tcpu_other={}\t2xx={ok}\t429={denied}\tother={other}",
+        match a.mode {
+            Mode::Admit => "admit",
+            Mode::Reserve => "reserve",
+        },
+        total_calls as f64 / secs,
+        pairs as f64 / secs,
+        percentile(&all, 50.0) / 1_000.0,
+        percentile(&all, 99.0) / 1_000.0,
+        show(me),
+        show(server),
+        show(redis),
+        show(other_cpu),
+    );
+    Ok(())
+}
