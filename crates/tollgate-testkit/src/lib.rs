@@ -36,58 +36,13 @@ pub fn clock() -> FakeClock {
     FakeClock::new(T0)
 }
 
-/// Runs every scenario against fresh stores from `make`, in order; panics on
-/// the first failure with the scenario's name.
-pub async fn run_all<S, F, Fut>(make: F)
-where
-    S: Store + Clone,
-    F: Fn(FakeClock) -> Fut,
-    Fut: Future<Output = S>,
-{
-    macro_rules! each {
-        ($($name:ident),* $(,)?) => {$(
-            let c = clock();
-            let store = make(c.clone()).await;
-            eprintln!("conformance: {}", stringify!($name));
-            scenarios::$name(store, c).await;
-        )*};
-    }
-    each!(
-        example_1_turn_burst,
-        example_2_steady_turns,
-        example_3_token_wait_boundary,
-        example_4_concurrency,
-        provider_example,
-        settle_and_refund_once,
-        reservations_are_per_user,
-        max_llm_calls,
-        idempotent_admission,
-        release_and_renew_by_id,
-        session_fencing,
-        shadow_mode,
-        clock_steps_back,
-        waiting_reserve,
-        abandoned_wait_is_refunded,
-        take_many_all_or_nothing,
-        cooldown,
-        inspection_and_reset,
-        exceeds_capacity,
-        lowered_capacity_applies_at_refill,
-        both_limits_fail,
-        refused_calls_are_not_counted,
-        period_change_keeps_tokens,
-        renew_never_shortens,
-        reclaimed_leases_are_counted,
-        run_records_are_bounded,
-    );
-}
-
-/// Expands to one `#[tokio::test]` per conformance scenario, each building a
-/// fresh store with `$make` (a `Fn(FakeClock) -> impl Future<Output = S>`).
+/// Calls `$m!` with every scenario's name, once: the one list the test
+/// macro and [`run_all`] both expand.
+#[doc(hidden)]
 #[macro_export]
-macro_rules! conformance_tests {
-    ($make:expr) => {
-        $crate::conformance_tests!(@each $make;
+macro_rules! for_each_scenario {
+    ($m:path; $($args:tt)*) => {
+        $m!($($args)*;
             example_1_turn_burst,
             example_2_steady_turns,
             example_3_token_wait_boundary,
@@ -113,8 +68,36 @@ macro_rules! conformance_tests {
             period_change_keeps_tokens,
             renew_never_shortens,
             reclaimed_leases_are_counted,
-            run_records_are_bounded,
+            run_records_are_bounded
         );
+    };
+}
+
+/// Runs every scenario against fresh stores from `make`, in order; panics on
+/// the first failure with the scenario's name.
+pub async fn run_all<S, F, Fut>(make: F)
+where
+    S: Store + Clone,
+    F: Fn(FakeClock) -> Fut,
+    Fut: Future<Output = S>,
+{
+    macro_rules! each {
+        ($make:ident; $($name:ident),* $(,)?) => {$(
+            let c = clock();
+            let store = $make(c.clone()).await;
+            eprintln!("conformance: {}", stringify!($name));
+            scenarios::$name(store, c).await;
+        )*};
+    }
+    for_each_scenario!(each; make);
+}
+
+/// Expands to one `#[tokio::test]` per conformance scenario, each building a
+/// fresh store with `$make` (a `Fn(FakeClock) -> impl Future<Output = S>`).
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:expr) => {
+        $crate::for_each_scenario!($crate::conformance_tests; @each $make);
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {$(
         #[tokio::test]
