@@ -17,8 +17,8 @@ use tollgate_core::store::{
     ReserveRequest, SettleOutcome, SettleRequest, TopUser, TurnOutcome, TurnRequest, UserState,
 };
 use tollgate_core::{
-    BucketSpec, FakeClock, Limiter, MemoryStore, PlanConfig, PlansConfig, RateConfig, Store,
-    StoreError, StoreErrorKind,
+    BucketSpec, FakeClock, Limiter, MemoryStore, PlanConfig, PlansConfig, Store, StoreError,
+    StoreErrorKind,
 };
 use tollgate_tower::{
     HeaderIdentity, IdentityExtractor, ResponseBody, SHADOW_DENIED_HEADER, TurnChecked, TurnRate,
@@ -26,28 +26,13 @@ use tollgate_tower::{
 };
 use tower::{Layer, Service, ServiceExt, service_fn};
 
-/// SPEC's t = 0.
-const T0: u64 = 1_700_000_000_000;
+use tollgate_testkit::T0;
 
-/// Plan "support" of SPEC §7: 20 turns/min, burst 5; 2 concurrent runs.
+/// Plan "support" of SPEC §7 (the testkit's), optionally in shadow mode.
 fn support(shadow: bool) -> PlanConfig {
     PlanConfig {
-        turns: RateConfig {
-            amount: 20,
-            period_ms: 60_000,
-            burst: Some(5),
-        },
-        tokens: RateConfig {
-            amount: 60_000,
-            period_ms: 60_000,
-            burst: Some(60_000),
-        },
-        max_wait_ms: 2_000,
-        concurrent_runs: 2,
-        lease_ttl_ms: None,
-        concurrency_retry_ms: None,
-        max_llm_calls: None,
         shadow,
+        ..tollgate_testkit::scenarios::support()
     }
 }
 
