@@ -265,6 +265,28 @@ pub struct TopUser {
     pub tokens_last_minute: i64,
 }
 
+/// Tokens over the last 60 s from per-minute counts: this minute's plus the
+/// share of the previous minute that still overlaps the window (rounded
+/// down). Every store estimates "the last minute" with this one rule.
+pub fn sliding_minute(current: i64, previous: i64, now_ms: u64) -> i64 {
+    let into = i128::from(now_ms % 60_000);
+    let prev = (i128::from(previous) * (60_000 - into)).div_euclid(60_000);
+    current.saturating_add(prev as i64)
+}
+
+/// Orders users by tokens (most first, ties by user id), keeps those with
+/// tokens > 0, at most `n`: the ranking every store's `top_users` answers.
+pub fn rank_top(mut users: Vec<TopUser>, n: usize) -> Vec<TopUser> {
+    users.retain(|t| t.tokens_last_minute > 0);
+    users.sort_by(|a, b| {
+        b.tokens_last_minute
+            .cmp(&a.tokens_last_minute)
+            .then_with(|| a.user.cmp(&b.user))
+    });
+    users.truncate(n);
+    users
+}
+
 /// Where tollgate keeps its state. One async trait; the in-memory store
 /// returns ready futures.
 ///

@@ -16,7 +16,7 @@ use tollgate_core::store::memory::MAX_TRACKED_RUNS;
 use tollgate_core::store::{
     AppendOutcome, BucketTake, CooldownCheck, FenceCheck, MultiTake, RESERVATION_RETENTION_MS,
     ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome, SettleRequest, TopUser,
-    TurnOutcome, TurnRequest, UserState,
+    TurnOutcome, TurnRequest, UserState, rank_top, sliding_minute,
 };
 use tollgate_core::{BucketSpec, Clock, Denial, Limit, Store, StoreError};
 
@@ -667,28 +667,19 @@ impl Store for RedisStore {
             let s: Vec<Option<f64>> = self.cmd("top_users", &c).await?;
             scores.push(s);
         }
-        let into = i128::from(now % 60_000);
-        let mut all: Vec<TopUser> = candidates
+        let all: Vec<TopUser> = candidates
             .into_iter()
             .enumerate()
             .map(|(i, user)| {
                 let c = scores[0][i].unwrap_or(0.0) as i64;
                 let p = scores[1][i].unwrap_or(0.0) as i64;
-                let prev = (i128::from(p) * (60_000 - into)).div_euclid(60_000) as i64;
                 TopUser {
                     user,
-                    tokens_last_minute: c.saturating_add(prev),
+                    tokens_last_minute: sliding_minute(c, p, now),
                 }
             })
-            .filter(|t| t.tokens_last_minute > 0)
             .collect();
-        all.sort_by(|a, b| {
-            b.tokens_last_minute
-                .cmp(&a.tokens_last_minute)
-                .then_with(|| a.user.cmp(&b.user))
-        });
-        all.truncate(n);
-        Ok(all)
+        Ok(rank_top(all, n))
     }
 
     async fn reset_user(&self, user: &str) -> Result<bool, StoreError> {

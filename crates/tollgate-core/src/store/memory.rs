@@ -272,9 +272,7 @@ impl Usage {
     fn last_minute(&self, now: u64) -> i64 {
         let mut u = *self;
         u.roll(now);
-        let into = i128::from(now % 60_000);
-        let prev = (i128::from(u.previous) * (60_000 - into)).div_euclid(60_000);
-        u.current.saturating_add(prev as i64)
+        super::sliding_minute(u.current, u.previous, now)
     }
 
     fn expires_at(&self) -> u64 {
@@ -917,13 +915,7 @@ impl Store for MemoryStore {
                 });
             }
         });
-        all.sort_by(|a, b| {
-            b.tokens_last_minute
-                .cmp(&a.tokens_last_minute)
-                .then_with(|| a.user.cmp(&b.user))
-        });
-        all.truncate(n);
-        Ok(all)
+        Ok(super::rank_top(all, n))
     }
 
     async fn reset_user(&self, user: &str) -> Result<bool, StoreError> {
