@@ -31,8 +31,15 @@
 use std::sync::Arc;
 
 mod bulkhead;
+mod estimator;
+mod model;
 
 pub use bulkhead::ToolBulkhead;
+pub use estimator::{CallShape, Estimator, MovingAverage, Usage};
+pub use model::{
+    IDENTITY_EXTENSION, LimitedLlm, ModelCallEvent, RefundReason, identify_calls,
+    stopped_early_message,
+};
 
 use adk_core::{Content, InvocationContext};
 use adk_plugin::{Plugin, PluginConfig};

@@ -17,6 +17,9 @@ pub const DEFAULT_LEASE_TTL_MS: u64 = 120_000;
 pub const DEFAULT_CONCURRENCY_RETRY_MS: u64 = 1_000;
 /// Default model calls per run (SPEC §1): 500.
 pub const DEFAULT_MAX_LLM_CALLS: u64 = 500;
+/// Default tokens estimated for a model call before anything is known about
+/// it: 1,000 (capped at the plan's token burst).
+pub const DEFAULT_ESTIMATE_TOKENS: u64 = 1_000;
 
 /// A rate as written in config: `amount` per `period_ms`, bursting to `burst`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,6 +56,11 @@ pub struct PlanConfig {
     /// Model calls per run (default 500).
     #[serde(default)]
     pub max_llm_calls: Option<i64>,
+    /// Tokens a model call is estimated at before anything is known about
+    /// it (default 1,000, capped at `tokens.burst`). Estimators start here
+    /// and learn from actual usage.
+    #[serde(default)]
+    pub estimate_tokens: Option<i64>,
     /// Shadow mode: decide and count, but never refuse.
     #[serde(default)]
     pub shadow: bool,
@@ -83,6 +91,9 @@ pub struct PlanOverride {
     /// Replaces `max_llm_calls`.
     #[serde(default)]
     pub max_llm_calls: Option<i64>,
+    /// Replaces `estimate_tokens`.
+    #[serde(default)]
+    pub estimate_tokens: Option<i64>,
     /// Replaces `shadow`.
     #[serde(default)]
     pub shadow: Option<bool>,
@@ -126,6 +137,8 @@ pub struct Plan {
     pub concurrency_retry_ms: u64,
     /// Model calls per run.
     pub max_llm_calls: u64,
+    /// Tokens a model call is estimated at before anything is known.
+    pub estimate_tokens: u64,
     /// Shadow mode.
     pub shadow: bool,
 }
@@ -263,6 +276,23 @@ impl Check {
             &format!("{path}.max_llm_calls"),
             c.max_llm_calls.unwrap_or(DEFAULT_MAX_LLM_CALLS as i64),
         );
+        let estimate_tokens = match c.estimate_tokens {
+            Some(e) => {
+                let path = format!("{path}.estimate_tokens");
+                let e = self.positive(&path, e);
+                if e > tokens.capacity() {
+                    self.err(
+                        &path,
+                        format!(
+                            "must not exceed tokens.burst ({}; got {e})",
+                            tokens.capacity()
+                        ),
+                    );
+                }
+                e
+            }
+            None => DEFAULT_ESTIMATE_TOKENS.min(tokens.capacity()),
+        };
         Plan {
             name: name.into(),
             turns,
@@ -272,6 +302,7 @@ impl Check {
             lease_ttl_ms,
             concurrency_retry_ms,
             max_llm_calls,
+            estimate_tokens,
             shadow: c.shadow,
         }
     }
@@ -286,6 +317,7 @@ fn apply(base: &PlanConfig, o: &PlanOverride) -> PlanConfig {
         lease_ttl_ms: o.lease_ttl_ms.or(base.lease_ttl_ms),
         concurrency_retry_ms: o.concurrency_retry_ms.or(base.concurrency_retry_ms),
         max_llm_calls: o.max_llm_calls.or(base.max_llm_calls),
+        estimate_tokens: o.estimate_tokens.or(base.estimate_tokens),
         shadow: o.shadow.unwrap_or(base.shadow),
     }
 }
@@ -394,6 +426,7 @@ mod tests {
             lease_ttl_ms: None,
             concurrency_retry_ms: None,
             max_llm_calls: None,
+            estimate_tokens: Some(6_000),
             shadow: false,
         }
     }
@@ -425,6 +458,32 @@ mod tests {
         assert_eq!(anyone.lease_ttl_ms, 120_000);
         assert_eq!(anyone.max_llm_calls, 500);
         assert_eq!(anyone.concurrency_retry_ms, 1_000);
+        assert_eq!(anyone.estimate_tokens, 6_000);
+    }
+
+    #[test]
+    fn estimate_defaults_within_the_burst_and_may_not_exceed_it() {
+        let mut small = support();
+        small.estimate_tokens = None;
+        small.tokens.burst = Some(500);
+        let mut plain = support();
+        plain.estimate_tokens = None;
+        let mut cfg = PlansConfig::default();
+        cfg.plans.insert("small".into(), small.clone());
+        cfg.plans.insert("plain".into(), plain);
+        let book = cfg.validate().unwrap();
+        assert_eq!(book.plan("small").unwrap().estimate_tokens, 500);
+        assert_eq!(book.plan("plain").unwrap().estimate_tokens, 1_000);
+
+        small.estimate_tokens = Some(501);
+        let mut cfg = PlansConfig::default();
+        cfg.plans.insert("small".into(), small);
+        let err = cfg.validate().unwrap_err();
+        assert_eq!(err.errors[0].path, "plans.small.estimate_tokens");
+        assert!(
+            err.to_string()
+                .contains("must not exceed tokens.burst (500")
+        );
     }
 
     #[test]

@@ -33,6 +33,7 @@ fn plans() -> tollgate_core::PlanBook {
         lease_ttl_ms: None,
         concurrency_retry_ms: None,
         max_llm_calls: None,
+        estimate_tokens: None,
         shadow: false,
     };
     let mut cfg = PlansConfig {

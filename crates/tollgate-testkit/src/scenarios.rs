@@ -33,6 +33,7 @@ pub fn support() -> PlanConfig {
         lease_ttl_ms: None,
         concurrency_retry_ms: None,
         max_llm_calls: None,
+        estimate_tokens: Some(6_000),
         shadow: false,
     }
 }

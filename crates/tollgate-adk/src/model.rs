@@ -1,0 +1,595 @@
+//! [`LimitedLlm`]: the per-user token rate and `max_llm_calls` around any
+//! adk [`Llm`].
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use adk_core::{
+    AdkError, BeforeModelCallback, BeforeModelResult, CallbackContext, Content, ErrorCategory,
+    ErrorComponent, Llm, LlmRequest, LlmResponse, LlmResponseStream, async_trait,
+};
+use futures::Stream;
+use tollgate_core::{Decision, Denial, Limit, Limiter, LimiterError, ReservationId, Store};
+
+use crate::estimator::{CallShape, Estimator, MovingAverage, Usage};
+
+/// The key under `LlmRequest.config.extensions` where [`identify_calls`]
+/// puts the caller's identity for [`LimitedLlm`] (which removes it before
+/// the inner model sees the request).
+pub const IDENTITY_EXTENSION: &str = "tollgate";
+
+/// What [`LimitedLlm`] decided about one model call, for logs, metrics and
+/// tests ([`LimitedLlm::on_event`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ModelCallEvent {
+    /// Tokens were reserved (after waiting `waited_ms` on the clock) and
+    /// the model is being called.
+    Reserved {
+        /// The user.
+        user: String,
+        /// The reservation, `"{call}.{invocation_id}"`.
+        reservation: ReservationId,
+        /// The tokens reserved.
+        estimate: u64,
+        /// How long the call waited for them, ms.
+        waited_ms: u64,
+        /// Set in shadow mode when enforcement would have refused.
+        shadow_denied: Option<Denial>,
+    },
+    /// The call was refused; the model was not called and the run was told
+    /// it stopped early.
+    Refused {
+        /// The user.
+        user: String,
+        /// The run.
+        invocation_id: String,
+        /// The tokens asked for.
+        estimate: u64,
+        /// Why.
+        denial: Denial,
+    },
+    /// The call ended and its reservation was settled with `actual` tokens
+    /// (the estimate when the model reported no usage).
+    Settled {
+        /// The user.
+        user: String,
+        /// The reservation.
+        reservation: ReservationId,
+        /// The tokens reserved.
+        estimate: u64,
+        /// The tokens charged.
+        actual: u64,
+        /// Whether usage metadata was reported (else `actual` is the
+        /// estimate).
+        reported: bool,
+    },
+    /// The reservation was given back: the model failed, or its stream was
+    /// dropped before any usage was seen.
+    Refunded {
+        /// The user.
+        user: String,
+        /// The reservation.
+        reservation: ReservationId,
+        /// The tokens given back.
+        estimate: u64,
+        /// Why.
+        reason: RefundReason,
+    },
+}
+
+/// Why a reservation was refunded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RefundReason {
+    /// The model answered an error (at the call, in the stream, or as an
+    /// `error_code` in a response).
+    ModelError,
+    /// The response stream was dropped before it ended and before any
+    /// usage was reported.
+    Dropped,
+}
+
+type Observer = Arc<dyn Fn(&ModelCallEvent) + Send + Sync>;
+
+/// Wraps an adk [`Llm`] so that every model call is admitted by a tollgate
+/// [`Limiter`]: the user's token rate and the run's `max_llm_calls`
+/// (SPEC §1–2).
+///
+/// Before each call it estimates the tokens ([`Estimator`]; by default a
+/// per-agent [`MovingAverage`] seeded by the plan's `estimate_tokens`),
+/// reserves them — waiting on the limiter's clock up to the plan's
+/// `max_wait_ms`, or refusing — and counts the call against the run's
+/// `max_llm_calls`. A refused call does not reach the model: the run gets a
+/// plain response saying the work stopped early and why, which ends the
+/// agent's turn.
+///
+/// The reservation is closed exactly once on every path:
+/// - after the final non-partial chunk (`turn_complete`, or the end of the
+///   stream) it is **settled** with the usage metadata (prompt + output);
+///   with no usage reported, with the estimate;
+/// - on a model error (the call fails, the stream yields an error, or a
+///   response carries an `error_code`) it is **refunded**;
+/// - if the stream is dropped before its end, it is settled with the usage
+///   seen so far, or refunded if none was seen (on a spawned task: a tokio
+///   runtime must be running).
+///
+/// # Identity
+///
+/// adk's [`Llm::generate_content`] receives only the request, so the
+/// caller's identity travels in it: add [`identify_calls`] as a
+/// `before_model_callback` of every agent using this model. It copies the
+/// invocation context's user id (which the host must set from a verified
+/// principal), invocation id and agent name into the request; this wrapper
+/// takes them out again before calling the inner model. A request without
+/// them fails with the error code `tollgate.unidentified` rather than run
+/// unlimited.
+///
+/// # Errors
+///
+/// A limiter failure (store down under `fail_closed`, no plan for the user)
+/// fails the call with `tollgate.unavailable` (category `Unavailable`); the
+/// model is not called.
+pub struct LimitedLlm<L, S> {
+    inner: L,
+    limiter: Arc<Limiter<S>>,
+    estimator: Arc<dyn Estimator>,
+    observer: Option<Observer>,
+}
+
+impl<L, S> std::fmt::Debug for LimitedLlm<L, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LimitedLlm").finish_non_exhaustive()
+    }
+}
+
+impl<L: Llm, S: Store + Clone> LimitedLlm<L, S> {
+    /// `inner`, limited by `limiter`, with a [`MovingAverage`] estimator.
+    pub fn new(inner: L, limiter: Arc<Limiter<S>>) -> Self {
+        Self {
+            inner,
+            limiter,
+            estimator: Arc::new(MovingAverage::new()),
+            observer: None,
+        }
+    }
+
+    /// Replaces the estimator.
+    pub fn with_estimator(mut self, estimator: impl Estimator) -> Self {
+        self.estimator = Arc::new(estimator);
+        self
+    }
+
+    /// Calls `observer` with every decision (reserve, refuse, settle,
+    /// refund). It runs inline on the model call's path: keep it cheap.
+    pub fn on_event(mut self, observer: impl Fn(&ModelCallEvent) + Send + Sync + 'static) -> Self {
+        self.observer = Some(Arc::new(observer));
+        self
+    }
+
+    /// The wrapped model.
+    pub fn inner(&self) -> &L {
+        &self.inner
+    }
+
+    /// The estimator in use.
+    pub fn estimator(&self) -> &Arc<dyn Estimator> {
+        &self.estimator
+    }
+}
+
+/// The identity [`identify_calls`] stores in a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct CallIdentity {
+    user: String,
+    invocation_id: String,
+    agent: String,
+    /// Whether the request had no `config` before the identity was added
+    /// (so the inner model gets the request exactly as the agent built it).
+    config_was_none: bool,
+}
+
+impl CallIdentity {
+    fn attach(self, request: &mut LlmRequest) {
+        let value = serde_json::json!({
+            "user": self.user,
+            "invocation_id": self.invocation_id,
+            "agent": self.agent,
+            "config_was_none": self.config_was_none,
+        });
+        request
+            .config
+            .get_or_insert_with(Default::default)
+            .extensions
+            .insert(IDENTITY_EXTENSION.to_owned(), value);
+    }
+
+    /// Removes the identity from `request`, restoring it as it was.
+    fn detach(request: &mut LlmRequest) -> Option<Self> {
+        let value = request
+            .config
+            .as_mut()?
+            .extensions
+            .remove(IDENTITY_EXTENSION)?;
+        let text = |k: &str| value.get(k)?.as_str().map(str::to_owned);
+        let identity = Self {
+            user: text("user")?,
+            invocation_id: text("invocation_id")?,
+            agent: text("agent")?,
+            config_was_none: value
+                .get("config_was_none")
+                .and_then(serde_json::Value::as_bool)
+                .unwrap_or(false),
+        };
+        if identity.config_was_none
+            && request.config.as_ref().is_some_and(|c| {
+                c.extensions.is_empty()
+                    && serde_json::to_value(c).ok()
+                        == serde_json::to_value(adk_core::GenerateContentConfig::default()).ok()
+            })
+        {
+            request.config = None;
+        }
+        Some(identity)
+    }
+}
+
+/// The `before_model_callback` that tells [`LimitedLlm`] who is calling:
+/// add it to every agent whose model is a `LimitedLlm`
+/// (`LlmAgentBuilder::before_model_callback(tollgate_adk::identify_calls())`).
+pub fn identify_calls() -> BeforeModelCallback {
+    Box::new(|ctx: Arc<dyn CallbackContext>, mut request: LlmRequest| {
+        let identity = CallIdentity {
+            user: ctx.user_id().to_owned(),
+            invocation_id: ctx.invocation_id().to_owned(),
+            agent: ctx.agent_name().to_owned(),
+            config_was_none: request.config.is_none(),
+        };
+        identity.attach(&mut request);
+        Box::pin(async move { Ok(BeforeModelResult::Continue(request)) })
+    })
+}
+
+/// The plain text a run gets when its model call is refused: the work
+/// stopped early, and why.
+pub fn stopped_early_message(denial: &Denial) -> String {
+    match *denial {
+        Denial::Limited { limit, .. } => {
+            let secs = denial.retry_after_secs().unwrap_or(1).max(1);
+            let what = match limit {
+                Limit::TokenRate => "your per-minute token limit".to_owned(),
+                other => format!("the {other} limit"),
+            };
+            format!("I stopped early because {what} was reached. Please try again in {secs} s.")
+        }
+        Denial::CapReached {
+            limit: Limit::MaxLlmCalls,
+            cap,
+        } => format!(
+            "I stopped early because this turn reached its limit of {cap} model calls. \
+             Please rephrase or split the request."
+        ),
+        Denial::ExceedsCapacity { cost, max_cost, .. } => format!(
+            "I stopped early because this request needs about {cost} tokens, more than the \
+             {max_cost} your per-minute token limit allows at once. Please shorten it."
+        ),
+        Denial::CapReached { limit, cap } => {
+            format!("I stopped early because the {limit} limit of {cap} was reached.")
+        }
+        // `Denial` is non-exhaustive.
+        _ => format!("I stopped early because a limit was reached ({denial})."),
+    }
+}
+
+fn unavailable(error: &LimiterError) -> AdkError {
+    AdkError::new(
+        ErrorComponent::Model,
+        ErrorCategory::Unavailable,
+        "tollgate.unavailable",
+        format!("model call not admitted: {error}"),
+    )
+}
+
+#[async_trait]
+impl<L: Llm, S: Store + Clone> Llm for LimitedLlm<L, S> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    async fn generate_content(
+        &self,
+        mut request: LlmRequest,
+        stream: bool,
+    ) -> adk_core::Result<LlmResponseStream> {
+        let Some(who) = CallIdentity::detach(&mut request) else {
+            return Err(AdkError::new(
+                ErrorComponent::Model,
+                ErrorCategory::InvalidInput,
+                "tollgate.unidentified",
+                "LimitedLlm needs the caller's identity: add \
+                 tollgate_adk::identify_calls() as a before_model_callback of the agent",
+            ));
+        };
+        let plan = self
+            .limiter
+            .plan_for(&who.user)
+            .map_err(|e| unavailable(&e))?;
+        let shape = CallShape::of(
+            &who.agent,
+            self.inner.name(),
+            &request,
+            plan.estimate_tokens,
+        );
+        let estimate = self.estimator.estimate(&shape).max(1);
+        let request_bytes = shape.request_bytes;
+        let max_output_tokens = shape.max_output_tokens;
+
+        let decision = self
+            .limiter
+            .reserve_tokens_and_wait(&who.user, &who.invocation_id, estimate)
+            .await
+            .map_err(|e| unavailable(&e))?;
+        let (reservation, waited_ms, shadow_denied) = match decision {
+            Decision::Allowed {
+                grant,
+                shadow_denied,
+            } => (grant.id, grant.waited_ms, shadow_denied),
+            Decision::Denied(denial) => {
+                tracing::debug!(user = who.user, invocation = who.invocation_id, estimate, %denial, "model call refused");
+                self.emit(&ModelCallEvent::Refused {
+                    user: who.user.clone(),
+                    invocation_id: who.invocation_id.clone(),
+                    estimate,
+                    denial,
+                });
+                let response = LlmResponse {
+                    content: Some(Content::new("model").with_text(stopped_early_message(&denial))),
+                    turn_complete: true,
+                    ..LlmResponse::default()
+                };
+                return Ok(Box::pin(futures::stream::once(async move { Ok(response) })));
+            }
+        };
+        if let Some(denial) = shadow_denied {
+            tracing::info!(user = who.user, reservation = %reservation, %denial, "model call allowed by shadow mode");
+        }
+        self.emit(&ModelCallEvent::Reserved {
+            user: who.user.clone(),
+            reservation: reservation.clone(),
+            estimate,
+            waited_ms,
+            shadow_denied,
+        });
+
+        let mut ticket = Ticket {
+            closing: Some(Closing {
+                limiter: Arc::clone(&self.limiter),
+                estimator: Arc::clone(&self.estimator),
+                observer: self.observer.clone(),
+                user: who.user,
+                agent: who.agent,
+                model: self.inner.name().to_owned(),
+                request_bytes,
+                max_output_tokens,
+                plan_estimate: plan.estimate_tokens,
+                reservation,
+                estimate,
+                usage: None,
+                how: Close::Settle,
+            }),
+        };
+        match self.inner.generate_content(request, stream).await {
+            Ok(inner) => Ok(Box::pin(Metered {
+                inner,
+                ticket,
+                closing: None,
+                done: false,
+            })),
+            Err(error) => {
+                if let Some(pending) = ticket.close(Close::Refund(RefundReason::ModelError)) {
+                    pending.await;
+                }
+                Err(error)
+            }
+        }
+    }
+}
+
+impl<L, S> LimitedLlm<L, S> {
+    fn emit(&self, event: &ModelCallEvent) {
+        if let Some(observer) = &self.observer {
+            observer(event);
+        }
+    }
+}
+
+/// How a reservation is closed.
+#[derive(Debug, Clone, Copy)]
+enum Close {
+    /// Settle with the usage seen (the estimate if none).
+    Settle,
+    /// Give the estimate back.
+    Refund(RefundReason),
+}
+
+/// A boxed close in progress.
+type Pending = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// One open reservation and what is needed to close it once.
+struct Ticket<S: Store> {
+    closing: Option<Closing<S>>,
+}
+
+impl<S: Store> Ticket<S> {
+    /// Notes what `chunk` reports and whether it ends the call: `Some` with
+    /// the way to close it, or `None` to go on.
+    fn see(&mut self, chunk: &LlmResponse) -> Option<Close> {
+        let closing = self.closing.as_mut()?;
+        if let Some(usage) = chunk.usage_metadata.as_ref().and_then(Usage::from_metadata) {
+            closing.usage = Some(usage);
+        }
+        if chunk.error_code.is_some() {
+            Some(Close::Refund(RefundReason::ModelError))
+        } else if !chunk.partial && chunk.turn_complete {
+            Some(Close::Settle)
+        } else {
+            None
+        }
+    }
+
+    /// Starts closing the reservation `how`, on its own task so that
+    /// dropping the returned future does not cancel it; `None` if it was
+    /// already closed.
+    fn close(&mut self, how: Close) -> Option<Pending> {
+        let mut closing = self.closing.take()?;
+        closing.how = how;
+        Some(detach(closing.run()))
+    }
+}
+
+impl<S: Store> Drop for Ticket<S> {
+    fn drop(&mut self) {
+        // Dropped before the end: settle what was seen, or refund.
+        let Some(seen) = self.closing.as_ref().map(|c| c.usage.is_some()) else {
+            return;
+        };
+        let how = if seen {
+            Close::Settle
+        } else {
+            Close::Refund(RefundReason::Dropped)
+        };
+        drop(self.close(how));
+    }
+}
+
+/// Runs `future` on its own task when a tokio runtime is present (the
+/// returned future then only waits for it), else in place.
+fn detach(future: impl Future<Output = ()> + Send + 'static) -> Pending {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => {
+            let task = handle.spawn(future);
+            Box::pin(async move {
+                if let Err(error) = task.await {
+                    tracing::warn!(%error, "closing a model call's reservation failed");
+                }
+            })
+        }
+        Err(_) => {
+            tracing::warn!(
+                "no tokio runtime: a model call's reservation is closed only if its close is awaited"
+            );
+            Box::pin(future)
+        }
+    }
+}
+
+/// Everything needed to close a reservation, detached from the stream.
+struct Closing<S: Store> {
+    limiter: Arc<Limiter<S>>,
+    estimator: Arc<dyn Estimator>,
+    observer: Option<Observer>,
+    user: String,
+    agent: String,
+    model: String,
+    request_bytes: u64,
+    max_output_tokens: Option<u64>,
+    plan_estimate: u64,
+    reservation: ReservationId,
+    estimate: u64,
+    /// The latest usage reported by any chunk.
+    usage: Option<Usage>,
+    how: Close,
+}
+
+impl<S: Store> Closing<S> {
+    async fn run(self) {
+        let event = match self.how {
+            Close::Settle => {
+                let actual = self.usage.map_or(self.estimate, |u| u.total());
+                let result = self
+                    .limiter
+                    .settle(&self.user, &self.reservation, actual)
+                    .await;
+                if let Err(error) = result {
+                    tracing::warn!(user = self.user, reservation = %self.reservation, %error, "settling a model call failed; its estimate stays charged");
+                    return;
+                }
+                if let Some(usage) = self.usage {
+                    let shape = CallShape {
+                        agent: &self.agent,
+                        model: &self.model,
+                        request_bytes: self.request_bytes,
+                        max_output_tokens: self.max_output_tokens,
+                        plan_estimate: self.plan_estimate,
+                    };
+                    self.estimator.observe(&shape, usage);
+                }
+                ModelCallEvent::Settled {
+                    user: self.user,
+                    reservation: self.reservation,
+                    estimate: self.estimate,
+                    actual,
+                    reported: self.usage.is_some(),
+                }
+            }
+            Close::Refund(reason) => {
+                if let Err(error) = self.limiter.refund(&self.user, &self.reservation).await {
+                    tracing::warn!(user = self.user, reservation = %self.reservation, %error, "refunding a model call failed; its estimate stays charged");
+                    return;
+                }
+                ModelCallEvent::Refunded {
+                    user: self.user,
+                    reservation: self.reservation,
+                    estimate: self.estimate,
+                    reason,
+                }
+            }
+        };
+        if let Some(observer) = &self.observer {
+            observer(&event);
+        }
+    }
+}
+
+/// The inner model's stream, closing the reservation once.
+struct Metered<S: Store> {
+    inner: LlmResponseStream,
+    ticket: Ticket<S>,
+    /// The close in progress and the item to pass on once it is done: the
+    /// chunk that ended the call, or the end of the stream.
+    closing: Option<(Pending, Option<adk_core::Result<LlmResponse>>)>,
+    done: bool,
+}
+
+impl<S: Store> Stream for Metered<S> {
+    type Item = adk_core::Result<LlmResponse>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if let Some((pending, _)) = &mut this.closing {
+                std::task::ready!(pending.as_mut().poll(cx));
+                let (_, item) = this.closing.take().expect("a close in progress");
+                this.done |= item.is_none();
+                return Poll::Ready(item);
+            }
+            if this.done {
+                return Poll::Ready(None);
+            }
+            let item = std::task::ready!(this.inner.as_mut().poll_next(cx));
+            let how = match &item {
+                Some(Ok(chunk)) => this.ticket.see(chunk),
+                Some(Err(_)) => Some(Close::Refund(RefundReason::ModelError)),
+                None => Some(Close::Settle),
+            };
+            match how.and_then(|how| this.ticket.close(how)) {
+                Some(pending) => this.closing = Some((pending, item)),
+                None => {
+                    this.done |= item.is_none();
+                    return Poll::Ready(item);
+                }
+            }
+        }
+    }
+}
