@@ -457,6 +457,7 @@ pub async fn shadow_mode<S: Store + Clone>(store: S, clock: FakeClock) {
     plan.turns.burst = Some(1);
     plan.tokens.burst = Some(1_000);
     plan.tokens.amount = 1_000;
+    plan.estimate_tokens = None;
     plan.max_wait_ms = 0;
     let l = limiter_with(store, &clock, plan);
     allowed(&l.admit_turn("u1", "r1").await.unwrap());
