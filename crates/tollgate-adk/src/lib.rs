@@ -1,13 +1,37 @@
 //! # tollgate-adk
 //!
 //! Admission control for [adk-rust](https://crates.io/crates/adk-runner)
-//! agents (version 2.3), on a [`tollgate_core::Limiter`].
+//! agents (version 2.3), on a [`tollgate_core::Limiter`]:
 //!
-//! This first increment provides [`AdmissionPlugin`]: a runner-level
-//! [`adk_plugin::Plugin`] whose `before_run` hook admits each turn (turn
-//! bucket and run lease, SPEC §3) and whose `after_run` hook releases the
-//! run lease. [`ToolBulkhead`] limits the concurrent calls of one adk tool
-//! on this replica.
+//! - [`AdmissionPlugin`]: a runner-level [`adk_plugin::Plugin`] whose
+//!   `before_run` hook admits each turn (turn bucket and run lease, SPEC §3)
+//!   and whose `after_run` hook releases the run lease;
+//! - [`LimitedLlm`]: any adk [`Llm`](adk_core::Llm) under the user's token
+//!   rate and the run's `max_llm_calls` (SPEC §1–2), with a pluggable
+//!   [`Estimator`] (default [`MovingAverage`]) and exactly-once settlement;
+//!   pair it with the [`identify_calls`] callback on each agent;
+//! - [`ToolBulkhead`]: a cap on the concurrent calls of one adk tool on this
+//!   replica.
+//!
+//! ```no_run
+//! # use std::sync::Arc;
+//! # use adk_core::Llm;
+//! # use tollgate_core::{Limiter, MemoryStore};
+//! # fn wire(model: impl Llm + 'static, limiter: Arc<Limiter<MemoryStore>>) -> adk_core::Result<()> {
+//! use tollgate_adk::{AdmissionPlugin, LimitedLlm, identify_calls};
+//!
+//! let agent = adk_agent::LlmAgentBuilder::new("assistant")
+//!     .model(Arc::new(LimitedLlm::new(model, Arc::clone(&limiter))))
+//!     .before_model_callback(identify_calls())
+//!     .build()?;
+//! let plugins = adk_plugin::PluginManager::new(vec![AdmissionPlugin::new(limiter).into_plugin()]);
+//! // Runner::builder().agent(Arc::new(agent)).plugin_manager(Arc::new(plugins))…
+//! # let _ = (agent, plugins); Ok(())
+//! # }
+//! ```
+//!
+//! `examples/agent.rs` runs a whole agent offline and prints every
+//! decision.
 //!
 //! ## Identity
 //!
