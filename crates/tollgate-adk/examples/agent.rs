@@ -9,6 +9,8 @@
 //!
 //! It prints every decision the limiter takes and each turn's answer.
 
+#![allow(clippy::print_stdout)] // a demonstration: printing is its job
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
