@@ -387,8 +387,10 @@ impl<L: Llm, S: Store + Clone> Llm for LimitedLlm<L, S> {
                 done: false,
             })),
             Err(error) => {
+                // On its own task: the refund completes even if this call
+                // is dropped meanwhile.
                 if let Some(pending) = ticket.close(Close::Refund(RefundReason::ModelError)) {
-                    pending.await;
+                    detach(pending).await;
                 }
                 Err(error)
             }
@@ -438,13 +440,12 @@ impl<S: Store> Ticket<S> {
         }
     }
 
-    /// Starts closing the reservation `how`, on its own task so that
-    /// dropping the returned future does not cancel it; `None` if it was
-    /// already closed.
+    /// The close of the reservation `how`, to be awaited (or, if it cannot
+    /// be, handed to [`detach`]); `None` if it was already closed.
     fn close(&mut self, how: Close) -> Option<Pending> {
         let mut closing = self.closing.take()?;
         closing.how = how;
-        Some(detach(closing.run()))
+        Some(Box::pin(closing.run()))
     }
 }
 
@@ -459,13 +460,16 @@ impl<S: Store> Drop for Ticket<S> {
         } else {
             Close::Refund(RefundReason::Dropped)
         };
-        drop(self.close(how));
+        if let Some(pending) = self.close(how) {
+            drop(detach(pending));
+        }
     }
 }
 
 /// Runs `future` on its own task when a tokio runtime is present (the
-/// returned future then only waits for it), else in place.
-fn detach(future: impl Future<Output = ()> + Send + 'static) -> Pending {
+/// returned future then only waits for it, and dropping it does not cancel
+/// the close), else in place.
+fn detach(future: Pending) -> Pending {
     match tokio::runtime::Handle::try_current() {
         Ok(handle) => {
             let task = handle.spawn(future);
@@ -560,6 +564,15 @@ struct Metered<S: Store> {
     /// chunk that ended the call, or the end of the stream.
     closing: Option<(Pending, Option<adk_core::Result<LlmResponse>>)>,
     done: bool,
+}
+
+impl<S: Store> Drop for Metered<S> {
+    fn drop(&mut self) {
+        // A close in progress is finished on its own task.
+        if let Some((pending, _)) = self.closing.take() {
+            drop(detach(pending));
+        }
+    }
 }
 
 impl<S: Store> Stream for Metered<S> {
