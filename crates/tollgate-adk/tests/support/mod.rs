@@ -192,7 +192,7 @@ pub struct Harness<S> {
     pub clock: FakeClock,
     pub limiter: Arc<Limiter<S>>,
     pub runner: Arc<Runner>,
-    pub sessions: Arc<InMemorySessionService>,
+    pub sessions: Arc<dyn SessionService>,
     pub model: Arc<FakeLlm>,
     pub events: Arc<Mutex<Vec<ModelCallEvent>>>,
 }
@@ -228,6 +228,29 @@ impl<S: Store + Clone> Harness<S> {
         model: FakeLlm,
         configure: impl FnOnce(LimitedLlm<Shared, S>) -> LimitedLlm<Shared, S>,
     ) -> Self {
+        Self::assemble(
+            store,
+            clock,
+            plan,
+            model,
+            Arc::new(InMemorySessionService::new()),
+            true,
+            configure,
+        )
+    }
+
+    /// A harness whose runner keeps sessions in `sessions` and, if
+    /// `plugin`, admits turns with the `AdmissionPlugin` (without it, turns
+    /// are admitted by whoever runs them: a `TurnExecutor`).
+    pub fn assemble(
+        store: S,
+        clock: FakeClock,
+        plan: PlanConfig,
+        model: FakeLlm,
+        sessions: Arc<dyn SessionService>,
+        plugin: bool,
+        configure: impl FnOnce(LimitedLlm<Shared, S>) -> LimitedLlm<Shared, S>,
+    ) -> Self {
         let limiter = Arc::new(limiter_with(store, &clock, plan));
         let model = Arc::new(model);
         let events = Arc::new(Mutex::new(Vec::new()));
@@ -242,13 +265,16 @@ impl<S: Store + Clone> Harness<S> {
             .tool(Arc::new(EchoTool))
             .build()
             .expect("agent");
-        let sessions = Arc::new(InMemorySessionService::new());
-        let plugin = AdmissionPlugin::new(Arc::clone(&limiter)).into_plugin();
+        let plugins = if plugin {
+            vec![AdmissionPlugin::new(Arc::clone(&limiter)).into_plugin()]
+        } else {
+            Vec::new()
+        };
         let runner = Runner::builder()
             .app_name(APP)
             .agent(Arc::new(agent))
-            .session_service(Arc::clone(&sessions) as Arc<dyn SessionService>)
-            .plugin_manager(Arc::new(PluginManager::new(vec![plugin])))
+            .session_service(Arc::clone(&sessions))
+            .plugin_manager(Arc::new(PluginManager::new(plugins)))
             .build()
             .expect("runner");
         Self {

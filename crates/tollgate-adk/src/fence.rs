@@ -1,0 +1,52 @@
+//! The fence a turn holds on its session, carried to the session service.
+//!
+//! adk-session's `append_event` carries no fence, so the fence travels
+//! beside the call: while a turn's event stream is polled, the
+//! [`TurnExecutor`](crate::TurnExecutor) sets the turn's [`TurnFence`] as a
+//! task-local value, and [`FencedSessionService`](crate::FencedSessionService)
+//! reads it for every append. A value per turn (not per session) means two
+//! turns of one session in one process never share a fence: a holder whose
+//! lease was taken over keeps appending with its old, now stale, number and
+//! is rejected by the store.
+
+use std::future::Future;
+use std::sync::Arc;
+
+tokio::task_local! {
+    static CURRENT: Arc<TurnFence>;
+}
+
+/// The session lease a turn holds: the store key of its session and the
+/// fencing number it was granted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnFence {
+    /// The session's key in the store ([`session_key`]).
+    pub session_key: String,
+    /// The fencing number the turn's lease was granted.
+    pub fence: u64,
+}
+
+/// The store key of an adk session: its app, user and session id, joined
+/// unambiguously (length-prefixed), so two users' sessions with the same id
+/// never share a lease or a history.
+pub fn session_key(app: &str, user: &str, session: &str) -> String {
+    format!("adk:{}:{app}/{}:{user}/{session}", app.len(), user.len())
+}
+
+/// Runs `future` with `fence` as the current turn's fence: appends it makes
+/// through a [`FencedSessionService`](crate::FencedSessionService) carry it.
+/// For hosts that hold a session lease without the
+/// [`TurnExecutor`](crate::TurnExecutor).
+pub async fn with_fence<F: Future>(fence: TurnFence, future: F) -> F::Output {
+    CURRENT.scope(Arc::new(fence), future).await
+}
+
+/// The current turn's fence, if a turn is being polled.
+pub(crate) fn current_fence() -> Option<Arc<TurnFence>> {
+    CURRENT.try_with(Arc::clone).ok()
+}
+
+/// Calls `f` (one poll) with `fence` as the current turn's fence.
+pub(crate) fn poll_with_fence<T>(fence: &Arc<TurnFence>, f: impl FnOnce() -> T) -> T {
+    CURRENT.sync_scope(Arc::clone(fence), f)
+}
