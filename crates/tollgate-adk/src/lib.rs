@@ -56,10 +56,14 @@ use std::sync::Arc;
 
 mod bulkhead;
 mod estimator;
+mod executor;
+mod fence;
 mod model;
 
 pub use bulkhead::ToolBulkhead;
 pub use estimator::{CallShape, Estimator, MovingAverage, Usage};
+pub use executor::{DEFAULT_SESSION_TTL_MS, TurnError, TurnExecutor, TurnStream};
+pub use fence::{TurnFence, session_key, with_fence};
 pub use model::{
     IDENTITY_EXTENSION, LimitedLlm, ModelCallEvent, RefundReason, identify_calls,
     stopped_early_message,
