@@ -35,6 +35,7 @@
 //! # });
 //! ```
 
+pub mod aimd;
 pub mod bucket;
 pub mod clock;
 pub mod decision;

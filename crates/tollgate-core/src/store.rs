@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::bucket::BucketSpec;
 use crate::decision::Denial;
 use crate::error::StoreError;
+use crate::aimd::AimdParams;
 use crate::lease::{Admit, SessionAcquire, SessionGrant, TurnParams};
 
 pub mod memory;
@@ -342,6 +343,19 @@ pub trait Store: Send + Sync + 'static {
         key: &str,
         until_ms: u64,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// The AIMD state of a provider key (SPEC §5). With `throttled`, a
+    /// per-minute 429 was seen now: the effective rate halves (at most once
+    /// per decrease interval, never below the floor) and the increase clock
+    /// restarts. Without, a read. Answers the effective rate now, in
+    /// permille of the configured rate ([`aimd::FULL`](crate::aimd::FULL) when
+    /// no 429 was seen).
+    fn aimd(
+        &self,
+        key: &str,
+        params: AimdParams,
+        throttled: bool,
+    ) -> impl Future<Output = Result<u32, StoreError>> + Send;
 
     /// Acquire a session lease for `holder` (SPEC §4).
     fn session_acquire(

@@ -16,6 +16,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use tollgate_core::aimd::AimdParams;
 use tollgate_core::lease::{SessionAcquire, SessionGrant, TurnParams};
 use tollgate_core::store::{
     AppendOutcome, BucketTake, CooldownCheck, FenceCheck, MultiTake, ReserveOutcome,
@@ -385,6 +386,20 @@ impl<S: Store> Store for Failover<S> {
             "extend_cooldown",
             self.primary.extend_cooldown(key, until_ms),
             |m, _| m.extend_cooldown(key, until_ms),
+        )
+        .await
+    }
+
+    async fn aimd(
+        &self,
+        key: &str,
+        params: AimdParams,
+        throttled: bool,
+    ) -> Result<u32, StoreError> {
+        self.decide(
+            "aimd",
+            self.primary.aimd(key, params, throttled),
+            |m, _| m.aimd(key, params, throttled),
         )
         .await
     }

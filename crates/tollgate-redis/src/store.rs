@@ -10,6 +10,7 @@ use redis::io::tcp::TcpSettings;
 use redis::{
     Cmd, FromRedisValue, IntoConnectionInfo, Pipeline, RedisFuture, ScriptInvocation, Value,
 };
+use tollgate_core::aimd::{self, AimdParams};
 use tollgate_core::bucket::clamp_ttl;
 use tollgate_core::lease::{Admit, SessionAcquire, SessionGrant};
 use tollgate_core::store::memory::MAX_TRACKED_RUNS;
@@ -500,6 +501,25 @@ impl Store for RedisStore {
             .arg(lua_count(until_ms));
         let r: i64 = self.run("extend_cooldown", &inv).await?;
         Ok(u(r))
+    }
+
+    async fn aimd(
+        &self,
+        key: &str,
+        params: AimdParams,
+        throttled: bool,
+    ) -> Result<u32, StoreError> {
+        let p = params.clamped();
+        let mut inv = self.inner.scripts.aimd.prepare_invoke();
+        inv.key(self.inner.keys.named(key))
+            .arg(self.now_arg())
+            .arg(p.floor_permille)
+            .arg(p.step_permille)
+            .arg(lua_count(p.decrease_interval_ms))
+            .arg(lua_count(p.increase_interval_ms))
+            .arg(u8::from(throttled));
+        let r: i64 = self.run("aimd", &inv).await?;
+        Ok(u32::try_from(r.clamp(0, i64::from(aimd::FULL))).unwrap_or(aimd::FULL))
     }
 
     async fn session_acquire(

@@ -60,6 +60,7 @@ macro_rules! for_each_scenario {
             abandoned_wait_is_refunded,
             take_many_all_or_nothing,
             cooldown,
+            aimd_halves_once_and_recovers,
             inspection_and_reset,
             exceeds_capacity,
             lowered_capacity_applies_at_refill,

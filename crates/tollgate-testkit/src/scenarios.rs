@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use tollgate_core::aimd::AimdParams;
 use tollgate_core::lease::{SessionAcquire, SessionGrant};
 use tollgate_core::store::{
     AppendOutcome, BucketTake, CooldownCheck, FenceCheck, MultiTake, UserState,
@@ -679,6 +680,38 @@ pub async fn take_many_all_or_nothing<S: Store + Clone>(store: S, _clock: FakeCl
         s.take_many(&[take("{t}:b", b, 1, 0)], None).await.unwrap(),
         MultiTake::Granted { wait_ms: 0 }
     );
+}
+
+/// AIMD (SPEC §5): a 429 halves the effective rate at most once per
+/// decrease interval (a burst of 429s counts once), never below the floor;
+/// each quiet increase interval adds 5 %, up to the configured rate; keys
+/// are independent.
+pub async fn aimd_halves_once_and_recovers<S: Store + Clone>(store: S, clock: FakeClock) {
+    let s = &store;
+    let p = AimdParams::default();
+    let k = "{prov:m}:aimd";
+    assert_eq!(s.aimd(k, p, false).await.unwrap(), 1_000, "starts full");
+    assert_eq!(s.aimd(k, p, true).await.unwrap(), 500);
+    for step in [1_000, 3_999] {
+        clock.advance(step);
+        assert_eq!(s.aimd(k, p, true).await.unwrap(), 500, "counted once");
+    }
+    clock.advance(1); // 5,000 ms after the first halving
+    assert_eq!(s.aimd(k, p, true).await.unwrap(), 250);
+    assert_eq!(s.aimd("{prov:other}:aimd", p, false).await.unwrap(), 1_000);
+    clock.advance(9_999);
+    assert_eq!(s.aimd(k, p, false).await.unwrap(), 250);
+    clock.advance(1);
+    assert_eq!(s.aimd(k, p, false).await.unwrap(), 300, "+5 % per 10 s");
+    clock.advance(140_000);
+    assert_eq!(s.aimd(k, p, false).await.unwrap(), 1_000, "back to full");
+    for _ in 0..6 {
+        s.aimd(k, p, true).await.unwrap();
+        clock.advance(5_000);
+    }
+    assert_eq!(s.aimd(k, p, false).await.unwrap(), 100, "the floor: 10 %");
+    clock.advance(180_000);
+    assert_eq!(s.aimd(k, p, false).await.unwrap(), 1_000);
 }
 
 /// A cooldown only grows; permits wait it out (block) or are refused with

@@ -281,6 +281,14 @@ impl Store for Flaky {
     ) -> impl Future<Output = Result<u64, StoreError>> + Send {
         self.inner.extend_cooldown(key, until_ms)
     }
+    fn aimd(
+        &self,
+        key: &str,
+        params: tollgate_core::aimd::AimdParams,
+        throttled: bool,
+    ) -> impl Future<Output = Result<u32, StoreError>> + Send {
+        self.inner.aimd(key, params, throttled)
+    }
     fn session_acquire(
         &self,
         session: &str,

@@ -25,6 +25,7 @@ use super::{
     RESERVATION_RETENTION_MS, ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome,
     SettleRequest, Store, TopUser, TurnOutcome, TurnRequest, UserState,
 };
+use crate::aimd::{AimdParams, AimdState};
 use crate::bucket::{self, BucketSpec, BucketState, MAX_SCALED, Take};
 use crate::clock::Clock;
 use crate::decision::{Denial, Limit};
@@ -355,13 +356,14 @@ enum KeyEntry {
     Empty,
     Bucket(BucketState, u64),
     Cooldown(u64),
+    Aimd(AimdState, u64),
 }
 
 impl Expiring for KeyEntry {
     fn expires_at(&self) -> u64 {
         match *self {
             KeyEntry::Empty => 0,
-            KeyEntry::Bucket(_, e) | KeyEntry::Cooldown(e) => e,
+            KeyEntry::Bucket(_, e) | KeyEntry::Cooldown(e) | KeyEntry::Aimd(_, e) => e,
         }
     }
 }
@@ -788,6 +790,30 @@ impl Store for MemoryStore {
             let until = current.max(until_ms.min(MAX_SCALED as u64));
             *e = KeyEntry::Cooldown(until);
             until
+        }))
+    }
+
+    async fn aimd(
+        &self,
+        key: &str,
+        params: AimdParams,
+        throttled: bool,
+    ) -> Result<u32, StoreError> {
+        let now = self.now();
+        let p = params.clamped();
+        Ok(self.inner.keys.with(key, now, |e| {
+            let state = match *e {
+                KeyEntry::Aimd(s, exp) if exp > now => s,
+                _ => AimdState::FULL_RATE,
+            };
+            if !throttled {
+                return state.effective(now, &p);
+            }
+            let next = state.throttled(now, &p);
+            // Back at the configured rate, the state can be forgotten.
+            let until = next.full_at(&p).unwrap_or(now).max(now.saturating_add(1));
+            *e = KeyEntry::Aimd(next, until);
+            next.effective(now, &p)
         }))
     }
 
