@@ -59,6 +59,7 @@ mod estimator;
 mod executor;
 mod fence;
 mod model;
+mod sessions;
 
 pub use bulkhead::ToolBulkhead;
 pub use estimator::{CallShape, Estimator, MovingAverage, Usage};
@@ -68,6 +69,7 @@ pub use model::{
     IDENTITY_EXTENSION, LimitedLlm, ModelCallEvent, RefundReason, identify_calls,
     stopped_early_message,
 };
+pub use sessions::{FenceError, FencedSessionService};
 
 use adk_core::{Content, InvocationContext};
 use adk_plugin::{Plugin, PluginConfig};

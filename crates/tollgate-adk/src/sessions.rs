@@ -1,0 +1,1003 @@
+//! [`FencedSessionService`]: an adk-session `SessionService` kept in a
+//! tollgate `Store`, whose event appends are fenced by the turn's session
+//! lease.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::Arc;
+
+use adk_core::identity::{AdkIdentity, AppName, SessionId, UserId};
+use adk_core::{AdkError, ErrorCategory, ErrorComponent, Result, async_trait};
+use adk_session::{
+    AppendEventRequest, CreateRequest, DeleteRequest, Event, Events, GetRequest, KEY_PREFIX_TEMP,
+    ListRequest, Session, SessionService, State, extract_state_deltas, merge_states,
+};
+use chrono::{DateTime, Utc};
+use futures::{StreamExt, TryStreamExt};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tollgate_core::lease::SessionAcquire;
+use tollgate_core::store::AppendOutcome;
+use tollgate_core::{Clock, Store, StoreError};
+
+use crate::fence::{TurnFence, current_fence, session_key};
+
+type StateMap = HashMap<String, Value>;
+
+/// The holder token every writer of the shared logs (catalog, app and user
+/// state) leases them with.
+const WRITER_HOLDER: &str = "tollgate-adk-writer";
+/// The writer lease's TTL, ms.
+const WRITER_TTL_MS: u64 = 24 * 3_600_000;
+/// Appends to a shared log tried before giving up (each retry follows a
+/// stale answer, i.e. a new grant of the writer lease).
+const WRITER_ATTEMPTS: usize = 3;
+/// The TTL of the lease `create` takes on the session key, ms.
+const CREATE_TTL_MS: u64 = 30_000;
+/// Records read per store call.
+const PAGE: usize = 1_000;
+/// Sessions `list` loads at once.
+const LIST_CONCURRENCY: usize = 16;
+/// How often one process refreshes the retention of a shared log, ms.
+const TOUCH_INTERVAL_MS: u64 = 3_600_000;
+/// Shared logs remembered as recently refreshed, before forgetting old ones.
+const TOUCH_CAP: usize = 65_536;
+
+/// Why an event append was refused: the appender does not hold the
+/// session's current lease.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FenceError {
+    /// No turn fence is current, or it is for another session.
+    #[error("no lease is held on session {session}")]
+    NotHeld {
+        /// The session the append was for: its store key
+        /// ([`session_key`]) when the app and user are known, else the
+        /// bare session id.
+        session: String,
+    },
+    /// The fence is no longer the session's latest: the lease was granted
+    /// to another holder since.
+    #[error("fence {fence} is stale: the session lease was granted again (latest fence {latest})")]
+    Stale {
+        /// The fence the append carried.
+        fence: u64,
+        /// The session's latest fence.
+        latest: u64,
+    },
+}
+
+impl FenceError {
+    /// The [`FenceError`] in `error`'s source chain (`error` included), if
+    /// any: how a caller tells a fence rejection from other failures.
+    pub fn find_in<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a FenceError> {
+        let mut next = Some(error);
+        while let Some(e) = next {
+            if let Some(fence) = e.downcast_ref::<FenceError>() {
+                return Some(fence);
+            }
+            next = e.source();
+        }
+        None
+    }
+
+    /// The [`AdkError`] code this rejection is reported with.
+    pub fn code(&self) -> &'static str {
+        match self {
+            FenceError::NotHeld { .. } => "session.fence_not_held",
+            FenceError::Stale { .. } => "session.fence_stale",
+        }
+    }
+}
+
+impl From<FenceError> for AdkError {
+    fn from(error: FenceError) -> Self {
+        AdkError::new(
+            ErrorComponent::Session,
+            ErrorCategory::Forbidden,
+            error.code(),
+            error.to_string(),
+        )
+        .with_source(error)
+    }
+}
+
+/// A record of an adk session's key, as written.
+#[derive(Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+enum RecordOut<'a> {
+    Created { state: &'a StateMap, at: u64 },
+    Event { event: &'a Event },
+}
+
+/// A record of an adk session's key, as read.
+#[derive(Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+enum RecordIn {
+    Created { state: StateMap, at: u64 },
+    Event { event: Box<Event> },
+}
+
+/// A catalog record.
+#[derive(Serialize, Deserialize)]
+struct CatalogRecord {
+    op: CatalogOp,
+    id: String,
+}
+
+#[derive(Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+enum CatalogOp {
+    Create,
+    Delete,
+}
+
+/// An adk [`SessionService`] over a tollgate [`Store`] (the memory store or
+/// Redis), whose event appends must carry the current turn's session fence.
+///
+/// Creation times come from the [`Clock`] given to [`new`](Self::new);
+/// events carry their own timestamps.
+///
+/// # Layout in the store
+///
+/// Everything lives in the store's sessions: string keys, each with a lease
+/// (holder, TTL, fencing number) and an append-only list of records.
+///
+/// - **An adk session** is the key [`session_key`]`(app, user, id)`. Its
+///   record 0 is `{"kind":"created","state":{…},"at":<ms>}` (the
+///   session-scoped part of the initial state, and the creation time on the
+///   service's [`Clock`]); every later record is
+///   `{"kind":"event","event":<adk Event>}`. The session's state is the
+///   created state updated by the session-scoped part of each event's
+///   `state_delta`, in order (`temp:` keys are dropped before an event is
+///   stored, as `InMemorySessionService` does); its last update time is the
+///   last event's timestamp, else the creation time.
+/// - **The catalog** of an (app, user), `adk-sessions:{len(app)}:{app}/{user}`,
+///   records `{"op":"create"|"delete","id":…}`; folded in order it gives the
+///   ids [`list`](SessionService::list) loads. An id whose session is gone
+///   (a create that failed half-way) is skipped.
+/// - **App state**, `adk-app:{app}`, and **user state**,
+///   `adk-user:{len(app)}:{app}/{user}`: each record is a JSON map of
+///   changes (prefix stripped), folded in order.
+///
+/// # Fencing
+///
+/// An event append is accepted only with the fence of the current turn
+/// ([`with_fence`](crate::with_fence), or the
+/// [`TurnExecutor`](crate::TurnExecutor)): no fence, or a fence for another
+/// session, is [`FenceError::NotHeld`]; a fence the store no longer accepts
+/// (the lease was granted to another holder since) is
+/// [`FenceError::Stale`]. Both reach the caller as an [`AdkError`] (codes
+/// `session.fence_not_held` / `session.fence_stale`, category
+/// [`Forbidden`](ErrorCategory::Forbidden): the writer has lost the right to
+/// write, and retrying will not give it back) whose source is the
+/// [`FenceError`]; [`FenceError::find_in`] gets it back.
+///
+/// `append_event(session_id, …)`, which carries no app or user, takes them
+/// from the current fence's session key (the key encodes app, user and id
+/// unambiguously) and accepts only if that key's session id is
+/// `session_id`.
+///
+/// The other writes (the creation record, the catalog, app and user state)
+/// are made outside any turn. The shared logs are written under a lease with
+/// one well-known holder token and a long TTL: a live holder acquiring again
+/// keeps its number, so every writer (on every replica) appends with the
+/// same fence; if the lease lapsed and was granted again in between, the
+/// append is stale and is retried with the new number. The creation record
+/// is written under a short lease with a unique holder on the session key
+/// itself: if a turn holds that lease, or the session already has records,
+/// `create` fails.
+///
+/// # Limits
+///
+/// - Reads are folds over whole logs: a `get` reads every record of the
+///   session and of the app and user state logs; `list` loads every session
+///   of the user. Nothing is compacted.
+/// - A create, delete or event append that writes to several keys is not
+///   atomic across them: if a later write fails, the earlier ones stay (the
+///   error is still returned).
+/// - `delete` is not fenced: it removes the records even while a turn holds
+///   the session; that turn's next append then finds no session and is
+///   refused (not found).
+/// - Keys expire after the store's session retention without writes. An
+///   event append refreshes its session, and (at most once an hour per key
+///   and process) the catalog and the app and user state logs too, so they
+///   live as long as their sessions are used.
+/// - `rewind` and `rewind_steps` are not supported (the trait's default
+///   error).
+///
+/// # Differences from `InMemorySessionService`
+///
+/// - `create` of an existing session fails (`session.already_exists`)
+///   instead of replacing it.
+/// - A missing session is `session.not_found` everywhere (`get`,
+///   `get_for_identity`, appends), never the legacy `session.legacy` error.
+/// - `list` answers each session's current state (app and user scopes
+///   included), as `get` does.
+/// - Sessions listed with the same last update time are ordered by id.
+pub struct FencedSessionService<S> {
+    store: S,
+    clock: Arc<dyn Clock>,
+    touched: Arc<Mutex<HashMap<String, u64>>>,
+}
+
+impl<S: Clone> Clone for FencedSessionService<S> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            clock: Arc::clone(&self.clock),
+            touched: Arc::clone(&self.touched),
+        }
+    }
+}
+
+impl<S> fmt::Debug for FencedSessionService<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FencedSessionService")
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An adk session read back from the store: its session-scoped state and
+/// events.
+struct Loaded {
+    created_at: DateTime<Utc>,
+    state: StateMap,
+    events: Vec<Event>,
+}
+
+impl Loaded {
+    fn updated_at(&self) -> DateTime<Utc> {
+        self.events.last().map_or(self.created_at, |e| e.timestamp)
+    }
+}
+
+impl<S: Store> FencedSessionService<S> {
+    /// A session service keeping its sessions in `store`, taking creation
+    /// times from `clock`.
+    pub fn new(store: S, clock: impl Clock) -> Self {
+        Self {
+            store,
+            clock: Arc::new(clock),
+            touched: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// The store the sessions are kept in.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    // ----- reads --------------------------------------------------------------
+
+    /// Every record of `key`, in order.
+    async fn read_all(&self, key: &str) -> Result<Vec<Vec<u8>>> {
+        let mut records = Vec::new();
+        loop {
+            let page = self
+                .store
+                .read_records(key, records.len() as u64, PAGE)
+                .await
+                .map_err(|e| store_error("read", key, e))?;
+            let done = page.len() < PAGE;
+            records.extend(page);
+            if done {
+                return Ok(records);
+            }
+        }
+    }
+
+    /// The session at `key`; `None` if it does not exist.
+    async fn load(&self, key: &str) -> Result<Option<Loaded>> {
+        let records = self.read_all(key).await?;
+        let mut records = records.iter().enumerate();
+        let Some((_, first)) = records.next() else {
+            return Ok(None);
+        };
+        let (created_at, mut state) = match parse::<RecordIn>(key, 0, first)? {
+            RecordIn::Created { state, at } => (from_ms(at), state),
+            // An event appended after a delete, before its appender removed
+            // it again: there is no session.
+            RecordIn::Event { .. } => return Ok(None),
+        };
+        let mut events = Vec::with_capacity(records.len());
+        for (index, record) in records {
+            match parse::<RecordIn>(key, index, record)? {
+                RecordIn::Event { event } => {
+                    let (_, _, session_delta) = extract_state_deltas(&event.actions.state_delta);
+                    state.extend(session_delta);
+                    events.push(*event);
+                }
+                RecordIn::Created { .. } => {
+                    return Err(corrupt(key, index, "a second creation record"));
+                }
+            }
+        }
+        Ok(Some(Loaded {
+            created_at,
+            state,
+            events,
+        }))
+    }
+
+    /// A state log (app or user) folded into its current map.
+    async fn read_state(&self, key: &str) -> Result<StateMap> {
+        let mut state = StateMap::new();
+        for (index, record) in self.read_all(key).await?.iter().enumerate() {
+            state.extend(parse::<StateMap>(key, index, record)?);
+        }
+        Ok(state)
+    }
+
+    /// The ids of the live sessions in the catalog of (`app`, `user`), in
+    /// order of creation.
+    async fn read_catalog(&self, app: &str, user: &str) -> Result<Vec<String>> {
+        let key = catalog_key(app, user);
+        let mut ids: Vec<String> = Vec::new();
+        let mut live = HashSet::new();
+        for (index, record) in self.read_all(&key).await?.iter().enumerate() {
+            let record = parse::<CatalogRecord>(&key, index, record)?;
+            match record.op {
+                CatalogOp::Create => {
+                    if live.insert(record.id.clone()) {
+                        ids.push(record.id);
+                    }
+                }
+                CatalogOp::Delete => {
+                    if live.remove(&record.id) {
+                        ids.retain(|id| *id != record.id);
+                    }
+                }
+            }
+        }
+        Ok(ids)
+    }
+
+    /// App and user state of (`app`, `user`).
+    async fn read_scopes(&self, app: &str, user: &str) -> Result<(StateMap, StateMap)> {
+        let (app_key, user_key) = (app_state_key(app), user_state_key(app, user));
+        futures::try_join!(self.read_state(&app_key), self.read_state(&user_key))
+    }
+
+    async fn get_session(
+        &self,
+        identity: AdkIdentity,
+        num_recent_events: Option<usize>,
+        after: Option<DateTime<Utc>>,
+    ) -> Result<Box<dyn Session>> {
+        let (app, user, id) = parts(&identity);
+        let key = session_key(app, user, id);
+        let (loaded, (app_state, user_state)) =
+            futures::try_join!(self.load(&key), self.read_scopes(app, user))?;
+        let Some(mut loaded) = loaded else {
+            return Err(not_found(app, user, id));
+        };
+        if let Some(n) = num_recent_events {
+            let start = loaded.events.len().saturating_sub(n);
+            loaded.events.drain(..start);
+        }
+        if let Some(after) = after {
+            loaded.events.retain(|e| e.timestamp >= after);
+        }
+        Ok(Box::new(FencedSession::new(
+            identity,
+            &app_state,
+            &user_state,
+            loaded,
+        )))
+    }
+
+    // ----- writes -------------------------------------------------------------
+
+    /// Appends `record` to a shared log (catalog, app or user state) under
+    /// the writer lease.
+    async fn append_shared(&self, key: &str, record: &[u8]) -> Result<()> {
+        for _ in 0..WRITER_ATTEMPTS {
+            let fence = match self
+                .store
+                .session_acquire(key, WRITER_HOLDER, WRITER_TTL_MS)
+                .await
+                .map_err(|e| store_error("lease", key, e))?
+            {
+                SessionAcquire::Acquired(grant) => grant.fence,
+                SessionAcquire::Busy { retry_after_ms } => {
+                    return Err(AdkError::unavailable(
+                        ErrorComponent::Session,
+                        "session.busy",
+                        format!("{key} is leased by another holder"),
+                    )
+                    .with_retry(adk_core::RetryHint {
+                        should_retry: true,
+                        retry_after_ms: Some(retry_after_ms),
+                        max_attempts: None,
+                    }));
+                }
+            };
+            match self
+                .store
+                .append_fenced(key, fence, record)
+                .await
+                .map_err(|e| store_error("append to", key, e))?
+            {
+                AppendOutcome::Appended { .. } => return Ok(()),
+                AppendOutcome::Stale { .. } => continue,
+            }
+        }
+        Err(AdkError::unavailable(
+            ErrorComponent::Session,
+            "session.busy",
+            format!("{key}: the writer lease kept changing hands; nothing appended"),
+        ))
+    }
+
+    async fn append_catalog(&self, app: &str, user: &str, op: CatalogOp, id: &str) -> Result<()> {
+        let record = CatalogRecord {
+            op,
+            id: id.to_owned(),
+        };
+        self.append_shared(&catalog_key(app, user), &encode(&record)?)
+            .await
+    }
+
+    /// Appends the app- and user-scoped parts of a state change to their
+    /// logs (nothing for an empty part).
+    async fn append_scopes(
+        &self,
+        app: &str,
+        user: &str,
+        app_delta: &StateMap,
+        user_delta: &StateMap,
+    ) -> Result<()> {
+        if !app_delta.is_empty() {
+            self.append_shared(&app_state_key(app), &encode(app_delta)?)
+                .await?;
+        }
+        if !user_delta.is_empty() {
+            self.append_shared(&user_state_key(app, user), &encode(user_delta)?)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The part of `create` made under the session key's lease: refuse an
+    /// existing session, enter the id in the catalog, write record 0.
+    async fn create_leased(
+        &self,
+        identity: &AdkIdentity,
+        key: &str,
+        fence: u64,
+        record: &[u8],
+    ) -> Result<()> {
+        let (app, user, id) = parts(identity);
+        let existing = self
+            .store
+            .read_records(key, 0, 1)
+            .await
+            .map_err(|e| store_error("read", key, e))?;
+        if !existing.is_empty() {
+            return Err(AdkError::new(
+                ErrorComponent::Session,
+                ErrorCategory::InvalidInput,
+                "session.already_exists",
+                format!("session '{id}' already exists for app '{app}' and user '{user}'"),
+            ));
+        }
+        self.append_catalog(app, user, CatalogOp::Create, id)
+            .await?;
+        match self
+            .store
+            .append_fenced(key, fence, record)
+            .await
+            .map_err(|e| store_error("append to", key, e))?
+        {
+            AppendOutcome::Appended { .. } => Ok(()),
+            AppendOutcome::Stale { .. } => Err(AdkError::unavailable(
+                ErrorComponent::Session,
+                "session.busy",
+                format!(
+                    "session '{id}' for app '{app}' and user '{user}' was leased by another \
+                     holder while it was being created"
+                ),
+            )),
+        }
+    }
+
+    /// Appends `event` to the session of `identity` with the current turn's
+    /// fence.
+    async fn append_fenced_event(
+        &self,
+        identity: (&str, &str, &str),
+        fence: Option<Arc<TurnFence>>,
+        mut event: Event,
+    ) -> Result<()> {
+        let (app, user, id) = identity;
+        let key = session_key(app, user, id);
+        let fence = match fence {
+            Some(fence) if fence.session_key == key => fence,
+            _ => return Err(FenceError::NotHeld { session: key }.into()),
+        };
+        event
+            .actions
+            .state_delta
+            .retain(|k, _| !k.starts_with(KEY_PREFIX_TEMP));
+        let record = encode(&RecordOut::Event { event: &event })?;
+        match self
+            .store
+            .append_fenced(&key, fence.fence, &record)
+            .await
+            .map_err(|e| store_error("append to", &key, e))?
+        {
+            AppendOutcome::Stale { latest } => {
+                return Err(FenceError::Stale {
+                    fence: fence.fence,
+                    latest,
+                }
+                .into());
+            }
+            AppendOutcome::Appended { index: 0 } => {
+                // No creation record: the session does not exist (never
+                // created, or deleted). Remove the lone event again; no
+                // create can run meanwhile, as the turn holds the lease.
+                self.store
+                    .delete_records(&key)
+                    .await
+                    .map_err(|e| store_error("delete", &key, e))?;
+                return Err(not_found(app, user, id));
+            }
+            AppendOutcome::Appended { .. } => {}
+        }
+        let (app_delta, user_delta, _) = extract_state_deltas(&event.actions.state_delta);
+        self.append_scopes(app, user, &app_delta, &user_delta)
+            .await?;
+        self.touch_shared(app, user).await;
+        Ok(())
+    }
+
+    /// Refreshes the retention of the shared logs of (`app`, `user`), each
+    /// at most once per [`TOUCH_INTERVAL_MS`] in this process. Failures are
+    /// logged: the next append tries again.
+    async fn touch_shared(&self, app: &str, user: &str) {
+        let now = self.clock.now_ms();
+        for key in [
+            catalog_key(app, user),
+            user_state_key(app, user),
+            app_state_key(app),
+        ] {
+            if !self.touch_due(&key, now) {
+                continue;
+            }
+            // A mutating call refreshes the key's retention whatever it
+            // answers; renewing never changes the writer's fence.
+            if let Err(error) = self
+                .store
+                .session_renew(&key, WRITER_HOLDER, WRITER_TTL_MS)
+                .await
+            {
+                self.touched.lock().remove(&key);
+                tracing::warn!(key, %error, "could not refresh a session log's retention");
+            }
+        }
+    }
+
+    fn touch_due(&self, key: &str, now: u64) -> bool {
+        let mut touched = self.touched.lock();
+        if let Some(&at) = touched.get(key)
+            && now.saturating_sub(at) < TOUCH_INTERVAL_MS
+        {
+            return false;
+        }
+        if touched.len() >= TOUCH_CAP {
+            touched.retain(|_, at| now.saturating_sub(*at) < TOUCH_INTERVAL_MS);
+            if touched.len() >= TOUCH_CAP {
+                touched.clear();
+            }
+        }
+        touched.insert(key.to_owned(), now);
+        true
+    }
+
+    async fn delete_session(&self, app: &str, user: &str, id: &str) -> Result<()> {
+        let key = session_key(app, user, id);
+        let deleted = self
+            .store
+            .delete_records(&key)
+            .await
+            .map_err(|e| store_error("delete", &key, e))?;
+        if deleted > 0 || self.read_catalog(app, user).await?.iter().any(|i| i == id) {
+            self.append_catalog(app, user, CatalogOp::Delete, id)
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl<S: Store> SessionService for FencedSessionService<S> {
+    /// Creates the session: fails with `session.already_exists` if it
+    /// exists, and with `session.busy` while a turn holds its lease.
+    async fn create(&self, req: CreateRequest) -> Result<Box<dyn Session>> {
+        let id = req
+            .session_id
+            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let identity = identity(&req.app_name, &req.user_id, &id)?;
+        let (app, user, id) = parts(&identity);
+        let (app_delta, user_delta, session_state) = extract_state_deltas(&req.state);
+        let key = session_key(app, user, id);
+        let at = self.clock.now_ms();
+        let record = encode(&RecordOut::Created {
+            state: &session_state,
+            at,
+        })?;
+
+        let holder = format!("tollgate-adk-create-{}", uuid::Uuid::new_v4());
+        let fence = match self
+            .store
+            .session_acquire(&key, &holder, CREATE_TTL_MS)
+            .await
+            .map_err(|e| store_error("lease", &key, e))?
+        {
+            SessionAcquire::Acquired(grant) => grant.fence,
+            SessionAcquire::Busy { retry_after_ms } => {
+                return Err(AdkError::unavailable(
+                    ErrorComponent::Session,
+                    "session.busy",
+                    format!(
+                        "session '{id}' for app '{app}' and user '{user}' is leased by a \
+                         running turn; it cannot be created"
+                    ),
+                )
+                .with_retry(adk_core::RetryHint {
+                    should_retry: true,
+                    retry_after_ms: Some(retry_after_ms),
+                    max_attempts: None,
+                }));
+            }
+        };
+        let created = self.create_leased(&identity, &key, fence, &record).await;
+        if let Err(error) = self.store.session_release(&key, &holder).await {
+            tracing::warn!(key, %error, "could not release the create lease; it expires by its TTL");
+        }
+        created?;
+
+        self.append_scopes(app, user, &app_delta, &user_delta)
+            .await?;
+        let (app_state, user_state) = self.read_scopes(app, user).await?;
+        let loaded = Loaded {
+            created_at: from_ms(at),
+            state: session_state,
+            events: Vec::new(),
+        };
+        Ok(Box::new(FencedSession::new(
+            identity,
+            &app_state,
+            &user_state,
+            loaded,
+        )))
+    }
+
+    async fn get(&self, req: GetRequest) -> Result<Box<dyn Session>> {
+        let identity = identity(&req.app_name, &req.user_id, &req.session_id)?;
+        self.get_session(identity, req.num_recent_events, req.after)
+            .await
+    }
+
+    /// The live sessions of the app and user, most recently updated first
+    /// (ties by id), with their whole history and current state.
+    async fn list(&self, req: ListRequest) -> Result<Vec<Box<dyn Session>>> {
+        let app = AppName::try_from(req.app_name.as_str())?;
+        let user = UserId::try_from(req.user_id.as_str())?;
+        let (ids, (app_state, user_state)) = futures::try_join!(
+            self.read_catalog(app.as_ref(), user.as_ref()),
+            self.read_scopes(app.as_ref(), user.as_ref()),
+        )?;
+        let loaded: Vec<(String, Option<Loaded>)> = futures::stream::iter(ids)
+            .map(|id| async {
+                let key = session_key(app.as_ref(), user.as_ref(), &id);
+                let loaded = self.load(&key).await?;
+                Ok::<_, AdkError>((id, loaded))
+            })
+            .buffered(LIST_CONCURRENCY)
+            .try_collect()
+            .await?;
+        let mut sessions = Vec::with_capacity(loaded.len());
+        for (id, loaded) in loaded {
+            let Some(loaded) = loaded else { continue };
+            let identity = AdkIdentity::new(app.clone(), user.clone(), SessionId::try_from(id)?);
+            sessions.push(FencedSession::new(
+                identity,
+                &app_state,
+                &user_state,
+                loaded,
+            ));
+        }
+        sessions.sort_by(|a, b| {
+            b.updated_at
+                .cmp(&a.updated_at)
+                .then_with(|| a.id().cmp(b.id()))
+        });
+        Ok(sessions
+            .into_iter()
+            .skip(req.offset.unwrap_or(0))
+            .take(req.limit.unwrap_or(usize::MAX))
+            .map(|s| Box::new(s) as Box<dyn Session>)
+            .collect())
+    }
+
+    /// Deletes the session's history (a missing session is not an error).
+    /// Not fenced: see [`FencedSessionService`].
+    async fn delete(&self, req: DeleteRequest) -> Result<()> {
+        let identity = identity(&req.app_name, &req.user_id, &req.session_id)?;
+        let (app, user, id) = parts(&identity);
+        self.delete_session(app, user, id).await
+    }
+
+    /// Appends with the current turn's fence, taking the app and user from
+    /// the fence's session key: refused ([`FenceError::NotHeld`]) if no
+    /// fence is current or its session id is not `session_id`.
+    async fn append_event(&self, session_id: &str, event: Event) -> Result<()> {
+        let fence = current_fence();
+        let target = fence
+            .as_deref()
+            .and_then(|f| parse_session_key(&f.session_key))
+            .filter(|(_, _, id)| *id == session_id)
+            .map(|(app, user, id)| (app.to_owned(), user.to_owned(), id.to_owned()));
+        let Some((app, user, id)) = target else {
+            return Err(FenceError::NotHeld {
+                session: session_id.to_owned(),
+            }
+            .into());
+        };
+        self.append_fenced_event((&app, &user, &id), fence, event)
+            .await
+    }
+
+    async fn get_for_identity(&self, identity: &AdkIdentity) -> Result<Box<dyn Session>> {
+        self.get_session(identity.clone(), None, None).await
+    }
+
+    async fn delete_for_identity(&self, identity: &AdkIdentity) -> Result<()> {
+        let (app, user, id) = parts(identity);
+        self.delete_session(app, user, id).await
+    }
+
+    /// Appends with the current turn's fence, which must be for this
+    /// identity's session.
+    async fn append_event_for_identity(&self, req: AppendEventRequest) -> Result<()> {
+        self.append_fenced_event(parts(&req.identity), current_fence(), req.event)
+            .await
+    }
+
+    async fn delete_all_sessions(&self, app_name: &str, user_id: &str) -> Result<()> {
+        let app = AppName::try_from(app_name)?;
+        let user = UserId::try_from(user_id)?;
+        for id in self.read_catalog(app.as_ref(), user.as_ref()).await? {
+            self.delete_session(app.as_ref(), user.as_ref(), &id)
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+/// A session as read: state merged over the three scopes, and events.
+struct FencedSession {
+    identity: AdkIdentity,
+    state: StateMap,
+    events: Vec<Event>,
+    updated_at: DateTime<Utc>,
+}
+
+impl FencedSession {
+    fn new(identity: AdkIdentity, app: &StateMap, user: &StateMap, loaded: Loaded) -> Self {
+        Self {
+            identity,
+            state: merge_states(app, user, &loaded.state),
+            updated_at: loaded.updated_at(),
+            events: loaded.events,
+        }
+    }
+}
+
+impl Session for FencedSession {
+    fn id(&self) -> &str {
+        self.identity.session_id.as_ref()
+    }
+
+    fn app_name(&self) -> &str {
+        self.identity.app_name.as_ref()
+    }
+
+    fn user_id(&self) -> &str {
+        self.identity.user_id.as_ref()
+    }
+
+    fn state(&self) -> &dyn State {
+        self
+    }
+
+    fn events(&self) -> &dyn Events {
+        self
+    }
+
+    fn last_update_time(&self) -> DateTime<Utc> {
+        self.updated_at
+    }
+}
+
+impl State for FencedSession {
+    fn get(&self, key: &str) -> Option<Value> {
+        self.state.get(key).cloned()
+    }
+
+    fn set(&mut self, key: String, value: Value) {
+        if let Err(msg) = adk_core::validate_state_key(&key) {
+            tracing::warn!(key = %key, "rejecting invalid state key: {msg}");
+            return;
+        }
+        self.state.insert(key, value);
+    }
+
+    fn all(&self) -> HashMap<String, Value> {
+        self.state.clone()
+    }
+}
+
+impl Events for FencedSession {
+    fn all(&self) -> Vec<Event> {
+        self.events.clone()
+    }
+
+    fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    fn at(&self, index: usize) -> Option<&Event> {
+        self.events.get(index)
+    }
+}
+
+// ----- helpers ---------------------------------------------------------------
+
+fn identity(app: &str, user: &str, session: &str) -> Result<AdkIdentity> {
+    Ok(AdkIdentity::new(
+        AppName::try_from(app)?,
+        UserId::try_from(user)?,
+        SessionId::try_from(session)?,
+    ))
+}
+
+fn parts(identity: &AdkIdentity) -> (&str, &str, &str) {
+    (
+        identity.app_name.as_ref(),
+        identity.user_id.as_ref(),
+        identity.session_id.as_ref(),
+    )
+}
+
+/// The key of the catalog of (`app`, `user`).
+fn catalog_key(app: &str, user: &str) -> String {
+    format!("adk-sessions:{}:{app}/{user}", app.len())
+}
+
+/// The key of the app state log of `app`.
+fn app_state_key(app: &str) -> String {
+    format!("adk-app:{app}")
+}
+
+/// The key of the user state log of (`app`, `user`).
+fn user_state_key(app: &str, user: &str) -> String {
+    format!("adk-user:{}:{app}/{user}", app.len())
+}
+
+/// App, user and session id of a [`session_key`]; `None` if `key` is not
+/// one.
+fn parse_session_key(key: &str) -> Option<(&str, &str, &str)> {
+    fn prefixed(s: &str) -> Option<(&str, &str)> {
+        let (len, rest) = s.split_once(':')?;
+        let len: usize = len.parse().ok()?;
+        Some((rest.get(..len)?, rest.get(len..)?))
+    }
+    let (app, rest) = prefixed(key.strip_prefix("adk:")?)?;
+    let (user, rest) = prefixed(rest.strip_prefix('/')?)?;
+    let id = rest.strip_prefix('/')?;
+    (session_key(app, user, id) == key).then_some((app, user, id))
+}
+
+fn from_ms(ms: u64) -> DateTime<Utc> {
+    i64::try_from(ms)
+        .ok()
+        .and_then(DateTime::from_timestamp_millis)
+        .unwrap_or(DateTime::UNIX_EPOCH)
+}
+
+fn encode(value: &impl Serialize) -> Result<Vec<u8>> {
+    serde_json::to_vec(value).map_err(|e| {
+        AdkError::internal(
+            ErrorComponent::Session,
+            "session.encode_failed",
+            format!("could not encode a session record: {e}"),
+        )
+        .with_source(e)
+    })
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(key: &str, index: usize, record: &[u8]) -> Result<T> {
+    serde_json::from_slice(record).map_err(|e| corrupt(key, index, e))
+}
+
+fn corrupt(key: &str, index: usize, why: impl fmt::Display) -> AdkError {
+    AdkError::internal(
+        ErrorComponent::Session,
+        "session.corrupt_record",
+        format!("record {index} of {key} is not valid: {why}"),
+    )
+}
+
+fn not_found(app: &str, user: &str, id: &str) -> AdkError {
+    AdkError::not_found(
+        ErrorComponent::Session,
+        "session.not_found",
+        format!("session '{id}' was not found for app '{app}' and user '{user}'"),
+    )
+}
+
+fn store_error(op: &str, key: &str, error: StoreError) -> AdkError {
+    AdkError::unavailable(
+        ErrorComponent::Session,
+        "session.store_unavailable",
+        format!("the session store failed to {op} {key}: {error}"),
+    )
+    .with_source(error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_keys_parse_back() {
+        for (app, user, id) in [
+            ("app", "u1", "s1"),
+            ("a/b:1", "u:2/x", "s/3:"),
+            ("", "", ""),
+        ] {
+            let key = session_key(app, user, id);
+            assert_eq!(parse_session_key(&key), Some((app, user, id)), "{key}");
+        }
+        for bad in [
+            "",
+            "adk:",
+            "adk:3:app",
+            "adk:9:app/2:u1/s",
+            "x:3:app/2:u1/s1",
+        ] {
+            assert_eq!(parse_session_key(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn fence_errors_convert_with_their_source() {
+        let error: AdkError = FenceError::Stale {
+            fence: 1,
+            latest: 2,
+        }
+        .into();
+        assert_eq!(error.code, "session.fence_stale");
+        assert_eq!(
+            FenceError::find_in(&error),
+            Some(&FenceError::Stale {
+                fence: 1,
+                latest: 2
+            })
+        );
+        let error: AdkError = FenceError::NotHeld {
+            session: "s".into(),
+        }
+        .into();
+        assert_eq!(error.code, "session.fence_not_held");
+        assert!(matches!(
+            FenceError::find_in(&error),
+            Some(FenceError::NotHeld { .. })
+        ));
+    }
+}

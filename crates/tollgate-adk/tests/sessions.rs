@@ -1,0 +1,758 @@
+//! `FencedSessionService`: the same CRUD scenario observed on adk's
+//! `InMemorySessionService` and on the fenced service (memory store, Redis
+//! node, Redis cluster) must give the same results; event appends are
+//! refused without the session's current fence.
+
+mod support;
+
+use std::collections::{BTreeMap, HashMap};
+
+use adk_core::identity::{AdkIdentity, AppName, SessionId, UserId};
+use adk_core::{AdkError, Content, ErrorCategory};
+use adk_session::{
+    AppendEventRequest, CreateRequest, DeleteRequest, Event, GetRequest, InMemorySessionService,
+    ListRequest, Session, SessionService,
+};
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+use support::APP;
+use tollgate_adk::{FenceError, FencedSessionService, TurnFence, session_key, with_fence};
+use tollgate_core::lease::SessionAcquire;
+use tollgate_core::{FakeClock, MemoryStore, Store};
+use tollgate_testkit::T0;
+
+on_every_store!(
+    crud_matches_in_memory,
+    append_without_a_fence_is_not_held,
+    append_with_another_sessions_fence_is_not_held,
+    append_with_a_superseded_fence_is_stale,
+    create_refuses_an_existing_or_leased_session,
+    get_of_a_missing_session_is_not_found,
+    append_after_delete_is_not_found_and_leaves_nothing,
+    shared_state_outlives_retention_while_sessions_are_used,
+    corrupt_record_is_an_internal_error,
+    generated_ids_and_delete_all,
+);
+
+const TURN_TTL_MS: u64 = 60_000;
+
+/// The timestamp `n` seconds after `T0`.
+fn ts(n: u64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(i64::try_from(T0 + n * 1_000).expect("ms")).expect("time")
+}
+
+fn event(id: &str, author: &str, text: &str, at: u64, delta: &[(&str, Value)]) -> Event {
+    let mut e = Event::with_id(id, format!("inv-{id}"));
+    e.author = author.into();
+    e.timestamp = ts(at);
+    let role = if author == "user" { "user" } else { "model" };
+    e.llm_response.content = Some(Content::new(role).with_text(text));
+    e.actions.state_delta = delta
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), v.clone()))
+        .collect();
+    e
+}
+
+fn state(entries: &[(&str, Value)]) -> HashMap<String, Value> {
+    entries
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), v.clone()))
+        .collect()
+}
+
+fn identity(user: &str, session: &str) -> AdkIdentity {
+    AdkIdentity::new(
+        AppName::try_from(APP).expect("app"),
+        UserId::try_from(user).expect("user"),
+        SessionId::try_from(session).expect("session"),
+    )
+}
+
+fn create(user: &str, session: &str, state: HashMap<String, Value>) -> CreateRequest {
+    CreateRequest {
+        app_name: APP.into(),
+        user_id: user.into(),
+        session_id: Some(session.into()),
+        state,
+    }
+}
+
+fn get(user: &str, session: &str) -> GetRequest {
+    GetRequest {
+        app_name: APP.into(),
+        user_id: user.into(),
+        session_id: session.into(),
+        num_recent_events: None,
+        after: None,
+    }
+}
+
+fn list(user: &str, offset: Option<usize>, limit: Option<usize>) -> ListRequest {
+    ListRequest {
+        app_name: APP.into(),
+        user_id: user.into(),
+        limit,
+        offset,
+    }
+}
+
+fn delete(user: &str, session: &str) -> DeleteRequest {
+    DeleteRequest {
+        app_name: APP.into(),
+        user_id: user.into(),
+        session_id: session.into(),
+    }
+}
+
+fn append(user: &str, session: &str, event: Event) -> AppendEventRequest {
+    AppendEventRequest {
+        identity: identity(user, session),
+        event,
+    }
+}
+
+/// A session, normalized: ids, state (sorted), whole events as JSON.
+fn view(s: &dyn Session) -> Value {
+    let state: BTreeMap<String, Value> = s.state().all().into_iter().collect();
+    let events: Vec<Value> = s
+        .events()
+        .all()
+        .iter()
+        .map(|e| serde_json::to_value(e).expect("event json"))
+        .collect();
+    json!({"id": s.id(), "app": s.app_name(), "user": s.user_id(), "state": state, "events": events})
+}
+
+/// Listed sessions, normalized: ids and their event ids, in order.
+fn list_view(sessions: &[Box<dyn Session>]) -> Value {
+    sessions
+        .iter()
+        .map(|s| {
+            let events: Vec<String> = s.events().all().into_iter().map(|e| e.id).collect();
+            json!({"id": s.id(), "events": events})
+        })
+        .collect()
+}
+
+fn error_view(e: &AdkError) -> Value {
+    json!({"code": e.code, "category": e.category.to_string()})
+}
+
+fn observe<T>(r: adk_core::Result<T>, f: impl FnOnce(T) -> Value) -> Value {
+    match r {
+        Ok(v) => f(v),
+        Err(e) => json!({"error": error_view(&e)}),
+    }
+}
+
+/// Leases a session in `store` for `holder`, as a turn would.
+async fn lease<L: Store>(store: &L, user: &str, session: &str, holder: &str) -> TurnFence {
+    let key = session_key(APP, user, session);
+    match store
+        .session_acquire(&key, holder, TURN_TTL_MS)
+        .await
+        .expect("acquire")
+    {
+        SessionAcquire::Acquired(grant) => TurnFence {
+            session_key: key,
+            fence: grant.fence,
+        },
+        busy => panic!("{key} busy: {busy:?}"),
+    }
+}
+
+async fn release<L: Store>(store: &L, fence: &TurnFence, holder: &str) {
+    assert!(
+        store
+            .session_release(&fence.session_key, holder)
+            .await
+            .expect("release")
+    );
+}
+
+/// The CRUD scenario, leasing sessions in `leases` for its fenced appends
+/// (harmless for a service that ignores fences). Answers what it observed,
+/// step by step.
+async fn scenario<L: Store>(svc: &dyn SessionService, leases: &L) -> Vec<(&'static str, Value)> {
+    let mut seen: Vec<(&'static str, Value)> = Vec::new();
+
+    let r = svc
+        .create(create(
+            "u1",
+            "s1",
+            state(&[
+                ("app:theme", json!("dark")),
+                ("user:lang", json!("en")),
+                ("temp:scratch", json!(1)),
+                ("topic", json!("rust")),
+            ]),
+        ))
+        .await;
+    seen.push(("create s1", observe(r, |s| view(s.as_ref()))));
+    let r = svc
+        .create(create(
+            "u1",
+            "s2",
+            state(&[("count", json!(0)), ("user:lang", json!("fr"))]),
+        ))
+        .await;
+    seen.push(("create s2", observe(r, |s| view(s.as_ref()))));
+    let r = svc
+        .create(create("u2", "s3", state(&[("app:theme", json!("light"))])))
+        .await;
+    seen.push(("create s3 (u2)", observe(r, |s| view(s.as_ref()))));
+    let r = svc.get(get("u1", "s1")).await;
+    seen.push(("get s1 before events", observe(r, |s| view(s.as_ref()))));
+
+    // A turn of s1: events with deltas of every scope, through both append
+    // methods, under the turn's fence.
+    let fence = lease(leases, "u1", "s1", "turn-1").await;
+    let appended = with_fence(fence.clone(), async {
+        let mut results = Vec::new();
+        results.push(
+            svc.append_event_for_identity(append("u1", "s1", event("e1", "user", "hello", 1, &[])))
+                .await,
+        );
+        results.push(
+            svc.append_event_for_identity(append(
+                "u1",
+                "s1",
+                event(
+                    "e2",
+                    "assistant",
+                    "hi",
+                    2,
+                    &[
+                        ("topic", json!("go")),
+                        ("temp:x", json!(true)),
+                        ("app:version", json!(2)),
+                        ("user:tz", json!("UTC")),
+                    ],
+                ),
+            ))
+            .await,
+        );
+        results.push(
+            svc.append_event(
+                "s1",
+                event("e3", "assistant", "bye", 3, &[("mood", json!("ok"))]),
+            )
+            .await,
+        );
+        results
+    })
+    .await;
+    release(leases, &fence, "turn-1").await;
+    for (n, r) in appended.into_iter().enumerate() {
+        assert!(r.is_ok(), "append {n} to s1: {r:?}");
+    }
+
+    let fence = lease(leases, "u1", "s2", "turn-2").await;
+    let r = with_fence(
+        fence.clone(),
+        svc.append_event_for_identity(append(
+            "u1",
+            "s2",
+            event("e4", "user", "again", 4, &[("count", json!(1))]),
+        )),
+    )
+    .await;
+    release(leases, &fence, "turn-2").await;
+    r.expect("append to s2");
+
+    let fence = lease(leases, "u2", "s3", "turn-3").await;
+    let r = with_fence(
+        fence.clone(),
+        svc.append_event_for_identity(append(
+            "u2",
+            "s3",
+            event("e5", "user", "other", 5, &[("user:lang", json!("de"))]),
+        )),
+    )
+    .await;
+    release(leases, &fence, "turn-3").await;
+    r.expect("append to s3");
+
+    let r = svc.get(get("u1", "s1")).await;
+    seen.push(("get s1", observe(r, |s| view(s.as_ref()))));
+    let r = svc
+        .get(GetRequest {
+            num_recent_events: Some(1),
+            ..get("u1", "s1")
+        })
+        .await;
+    seen.push(("get s1, last 1", observe(r, |s| view(s.as_ref()))));
+    let r = svc
+        .get(GetRequest {
+            num_recent_events: Some(10),
+            ..get("u1", "s1")
+        })
+        .await;
+    seen.push(("get s1, last 10", observe(r, |s| view(s.as_ref()))));
+    let r = svc
+        .get(GetRequest {
+            after: Some(ts(2)),
+            ..get("u1", "s1")
+        })
+        .await;
+    seen.push(("get s1, after e2", observe(r, |s| view(s.as_ref()))));
+    let r = svc.get(get("u1", "s2")).await;
+    seen.push(("get s2", observe(r, |s| view(s.as_ref()))));
+    let r = svc.get(get("u2", "s3")).await;
+    seen.push(("get s3", observe(r, |s| view(s.as_ref()))));
+    let r = svc.get(get("u2", "s1")).await;
+    seen.push(("get s1 as u2", observe(r, |s| view(s.as_ref()))));
+
+    for (label, offset, limit) in [
+        ("list u1", None, None),
+        ("list u1, offset 1", Some(1), None),
+        ("list u1, limit 1", None, Some(1)),
+        ("list u1, offset 1 limit 1", Some(1), Some(1)),
+        ("list u1, offset 5", Some(5), None),
+    ] {
+        let r = svc.list(list("u1", offset, limit)).await;
+        seen.push((label, observe(r, |l| list_view(&l))));
+    }
+    let r = svc.list(list("u2", None, None)).await;
+    seen.push(("list u2", observe(r, |l| list_view(&l))));
+    let r = svc.list(list("nobody", None, None)).await;
+    seen.push(("list nobody", observe(r, |l| list_view(&l))));
+
+    let r = svc.delete(delete("u1", "s1")).await;
+    seen.push(("delete s1", observe(r, |()| json!("ok"))));
+    let r = svc.get(get("u1", "s1")).await;
+    seen.push(("get s1 after delete", observe(r, |s| view(s.as_ref()))));
+    let r = svc.list(list("u1", None, None)).await;
+    seen.push(("list u1 after delete", observe(r, |l| list_view(&l))));
+    let r = svc.delete(delete("u1", "s1")).await;
+    seen.push(("delete s1 again", observe(r, |()| json!("ok"))));
+    let r = svc.get(get("u2", "s3")).await;
+    seen.push(("get s3 after delete", observe(r, |s| view(s.as_ref()))));
+    seen
+}
+
+async fn crud_matches_in_memory<S: Store + Clone>(store: S, clock: FakeClock) {
+    let fenced = FencedSessionService::new(store.clone(), clock.clone());
+    let got = scenario(&fenced, &store).await;
+    let reference = scenario(
+        &InMemorySessionService::new(),
+        &MemoryStore::new(clock.clone()),
+    )
+    .await;
+    assert_eq!(got.len(), reference.len());
+    for ((label, got), (_, want)) in got.iter().zip(&reference) {
+        assert_eq!(got, want, "{label}");
+    }
+    // Spot checks that the scenario says what it should.
+    let s1 = &got.iter().find(|(l, _)| *l == "get s1").expect("get s1").1;
+    assert_eq!(
+        s1["state"],
+        json!({"app:theme": "light", "app:version": 2, "user:lang": "fr", "user:tz": "UTC",
+               "topic": "go", "mood": "ok"})
+    );
+    assert_eq!(s1["events"].as_array().map(Vec::len), Some(3));
+    assert_eq!(
+        s1["events"][1]["actions"]["state_delta"],
+        json!({"topic": "go", "app:version": 2, "user:tz": "UTC"}),
+        "stored without its temp: key"
+    );
+    let listed = &got.iter().find(|(l, _)| *l == "list u1").expect("list").1;
+    assert_eq!(listed[0]["id"], "s2");
+    assert_eq!(listed[1]["id"], "s1");
+    let missing = &got
+        .iter()
+        .find(|(l, _)| *l == "get s1 after delete")
+        .expect("get after delete")
+        .1;
+    assert_eq!(missing["error"]["code"], "session.not_found");
+}
+
+fn fence_error(e: &AdkError) -> FenceError {
+    FenceError::find_in(e)
+        .unwrap_or_else(|| panic!("no FenceError in {e:?}"))
+        .clone()
+}
+
+async fn events_of<S: Store>(svc: &FencedSessionService<S>, user: &str, id: &str) -> Vec<String> {
+    svc.get(get(user, id))
+        .await
+        .expect("get")
+        .events()
+        .all()
+        .into_iter()
+        .map(|e| e.id)
+        .collect()
+}
+
+async fn append_without_a_fence_is_not_held<S: Store + Clone>(store: S, clock: FakeClock) {
+    let svc = FencedSessionService::new(store, clock);
+    svc.create(create("u1", "s1", HashMap::new()))
+        .await
+        .expect("create");
+    let e = svc
+        .append_event_for_identity(append("u1", "s1", event("e1", "user", "x", 1, &[])))
+        .await
+        .expect_err("no fence");
+    assert_eq!(e.code, "session.fence_not_held");
+    assert_eq!(e.category, ErrorCategory::Forbidden);
+    assert_eq!(
+        fence_error(&e),
+        FenceError::NotHeld {
+            session: session_key(APP, "u1", "s1")
+        }
+    );
+    let e = svc
+        .append_event("s1", event("e2", "user", "x", 2, &[]))
+        .await
+        .expect_err("no fence");
+    assert_eq!(e.code, "session.fence_not_held");
+    assert_eq!(
+        fence_error(&e),
+        FenceError::NotHeld {
+            session: "s1".into()
+        }
+    );
+    assert!(events_of(&svc, "u1", "s1").await.is_empty());
+}
+
+async fn append_with_another_sessions_fence_is_not_held<S: Store + Clone>(
+    store: S,
+    clock: FakeClock,
+) {
+    let svc = FencedSessionService::new(store.clone(), clock);
+    for (user, id) in [("u1", "s1"), ("u1", "s2"), ("u2", "s1")] {
+        svc.create(create(user, id, HashMap::new()))
+            .await
+            .expect("create");
+    }
+    let other = lease(&store, "u1", "s2", "turn").await;
+    let e = with_fence(
+        other.clone(),
+        svc.append_event_for_identity(append("u1", "s1", event("e1", "user", "x", 1, &[]))),
+    )
+    .await
+    .expect_err("fence of s2");
+    assert_eq!(
+        fence_error(&e),
+        FenceError::NotHeld {
+            session: session_key(APP, "u1", "s1")
+        }
+    );
+    let e = with_fence(
+        other,
+        svc.append_event("s1", event("e2", "user", "x", 2, &[])),
+    )
+    .await
+    .expect_err("fence of s2, by session id");
+    assert_eq!(
+        fence_error(&e),
+        FenceError::NotHeld {
+            session: "s1".into()
+        }
+    );
+    // Same session id, another user: not the same session.
+    let theirs = lease(&store, "u2", "s1", "turn").await;
+    let e = with_fence(
+        theirs.clone(),
+        svc.append_event_for_identity(append("u1", "s1", event("e3", "user", "x", 3, &[]))),
+    )
+    .await
+    .expect_err("fence of u2's s1");
+    assert_eq!(e.code, "session.fence_not_held");
+    // `append_event` by id goes to the fence's own session: u2's s1.
+    with_fence(
+        theirs,
+        svc.append_event("s1", event("e4", "user", "x", 4, &[])),
+    )
+    .await
+    .expect("u2's s1 under its own fence");
+    assert!(events_of(&svc, "u1", "s1").await.is_empty());
+    assert_eq!(events_of(&svc, "u2", "s1").await, ["e4"]);
+}
+
+async fn append_with_a_superseded_fence_is_stale<S: Store + Clone>(store: S, clock: FakeClock) {
+    let svc = FencedSessionService::new(store.clone(), clock.clone());
+    svc.create(create("u1", "s1", HashMap::new()))
+        .await
+        .expect("create");
+    let old = lease(&store, "u1", "s1", "turn-a").await;
+    with_fence(
+        old.clone(),
+        svc.append_event_for_identity(append("u1", "s1", event("e1", "user", "a", 1, &[]))),
+    )
+    .await
+    .expect("first holder appends");
+
+    // The first holder stalls past its TTL; a second takes the session.
+    clock.advance(TURN_TTL_MS + 1);
+    let new = lease(&store, "u1", "s1", "turn-b").await;
+    assert_eq!(new.fence, old.fence + 1);
+
+    for e in [
+        with_fence(
+            old.clone(),
+            svc.append_event_for_identity(append(
+                "u1",
+                "s1",
+                event("e2", "assistant", "late", 2, &[("app:leak", json!(1))]),
+            )),
+        )
+        .await
+        .expect_err("stale"),
+        with_fence(
+            old.clone(),
+            svc.append_event("s1", event("e2", "assistant", "late", 2, &[])),
+        )
+        .await
+        .expect_err("stale, by session id"),
+    ] {
+        assert_eq!(e.code, "session.fence_stale");
+        assert_eq!(
+            fence_error(&e),
+            FenceError::Stale {
+                fence: old.fence,
+                latest: new.fence
+            }
+        );
+    }
+    assert_eq!(events_of(&svc, "u1", "s1").await, ["e1"]);
+
+    with_fence(
+        new,
+        svc.append_event_for_identity(append("u1", "s1", event("e3", "user", "b", 3, &[]))),
+    )
+    .await
+    .expect("the new holder appends");
+    let session = svc.get(get("u1", "s1")).await.expect("get");
+    let ids: Vec<String> = session.events().all().into_iter().map(|e| e.id).collect();
+    assert_eq!(ids, ["e1", "e3"]);
+    assert_eq!(
+        session.state().get("app:leak"),
+        None,
+        "a refused event changes no state"
+    );
+}
+
+async fn create_refuses_an_existing_or_leased_session<S: Store + Clone>(
+    store: S,
+    clock: FakeClock,
+) {
+    let svc = FencedSessionService::new(store.clone(), clock);
+    svc.create(create("u1", "s1", state(&[("k", json!(1))])))
+        .await
+        .expect("create");
+    let e = svc
+        .create(create("u1", "s1", state(&[("k", json!(2))])))
+        .await
+        .err()
+        .expect("exists");
+    assert_eq!(e.code, "session.already_exists");
+    assert!(e.message.contains("s1"), "{}", e.message);
+    let s = svc.get(get("u1", "s1")).await.expect("get");
+    assert_eq!(s.state().get("k"), Some(json!(1)), "the first one is kept");
+    assert_eq!(
+        svc.list(list("u1", None, None)).await.expect("list").len(),
+        1
+    );
+
+    // A session a turn holds cannot be created under it.
+    let held = lease(&store, "u1", "s2", "turn").await;
+    let e = svc
+        .create(create("u1", "s2", HashMap::new()))
+        .await
+        .err()
+        .expect("busy");
+    assert_eq!(e.code, "session.busy");
+    release(&store, &held, "turn").await;
+    svc.create(create("u1", "s2", HashMap::new()))
+        .await
+        .expect("created once free");
+    // The turn's old fence is superseded by the create's lease.
+    let e = with_fence(
+        held,
+        svc.append_event_for_identity(append("u1", "s2", event("e1", "user", "x", 1, &[]))),
+    )
+    .await
+    .expect_err("stale");
+    assert_eq!(e.code, "session.fence_stale");
+}
+
+async fn get_of_a_missing_session_is_not_found<S: Store + Clone>(store: S, clock: FakeClock) {
+    let svc = FencedSessionService::new(store, clock);
+    let e = svc.get(get("u1", "nope")).await.err().expect("missing");
+    assert_eq!(e.code, "session.not_found");
+    assert_eq!(e.category, ErrorCategory::NotFound);
+    assert!(e.is_not_found());
+    let e = svc
+        .get_for_identity(&identity("u1", "nope"))
+        .await
+        .err()
+        .expect("missing");
+    assert_eq!(e.code, "session.not_found");
+    svc.delete(delete("u1", "nope"))
+        .await
+        .expect("delete of nothing");
+    assert!(
+        svc.list(list("u1", None, None))
+            .await
+            .expect("list")
+            .is_empty()
+    );
+}
+
+async fn append_after_delete_is_not_found_and_leaves_nothing<S: Store + Clone>(
+    store: S,
+    clock: FakeClock,
+) {
+    let svc = FencedSessionService::new(store.clone(), clock);
+    svc.create(create("u1", "s1", HashMap::new()))
+        .await
+        .expect("create");
+    let fence = lease(&store, "u1", "s1", "turn").await;
+    with_fence(
+        fence.clone(),
+        svc.append_event_for_identity(append("u1", "s1", event("e1", "user", "x", 1, &[]))),
+    )
+    .await
+    .expect("append");
+    svc.delete_for_identity(&identity("u1", "s1"))
+        .await
+        .expect("delete while the turn runs");
+    let e = with_fence(
+        fence.clone(),
+        svc.append_event_for_identity(append("u1", "s1", event("e2", "user", "x", 2, &[]))),
+    )
+    .await
+    .expect_err("deleted");
+    assert_eq!(e.code, "session.not_found");
+    assert_eq!(
+        store
+            .read_records(&fence.session_key, 0, 10)
+            .await
+            .expect("read")
+            .len(),
+        0,
+        "the lone event was removed"
+    );
+    assert!(svc.get(get("u1", "s1")).await.is_err());
+    release(&store, &fence, "turn").await;
+    let s = svc
+        .create(create("u1", "s1", HashMap::new()))
+        .await
+        .expect("created again");
+    assert!(s.events().is_empty());
+    assert_eq!(
+        svc.list(list("u1", None, None)).await.expect("list").len(),
+        1
+    );
+}
+
+/// The catalog and the app and user state are written once, then only
+/// sessions are used: they must not expire with the 7-day retention.
+async fn shared_state_outlives_retention_while_sessions_are_used<S: Store + Clone>(
+    store: S,
+    clock: FakeClock,
+) {
+    const DAY: u64 = 24 * 3_600_000;
+    let svc = FencedSessionService::new(store.clone(), clock.clone());
+    svc.create(create(
+        "u1",
+        "s1",
+        state(&[("app:a", json!(1)), ("user:u", json!(2))]),
+    ))
+    .await
+    .expect("create");
+    for n in 1..=3 {
+        clock.advance(5 * DAY);
+        let fence = lease(&store, "u1", "s1", &format!("turn-{n}")).await;
+        with_fence(
+            fence.clone(),
+            svc.append_event_for_identity(append(
+                "u1",
+                "s1",
+                event(&format!("e{n}"), "user", "x", n, &[]),
+            )),
+        )
+        .await
+        .expect("append");
+        release(&store, &fence, &format!("turn-{n}")).await;
+    }
+    clock.advance(5 * DAY);
+    let s = svc.get(get("u1", "s1")).await.expect("get after 20 days");
+    assert_eq!(s.events().len(), 3);
+    assert_eq!(s.state().get("app:a"), Some(json!(1)));
+    assert_eq!(s.state().get("user:u"), Some(json!(2)));
+    let listed = svc.list(list("u1", None, None)).await.expect("list");
+    assert_eq!(listed.len(), 1, "still in the catalog");
+}
+
+async fn corrupt_record_is_an_internal_error<S: Store + Clone>(store: S, clock: FakeClock) {
+    let svc = FencedSessionService::new(store.clone(), clock);
+    svc.create(create("u1", "s1", HashMap::new()))
+        .await
+        .expect("create");
+    let fence = lease(&store, "u1", "s1", "turn").await;
+    store
+        .append_fenced(&fence.session_key, fence.fence, b"{not json")
+        .await
+        .expect("append raw");
+    let e = svc.get(get("u1", "s1")).await.err().expect("corrupt");
+    assert_eq!(e.code, "session.corrupt_record");
+    assert_eq!(e.category, ErrorCategory::Internal);
+    assert!(e.message.contains(&fence.session_key), "{}", e.message);
+    let e = svc
+        .list(list("u1", None, None))
+        .await
+        .err()
+        .expect("corrupt");
+    assert_eq!(e.code, "session.corrupt_record");
+}
+
+async fn generated_ids_and_delete_all<S: Store + Clone>(store: S, clock: FakeClock) {
+    let svc = FencedSessionService::new(store, clock.clone());
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let s = svc
+            .create(CreateRequest {
+                session_id: None,
+                ..create("u1", "unused", HashMap::new())
+            })
+            .await
+            .expect("create");
+        assert!(!s.id().is_empty());
+        assert_eq!(s.last_update_time(), clock_time(&clock));
+        ids.push(s.id().to_owned());
+        clock.advance(1_000);
+    }
+    svc.create(create("u2", "kept", HashMap::new()))
+        .await
+        .expect("create");
+    let listed: Vec<String> = svc
+        .list(list("u1", None, None))
+        .await
+        .expect("list")
+        .iter()
+        .map(|s| s.id().to_owned())
+        .collect();
+    ids.reverse();
+    assert_eq!(listed, ids, "newest first");
+    svc.delete_all_sessions(APP, "u1")
+        .await
+        .expect("delete all");
+    assert!(
+        svc.list(list("u1", None, None))
+            .await
+            .expect("list")
+            .is_empty()
+    );
+    for id in &ids {
+        assert!(svc.get(get("u1", id)).await.is_err());
+    }
+    assert!(svc.get(get("u2", "kept")).await.is_ok());
+}
+
+fn clock_time(clock: &FakeClock) -> DateTime<Utc> {
+    use tollgate_core::Clock;
+    DateTime::from_timestamp_millis(i64::try_from(clock.now_ms()).expect("ms")).expect("time")
+}
