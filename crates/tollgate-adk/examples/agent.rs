@@ -1,7 +1,11 @@
-//! An adk-rust `LlmAgent` under tollgate, offline: the admission plugin
-//! admits each turn, `LimitedLlm` reserves and settles the tokens of each
-//! model call, and a `ToolBulkhead` caps a tool's concurrent calls. The
-//! model is a scripted fake, so this runs without a network or an API key.
+//! An adk-rust `LlmAgent` under tollgate, offline: the `TurnExecutor`
+//! takes a replica place, the session lease (with its fencing number) and
+//! admits each turn; sessions live in the tollgate store
+//! (`FencedSessionService`, every append fenced); `LimitedLlm` reserves and
+//! settles the tokens of each model call; a `ToolBulkhead` caps a tool's
+//! concurrent calls. The model is a scripted fake, so this runs without a
+//! network or an API key. (Without the executor, the runner-level
+//! `AdmissionPlugin` admits turns instead.)
 //!
 //! ```text
 //! cargo run -p tollgate-adk --example agent
@@ -19,14 +23,17 @@ use adk_core::{
     Content, Llm, LlmRequest, LlmResponse, LlmResponseStream, Part, SessionId, Tool, ToolContext,
     UsageMetadata, UserId, async_trait,
 };
-use adk_plugin::PluginManager;
 use adk_runner::Runner;
-use adk_session::{CreateRequest, InMemorySessionService, SessionService};
+use adk_session::{CreateRequest, SessionService};
 use futures::StreamExt;
 use serde_json::{Value, json};
-use tollgate_adk::{AdmissionPlugin, LimitedLlm, ModelCallEvent, ToolBulkhead, identify_calls};
+use tollgate_adk::{
+    FencedSessionService, LimitedLlm, ModelCallEvent, ToolBulkhead, TurnError, TurnExecutor,
+    TurnStream, denial_message, identify_calls,
+};
 use tollgate_core::{
-    Clock, Limiter, MemoryStore, PlanConfig, PlansConfig, RateConfig, Store, SystemClock,
+    Clock, Limiter, MemoryStore, PlanConfig, PlansConfig, RateConfig, ReplicaGate, Store,
+    SystemClock,
 };
 
 /// A scripted model: asked about the weather it calls the `get_weather`
@@ -186,7 +193,11 @@ fn describe(e: &ModelCallEvent) -> String {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store = MemoryStore::new(SystemClock);
-    let limiter = Arc::new(Limiter::new(store, SystemClock, plans().validate()?));
+    let limiter = Arc::new(Limiter::new(
+        store.clone(),
+        SystemClock,
+        plans().validate()?,
+    ));
 
     let model = LimitedLlm::new(ScriptedModel, Arc::clone(&limiter))
         .on_event(|e| println!("    limiter: {}", describe(e)));
@@ -196,15 +207,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .before_model_callback(identify_calls())
         .tool(Arc::new(ToolBulkhead::new(Weather, 4, 500, clock)))
         .build()?;
-    let sessions = Arc::new(InMemorySessionService::new());
+    // Sessions live in the tollgate store; every append is fenced.
+    let sessions = Arc::new(FencedSessionService::new(store, SystemClock));
     let runner = Runner::builder()
         .app_name("demo")
         .agent(Arc::new(agent))
         .session_service(Arc::clone(&sessions) as Arc<dyn SessionService>)
-        .plugin_manager(Arc::new(PluginManager::new(vec![
-            AdmissionPlugin::new(Arc::clone(&limiter)).into_plugin(),
-        ])))
         .build()?;
+    // The executor takes a replica place, the session lease, then admits
+    // the turn (so the runner needs no admission plugin).
+    let executor = TurnExecutor::new(Arc::new(runner), Arc::clone(&limiter), ReplicaGate::new(8));
 
     let turns = [
         ("alice", "What's the weather in Paris?"),
@@ -216,43 +228,26 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("bob", "One more?"),
     ];
     for (user, message) in turns {
-        // The user id must come from a verified principal in a real host.
-        if sessions
-            .get(adk_session::GetRequest {
-                app_name: "demo".into(),
-                user_id: user.into(),
-                session_id: format!("{user}-chat"),
-                num_recent_events: None,
-                after: None,
-            })
-            .await
-            .is_err()
-        {
-            sessions
-                .create(CreateRequest {
-                    app_name: "demo".into(),
-                    user_id: user.into(),
-                    session_id: Some(format!("{user}-chat")),
-                    state: HashMap::new(),
-                })
-                .await?;
-        }
+        chat(&sessions, user).await?;
         println!("{user}: {message}");
-        let mut events = runner
-            .run(
-                UserId::new(user)?,
-                SessionId::new(format!("{user}-chat"))?,
-                Content::new("user").with_text(message),
-            )
-            .await?;
-        while let Some(event) = events.next().await {
-            let event = event?;
-            if let Some(content) = &event.llm_response.content {
-                let said = text_of(content);
-                if !said.is_empty() {
-                    println!("  {}: {said}", event.author);
+        match turn(&executor, user, message).await {
+            Ok(mut events) => {
+                println!(
+                    "  [turn {} holds session fence {}]",
+                    events.invocation_id().unwrap_or("?"),
+                    events.fence().fence
+                );
+                while let Some(event) = events.next().await {
+                    let event = event?;
+                    if let Some(content) = &event.llm_response.content {
+                        let said = text_of(content);
+                        if !said.is_empty() {
+                            println!("  {}: {said}", event.author);
+                        }
+                    }
                 }
             }
+            Err(e) => println!("  refused: {}", refusal(&e)),
         }
         let plan = limiter.plan_for(user)?;
         let state = limiter
@@ -264,5 +259,74 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             state.turns_available, state.tokens_available
         );
     }
+
+    // Two turns of one conversation never interleave: while carol's first
+    // turn holds her session, a second one is refused.
+    chat(&sessions, "carol").await?;
+    println!("carol: (two messages at once)");
+    let first = turn(&executor, "carol", "First question").await?;
+    match turn(&executor, "carol", "Second question").await {
+        Ok(_) => println!("  the second turn ran too (unexpected)"),
+        Err(e) => println!("  second turn refused: {}", refusal(&e)),
+    }
+    // The first turn runs to its end, which frees the session at once (a
+    // client that disconnects, dropping the stream, frees it too).
+    let mut first = first;
+    while let Some(event) = first.next().await {
+        event?;
+    }
+    let again = turn(&executor, "carol", "Second question").await?;
+    println!(
+        "  after the first ended, the second runs with fence {}",
+        again.fence().fence
+    );
     Ok(())
+}
+
+/// Creates `user`'s chat session if it does not exist yet.
+async fn chat(sessions: &FencedSessionService<MemoryStore>, user: &str) -> adk_core::Result<()> {
+    let exists = sessions
+        .get(adk_session::GetRequest {
+            app_name: "demo".into(),
+            user_id: user.into(),
+            session_id: format!("{user}-chat"),
+            num_recent_events: None,
+            after: None,
+        })
+        .await
+        .is_ok();
+    if !exists {
+        sessions
+            .create(CreateRequest {
+                app_name: "demo".into(),
+                user_id: user.into(),
+                session_id: Some(format!("{user}-chat")),
+                state: HashMap::new(),
+            })
+            .await?;
+    }
+    Ok(())
+}
+
+/// Starts a turn of `user` (whose id, in a real host, comes from a verified
+/// principal) in their chat session.
+async fn turn(
+    executor: &TurnExecutor<MemoryStore>,
+    user: &str,
+    message: &str,
+) -> Result<TurnStream<MemoryStore>, TurnError> {
+    let user_id = UserId::new(user).map_err(|e| TurnError::Runner(e.into()))?;
+    let session_id =
+        SessionId::new(format!("{user}-chat")).map_err(|e| TurnError::Runner(e.into()))?;
+    executor
+        .execute(user_id, session_id, Content::new("user").with_text(message))
+        .await
+}
+
+/// What to tell the user about a refused turn.
+fn refusal(e: &TurnError) -> String {
+    match e {
+        TurnError::Denied(denial) => denial_message(denial),
+        other => other.to_string(),
+    }
 }

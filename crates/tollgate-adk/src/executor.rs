@@ -109,6 +109,11 @@ impl std::error::Error for TurnError {
 /// instead of after the TTL. Renewal and release on drop run on spawned
 /// tasks: a tokio runtime must be running.
 ///
+/// The session must exist before its turn starts (adk's runner would
+/// otherwise try to create it while the turn holds its lease, and a
+/// [`FencedSessionService`](crate::FencedSessionService) refuses that as
+/// busy).
+///
 /// The identity is the `user_id` passed to `execute`, which the host must
 /// take from a verified principal. With this executor the runner does not
 /// need the [`AdmissionPlugin`](crate::AdmissionPlugin) (if it has it, the

@@ -11,7 +11,15 @@
 //!   [`Estimator`] (default [`MovingAverage`]) and exactly-once settlement;
 //!   pair it with the [`identify_calls`] callback on each agent;
 //! - [`ToolBulkhead`]: a cap on the concurrent calls of one adk tool on this
-//!   replica.
+//!   replica;
+//! - [`TurnExecutor`]: `Runner` turns under the replica gate, the session
+//!   lease (taken before admission, renewed every ttl/3, fencing number)
+//!   and the run lease, all freed exactly once when the stream ends or is
+//!   dropped;
+//! - [`FencedSessionService`]: an adk-session `SessionService` kept in the
+//!   tollgate store, whose every event append is checked against the
+//!   session's latest fence ([`TurnFence`]), so a turn whose lease was
+//!   taken over cannot write.
 //!
 //! ```no_run
 //! # use std::sync::Arc;

@@ -14,7 +14,9 @@ use adk_session::InMemorySessionService;
 use futures::StreamExt;
 use support::{FakeLlm, Harness, Reply, Step, chunk, is_reply};
 use tokio::sync::{Notify, Semaphore};
-use tollgate_adk::{TurnError, TurnExecutor, TurnStream, session_key};
+use tollgate_adk::{
+    FenceError, FencedSessionService, TurnError, TurnExecutor, TurnStream, session_key,
+};
 use tollgate_core::lease::SessionAcquire;
 use tollgate_core::{Denial, FakeClock, Limit, ReplicaGate, Store};
 use tollgate_testkit::scenarios::support as support_plan;
@@ -25,6 +27,7 @@ on_every_store!(
     a_long_turn_keeps_its_leases,
     the_gate_rejects_over_its_cap_and_retries_hold_one_permit,
     a_denied_turn_releases_its_session_lease,
+    a_late_append_after_a_takeover_is_rejected,
 );
 
 const TTL: u64 = 30_000;
@@ -321,4 +324,114 @@ async fn a_denied_turn_releases_its_session_lease<S: Store + Clone>(store: S, cl
     assert!(is_reply(&a.await.expect("join")));
     assert!(is_reply(&b.await.expect("join")));
     assert_eq!(s.executor.gate().in_flight(), 0);
+}
+
+/// Runs a turn to its end: its texts, and the error it ended with.
+async fn outcome<S: Store>(mut stream: TurnStream<S>) -> (Vec<String>, Option<adk_core::AdkError>) {
+    let mut out = Vec::new();
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(event) => {
+                if let Some(content) = event.llm_response.content {
+                    for part in content.parts {
+                        if let adk_core::Part::Text { text } = part {
+                            out.push(text);
+                        }
+                    }
+                }
+            }
+            Err(e) => return (out, Some(e)),
+        }
+    }
+    (out, None)
+}
+
+/// Sessions in the store (`FencedSessionService`): turn A holds session s1
+/// and is paused past its session TTL (the clock jumps 31 s at once, so its
+/// renewal comes too late and finds the lease lost); turn B takes the
+/// session over with a higher fence and completes. When A resumes, its
+/// model reply is refused by the store (stale fence), A ends with that
+/// error, and the history holds A's user message, then B's turn — nothing
+/// of A after B.
+async fn a_late_append_after_a_takeover_is_rejected<S: Store + Clone>(store: S, clock: FakeClock) {
+    let sessions = Arc::new(FencedSessionService::new(store.clone(), clock.clone()));
+    let h = Harness::assemble(
+        store,
+        clock,
+        support_plan(),
+        FakeLlm::replying(),
+        sessions,
+        false,
+        |m| m,
+    );
+    let executor = TurnExecutor::new(
+        Arc::clone(&h.runner),
+        Arc::clone(&h.limiter),
+        ReplicaGate::new(4),
+    )
+    .with_session_ttl_ms(TTL);
+    h.session("u1", "s1").await;
+    let gate = Arc::new(Semaphore::new(0));
+    h.model.push(gated(&gate));
+    let turn = |text: &'static str| {
+        executor.execute(
+            UserId::new("u1").expect("user"),
+            SessionId::new("s1").expect("session"),
+            Content::new("user").with_text(text),
+        )
+    };
+    let a = turn("from A").await.expect("A admitted");
+    let (a_invocation, a_fence) = (a.invocation_id().expect("id").to_owned(), a.fence().fence);
+    let a = tokio::spawn(outcome(a));
+    while h.model.calls() < 1 {
+        tokio::task::yield_now().await;
+    }
+
+    h.clock.advance(TTL + 1_000);
+    let b = turn("from B").await.expect("B takes the session over");
+    let b_fence = b.fence().fence;
+    assert_eq!(b_fence, a_fence + 1);
+    let (b_texts, b_error) = outcome(b).await;
+    assert!(b_error.is_none(), "{b_error:?}");
+    assert!(is_reply(&b_texts), "{b_texts:?}");
+
+    gate.add_permits(1);
+    let (_, a_error) = a.await.expect("join");
+    let a_error = a_error.expect("A's late append is refused");
+    assert_eq!(a_error.code, "session.fence_stale");
+    assert_eq!(
+        FenceError::find_in(&a_error),
+        Some(&FenceError::Stale {
+            fence: a_fence,
+            latest: b_fence
+        })
+    );
+
+    let history = h
+        .sessions
+        .get(adk_session::GetRequest {
+            app_name: support::APP.into(),
+            user_id: "u1".into(),
+            session_id: "s1".into(),
+            num_recent_events: None,
+            after: None,
+        })
+        .await
+        .expect("session");
+    let events = history.events().all();
+    let who: Vec<(bool, String)> = events
+        .iter()
+        .map(|e| (e.invocation_id == a_invocation, e.author.clone()))
+        .collect();
+    assert_eq!(
+        who,
+        vec![
+            (true, "user".to_owned()),
+            (false, "user".to_owned()),
+            (false, "assistant".to_owned()),
+        ],
+        "A's user message, then B's turn; nothing of A after B"
+    );
+    assert_eq!(executor.gate().in_flight(), 0);
+    assert_eq!(h.leases("u1").await, 0, "A's run lease released at its end");
 }
