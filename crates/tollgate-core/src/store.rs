@@ -13,10 +13,10 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::aimd::AimdParams;
 use crate::bucket::BucketSpec;
 use crate::decision::Denial;
 use crate::error::StoreError;
-use crate::aimd::AimdParams;
 use crate::lease::{Admit, SessionAcquire, SessionGrant, TurnParams};
 
 pub mod memory;

@@ -1,0 +1,370 @@
+//! Provider limits as data: per provider key (provider, model), requests
+//! and tokens per period with bursts, a policy, AIMD parameters and
+//! optional tenant shares (SPEC §5), validated into [`ProviderBook`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::aimd::{AimdParams, FULL};
+use crate::bucket::{BucketSpec, MAX_SCALED};
+use crate::plan::{FieldError, InvalidPlans, RateConfig};
+
+use super::feedback::ProviderKind;
+
+/// What a permit does when the provider's buckets cannot grant at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// Wait, if the wait fits the call's deadline (`max_wait_ms`).
+    #[default]
+    Block,
+    /// Refuse at once.
+    Reject,
+}
+
+/// A tenant's share of a provider key's pool.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// The fraction of every pool rate (and burst) the tenant may use:
+    /// more than 0, at most 1. Shares need not add up to 1.
+    pub share: f64,
+}
+
+/// One provider key's limits as written in config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    /// Whose conventions to read in its answers (`openai`, `anthropic`,
+    /// `gemini`, `generic`). Defaults to the provider's name when it is one
+    /// of those, else `generic`.
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// Requests per period (RPM), with its burst.
+    #[serde(default)]
+    pub requests: Option<RateConfig>,
+    /// Tokens per period (TPM), input and output together.
+    #[serde(default)]
+    pub tokens: Option<RateConfig>,
+    /// Input tokens per period, when the provider limits them apart.
+    #[serde(default)]
+    pub input_tokens: Option<RateConfig>,
+    /// Output tokens per period, when the provider limits them apart.
+    #[serde(default)]
+    pub output_tokens: Option<RateConfig>,
+    /// `block` (default) or `reject`.
+    #[serde(default)]
+    pub policy: Policy,
+    /// The longest a permit waits under `block`, ms (default 4,000). A
+    /// call's own deadline can shorten it.
+    #[serde(default)]
+    pub max_wait_ms: Option<i64>,
+    /// AIMD parameters (defaults: floor 10 %, step 5 %, decrease interval
+    /// 5 s, increase interval 10 s).
+    #[serde(default)]
+    pub aimd: Option<AimdParams>,
+    /// Tenant shares of the pool, by tenant name.
+    #[serde(default)]
+    pub tenants: BTreeMap<String, TenantConfig>,
+}
+
+/// The default `max_wait_ms` of a provider key: 4,000 ms.
+pub const DEFAULT_PROVIDER_MAX_WAIT_MS: u64 = 4_000;
+
+/// Provider keys as written in config: `"provider:model"` → limits.
+pub type ProvidersConfig = BTreeMap<String, ProviderConfig>;
+
+/// One validated provider key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Provider {
+    /// The provider, e.g. `openai`.
+    pub provider: Arc<str>,
+    /// The model, e.g. `gpt-4o`.
+    pub model: Arc<str>,
+    /// How its answers are read.
+    pub kind: ProviderKind,
+    /// Requests bucket.
+    pub requests: Option<BucketSpec>,
+    /// Tokens bucket (input + output).
+    pub tokens: Option<BucketSpec>,
+    /// Input tokens bucket.
+    pub input_tokens: Option<BucketSpec>,
+    /// Output tokens bucket.
+    pub output_tokens: Option<BucketSpec>,
+    /// Block or reject.
+    pub policy: Policy,
+    /// Longest wait under `block`, ms.
+    pub max_wait_ms: u64,
+    /// AIMD parameters.
+    pub aimd: AimdParams,
+    /// Tenant shares of the pool.
+    pub tenants: HashMap<String, Tenant>,
+    /// The pool's store keys.
+    pub keys: ProviderKeys,
+}
+
+/// Validated provider keys, by provider, then model.
+#[derive(Debug, Clone, Default)]
+pub struct ProviderBook {
+    keys: HashMap<String, HashMap<String, Arc<Provider>>>,
+}
+
+impl ProviderBook {
+    /// The limits of `provider`'s `model`, if configured.
+    pub fn get(&self, provider: &str, model: &str) -> Option<&Arc<Provider>> {
+        self.keys.get(provider)?.get(model)
+    }
+
+    /// Every configured provider key.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Provider>> {
+        self.keys.values().flat_map(HashMap::values)
+    }
+
+    /// Whether no provider key is configured.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+}
+
+/// The store keys of one provider key; all share the hash tag
+/// `{provider:model}`, so one multi-bucket take touches one slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderKeys {
+    /// Requests bucket.
+    pub requests: String,
+    /// Tokens bucket.
+    pub tokens: String,
+    /// Input tokens bucket.
+    pub input_tokens: String,
+    /// Output tokens bucket.
+    pub output_tokens: String,
+    /// Cooldown.
+    pub cooldown: String,
+    /// AIMD state.
+    pub aimd: String,
+}
+
+impl ProviderKeys {
+    fn new(provider: &str, model: &str) -> Self {
+        let tag = format!("{{{provider}:{model}}}");
+        Self {
+            requests: format!("{tag}:rpm"),
+            tokens: format!("{tag}:tpm"),
+            input_tokens: format!("{tag}:itpm"),
+            output_tokens: format!("{tag}:otpm"),
+            cooldown: format!("{tag}:cooldown"),
+            aimd: format!("{tag}:aimd"),
+        }
+    }
+
+    /// The same buckets for one tenant (its share of the pool).
+    fn tenant(provider: &str, model: &str, tenant: &str) -> Self {
+        let tag = format!("{{{provider}:{model}}}:t:{tenant}");
+        Self {
+            requests: format!("{tag}:rpm"),
+            tokens: format!("{tag}:tpm"),
+            input_tokens: format!("{tag}:itpm"),
+            output_tokens: format!("{tag}:otpm"),
+            cooldown: String::new(),
+            aimd: String::new(),
+        }
+    }
+}
+
+/// A tenant's share and keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenant {
+    /// Its share of every pool rate, permille.
+    pub share_permille: u32,
+    /// Its buckets' keys.
+    pub keys: ProviderKeys,
+}
+
+/// Characters a provider, model or tenant name may not contain: they would
+/// break the keys' hash tag or separators.
+const FORBIDDEN: &[char] = &['{', '}', ':'];
+
+fn name_ok(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 200 && !s.contains(FORBIDDEN) && !s.contains(char::is_control)
+}
+
+/// Validates provider keys.
+///
+/// # Errors
+///
+/// Every problem, each with its field path (`providers."openai:gpt-4o".requests.amount`):
+/// a key that is not `provider:model`, names with `{`, `}` or `:`, no limit
+/// at all, bad rates, a negative wait, a share outside (0, 1], AIMD floor or
+/// step outside 1..=1000 permille.
+pub fn validate_providers(cfg: &ProvidersConfig) -> Result<ProviderBook, InvalidPlans> {
+    let mut errors = Vec::new();
+    let mut err = |path: String, reason: String| errors.push(FieldError { path, reason });
+    let mut keys: HashMap<String, HashMap<String, Arc<Provider>>> = HashMap::new();
+    for (key, c) in cfg {
+        let path = format!("providers.{key:?}");
+        let Some((provider, model)) = key.split_once(':') else {
+            err(path, "the key must be \"provider:model\"".into());
+            continue;
+        };
+        if !name_ok(provider) || !name_ok(model) {
+            err(
+                path,
+                "provider and model must be non-empty and free of '{', '}', ':' and control characters"
+                    .into(),
+            );
+            continue;
+        }
+        let kind = match &c.kind {
+            Some(k) => match k.parse::<ProviderKind>() {
+                Ok(k) => k,
+                Err(_) => {
+                    err(
+                        format!("{path}.kind"),
+                        format!("unknown kind {k:?} (openai, anthropic, gemini, generic)"),
+                    );
+                    ProviderKind::Generic
+                }
+            },
+            None => provider.parse().unwrap_or(ProviderKind::Generic),
+        };
+        let mut rate = |name: &str, r: &Option<RateConfig>| -> Option<BucketSpec> {
+            let r = r.as_ref()?;
+            let p = format!("{path}.{name}");
+            let burst = r.burst.unwrap_or(r.amount);
+            if r.amount < 1 || r.period_ms < 1 || burst < 1 {
+                err(
+                    p,
+                    format!(
+                        "amount, period_ms and burst must be at least 1 (got {}, {}, {burst})",
+                        r.amount, r.period_ms
+                    ),
+                );
+                return None;
+            }
+            match BucketSpec::new(r.amount as u64, r.period_ms as u64, burst as u64) {
+                Ok(s) => Some(s),
+                Err(_) => {
+                    err(
+                        p,
+                        "burst × period_ms and amount × period_ms must not exceed 2^53".into(),
+                    );
+                    None
+                }
+            }
+        };
+        let requests = rate("requests", &c.requests);
+        let tokens = rate("tokens", &c.tokens);
+        let input_tokens = rate("input_tokens", &c.input_tokens);
+        let output_tokens = rate("output_tokens", &c.output_tokens);
+        if c.requests.is_none()
+            && c.tokens.is_none()
+            && c.input_tokens.is_none()
+            && c.output_tokens.is_none()
+        {
+            err(
+                path.clone(),
+                "set at least one of requests, tokens, input_tokens, output_tokens".into(),
+            );
+        }
+        let max_wait_ms = match c.max_wait_ms {
+            None => DEFAULT_PROVIDER_MAX_WAIT_MS,
+            Some(w) if w < 0 => {
+                err(
+                    format!("{path}.max_wait_ms"),
+                    format!("must not be negative (got {w})"),
+                );
+                0
+            }
+            Some(w) => w as u64,
+        };
+        for spec in [requests, tokens, input_tokens, output_tokens]
+            .into_iter()
+            .flatten()
+        {
+            if u128::from(spec.capacity()) * u128::from(spec.period_ms())
+                + u128::from(max_wait_ms) * u128::from(spec.amount())
+                > MAX_SCALED as u128
+            {
+                err(
+                    format!("{path}.max_wait_ms"),
+                    "burst × period_ms + max_wait_ms × amount must not exceed 2^53".into(),
+                );
+                break;
+            }
+        }
+        let aimd = c.aimd.unwrap_or_default();
+        if !(1..=FULL).contains(&aimd.floor_permille) || !(1..=FULL).contains(&aimd.step_permille) {
+            err(
+                format!("{path}.aimd"),
+                "floor_permille and step_permille must be 1 to 1000".into(),
+            );
+        }
+        if aimd.decrease_interval_ms == 0 || aimd.increase_interval_ms == 0 {
+            err(
+                format!("{path}.aimd"),
+                "decrease_interval_ms and increase_interval_ms must be at least 1".into(),
+            );
+        }
+        let mut tenants = HashMap::new();
+        for (name, t) in &c.tenants {
+            let p = format!("{path}.tenants.{name:?}");
+            if !name_ok(name) {
+                err(
+                    p,
+                    "tenant names must be free of '{', '}', ':' and control characters".into(),
+                );
+                continue;
+            }
+            if !(t.share > 0.0 && t.share <= 1.0) {
+                err(
+                    format!("{p}.share"),
+                    format!("must be more than 0 and at most 1 (got {})", t.share),
+                );
+                continue;
+            }
+            // Rounded to permille, at least 1.
+            let permille = ((t.share * f64::from(FULL)).round() as u32).clamp(1, FULL);
+            tenants.insert(
+                name.clone(),
+                Tenant {
+                    share_permille: permille,
+                    keys: ProviderKeys::tenant(provider, model, name),
+                },
+            );
+        }
+        keys.entry(provider.to_owned()).or_default().insert(
+            model.to_owned(),
+            Arc::new(Provider {
+                provider: provider.into(),
+                model: model.into(),
+                kind,
+                requests,
+                tokens,
+                input_tokens,
+                output_tokens,
+                policy: c.policy,
+                max_wait_ms,
+                aimd: aimd.clamped(),
+                tenants,
+                keys: ProviderKeys::new(provider, model),
+            }),
+        );
+    }
+    if errors.is_empty() {
+        Ok(ProviderBook { keys })
+    } else {
+        Err(InvalidPlans { errors })
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Policy::Block => "block",
+            Policy::Reject => "reject",
+        })
+    }
+}
