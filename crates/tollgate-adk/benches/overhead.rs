@@ -7,6 +7,9 @@
 //! * `turn/bare`: one whole turn through `Runner::run` (in-memory sessions,
 //!   an `LlmAgent` on the fake model), the event stream read to its end.
 //! * `turn/limited`: the same with the `AdmissionPlugin` and `LimitedLlm`.
+//! * `turn/executor_fenced`: the turn through `TurnExecutor` (replica gate,
+//!   session lease, admission, renewal timer, release) with `LimitedLlm`,
+//!   sessions kept in the memory store by `FencedSessionService`.
 //!
 //! Users rotate over 10,000 ids (one session each), so per-user state stays
 //! small; the plan never refuses. A current-thread tokio runtime drives
@@ -26,8 +29,13 @@ use adk_runner::Runner;
 use adk_session::{CreateRequest, InMemorySessionService, SessionService};
 use criterion::Criterion;
 use futures::StreamExt;
-use tollgate_adk::{AdmissionPlugin, IDENTITY_EXTENSION, LimitedLlm, identify_calls};
-use tollgate_core::{Limiter, MemoryStore, PlanConfig, PlansConfig, RateConfig, SystemClock};
+use tollgate_adk::{
+    AdmissionPlugin, FencedSessionService, IDENTITY_EXTENSION, LimitedLlm, TurnExecutor,
+    identify_calls,
+};
+use tollgate_core::{
+    Limiter, MemoryStore, PlanConfig, PlansConfig, RateConfig, ReplicaGate, Store, SystemClock,
+};
 
 const USERS: usize = 10_000;
 
@@ -142,7 +150,7 @@ fn model_call(c: &mut Criterion) {
     g.finish();
 }
 
-fn runner(limited: bool) -> (Runner, Arc<InMemorySessionService>) {
+fn runner(limited: bool) -> (Runner, Arc<dyn SessionService>) {
     let limiter = limiter();
     let builder = LlmAgentBuilder::new("assistant");
     let agent = if limited {
@@ -154,7 +162,7 @@ fn runner(limited: bool) -> (Runner, Arc<InMemorySessionService>) {
     }
     .build()
     .expect("agent");
-    let sessions = Arc::new(InMemorySessionService::new());
+    let sessions: Arc<dyn SessionService> = Arc::new(InMemorySessionService::new());
     let plugins = if limited {
         vec![AdmissionPlugin::new(limiter).into_plugin()]
     } else {
@@ -163,7 +171,7 @@ fn runner(limited: bool) -> (Runner, Arc<InMemorySessionService>) {
     let runner = Runner::builder()
         .app_name("bench")
         .agent(Arc::new(agent))
-        .session_service(Arc::clone(&sessions) as Arc<dyn SessionService>)
+        .session_service(Arc::clone(&sessions))
         .plugin_manager(Arc::new(PluginManager::new(plugins)))
         .build()
         .expect("runner");
@@ -178,19 +186,7 @@ fn turn(c: &mut Criterion) {
     let mut g = c.benchmark_group("turn");
     for (name, limited) in [("bare", false), ("limited", true)] {
         let (runner, sessions) = runner(limited);
-        rt.block_on(async {
-            for user in &users {
-                sessions
-                    .create(CreateRequest {
-                        app_name: "bench".into(),
-                        user_id: user.clone(),
-                        session_id: Some(user.clone()),
-                        state: HashMap::new(),
-                    })
-                    .await
-                    .expect("session");
-            }
-        });
+        create_sessions(&rt, &sessions, &users);
         let n = AtomicUsize::new(0);
         g.bench_function(name, |b| {
             b.iter(|| {
@@ -211,7 +207,65 @@ fn turn(c: &mut Criterion) {
             });
         });
     }
+    // The executor over fenced sessions in the store.
+    let limiter = limiter();
+    let agent = LlmAgentBuilder::new("assistant")
+        .model(Arc::new(LimitedLlm::new(Fake, Arc::clone(&limiter))))
+        .before_model_callback(identify_calls())
+        .build()
+        .expect("agent");
+    let sessions: Arc<dyn SessionService> = Arc::new(FencedSessionService::new(
+        limiter.store().clone(),
+        SystemClock,
+    ));
+    let runner = Runner::builder()
+        .app_name("bench")
+        .agent(Arc::new(agent))
+        .session_service(Arc::clone(&sessions))
+        .build()
+        .expect("runner");
+    let executor = TurnExecutor::new(Arc::new(runner), limiter, ReplicaGate::new(1_000));
+    create_sessions(&rt, &sessions, &users);
+    let n = AtomicUsize::new(0);
+    g.bench_function("executor_fenced", |b| {
+        b.iter(|| {
+            let user = &users[n.fetch_add(1, Ordering::Relaxed) % USERS];
+            rt.block_on(async {
+                let mut events = executor
+                    .execute(
+                        UserId::new(user.as_str()).expect("id"),
+                        SessionId::new(user.as_str()).expect("id"),
+                        Content::new("user").with_text("hello"),
+                    )
+                    .await
+                    .expect("admitted");
+                while let Some(e) = events.next().await {
+                    e.expect("event");
+                }
+            });
+        });
+    });
     g.finish();
+}
+
+fn create_sessions(
+    rt: &tokio::runtime::Runtime,
+    sessions: &Arc<dyn SessionService>,
+    users: &[String],
+) {
+    rt.block_on(async {
+        for user in users {
+            sessions
+                .create(CreateRequest {
+                    app_name: "bench".into(),
+                    user_id: user.clone(),
+                    session_id: Some(user.clone()),
+                    state: HashMap::new(),
+                })
+                .await
+                .expect("session");
+        }
+    });
 }
 
 // What `criterion_group!`/`criterion_main!` expand to, written out so no
