@@ -34,7 +34,7 @@ use tollgate_adk::{
     identify_calls,
 };
 use tollgate_core::{
-    Limiter, MemoryStore, PlanConfig, PlansConfig, RateConfig, ReplicaGate, Store, SystemClock,
+    Limiter, MemoryStore, PlanConfig, PlansConfig, RateConfig, ReplicaGate, SystemClock,
 };
 
 const USERS: usize = 10_000;

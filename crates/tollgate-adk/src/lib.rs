@@ -74,7 +74,7 @@ pub use estimator::{CallShape, Estimator, MovingAverage, Usage};
 pub use executor::{DEFAULT_SESSION_TTL_MS, TurnError, TurnExecutor, TurnStream};
 pub use fence::{TurnFence, session_key, with_fence};
 pub use model::{
-    IDENTITY_EXTENSION, LimitedLlm, ModelCallEvent, RefundReason, identify_calls,
+    IDENTITY_EXTENSION, LimitedLlm, ModelCallEvent, RefundReason, feedback_of, identify_calls,
     stopped_early_message,
 };
 pub use sessions::{FenceError, FencedSessionService};

@@ -10,6 +10,10 @@ use adk_core::{
     ErrorComponent, Llm, LlmRequest, LlmResponse, LlmResponseStream, async_trait,
 };
 use futures::Stream;
+use tollgate_core::provider::{
+    AttemptError, Feedback, PermitRequest, ProviderError, ProviderGovernor, Retrier, RetryError,
+    ThrottleScope,
+};
 use tollgate_core::{Decision, Denial, Limit, Limiter, LimiterError, ReservationId, Store};
 
 use crate::estimator::{CallShape, Estimator, MovingAverage, Usage};
@@ -89,6 +93,9 @@ pub enum RefundReason {
     /// The response stream was dropped before it ended and before any
     /// usage was reported.
     Dropped,
+    /// The model provider's quota refused the call (rate, cooldown or
+    /// exhaustion): the model was not called.
+    ProviderRefused,
 }
 
 type Observer = Arc<dyn Fn(&ModelCallEvent) + Send + Sync>;
@@ -136,6 +143,19 @@ pub struct LimitedLlm<L, S> {
     limiter: Arc<Limiter<S>>,
     estimator: Arc<dyn Estimator>,
     observer: Option<Observer>,
+    provider: Option<ProviderBinding<S>>,
+    retrier: Option<Arc<Retrier>>,
+}
+
+/// Picks the tenant of a user's calls (its share of a provider key).
+type TenantOf = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+/// The provider key a [`LimitedLlm`]'s calls are governed by.
+struct ProviderBinding<S> {
+    governor: Arc<ProviderGovernor<S>>,
+    provider: String,
+    model: String,
+    tenant_of: Option<TenantOf>,
 }
 
 impl<L, S> std::fmt::Debug for LimitedLlm<L, S> {
@@ -152,7 +172,59 @@ impl<L: Llm, S: Store + Clone> LimitedLlm<L, S> {
             limiter,
             estimator: Arc::new(MovingAverage::new()),
             observer: None,
+            provider: None,
+            retrier: None,
         }
+    }
+
+    /// Retries failed model calls with `retrier` — the one retry layer
+    /// (SPEC §5): full-jitter exponential backoff on the limiter's clock,
+    /// the provider's hint honoured, a max attempt count and a retry
+    /// budget. Only answers that can pass are retried (rate-limited,
+    /// unavailable, timed out, upstream 5xx — see [`feedback_of`]). Each
+    /// retry takes a new provider permit (with
+    /// [`with_provider`](Self::with_provider)) but is not charged to the
+    /// user again: the user's reservation is made once. Share one retrier
+    /// per provider key per replica.
+    pub fn with_retries(mut self, retrier: Arc<Retrier>) -> Self {
+        self.retrier = Some(retrier);
+        self
+    }
+
+    /// Governs every call by `provider`'s `model` quota too (SPEC §5): after
+    /// the user's tokens are reserved, the call takes a provider permit
+    /// within what is left of the plan's `max_wait_ms` (one deadline for
+    /// both waits). If the provider's quota refuses, the user's reservation
+    /// is refunded and the run is told it stopped early. A model error is
+    /// reported to the governor as the provider's answer (a rate-limited
+    /// error counts as a 429: cooldown and AIMD). A key the governor does
+    /// not know is not limited.
+    pub fn with_provider(
+        mut self,
+        governor: Arc<ProviderGovernor<S>>,
+        provider: impl Into<String>,
+        model: impl Into<String>,
+    ) -> Self {
+        self.provider = Some(ProviderBinding {
+            governor,
+            provider: provider.into(),
+            model: model.into(),
+            tenant_of: None,
+        });
+        self
+    }
+
+    /// With [`with_provider`](Self::with_provider): `tenant_of(user)`
+    /// names the tenant whose share of the provider key a user's calls
+    /// use (`None`: the pool alone).
+    pub fn with_tenant(
+        mut self,
+        tenant_of: impl Fn(&str) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        if let Some(b) = &mut self.provider {
+            b.tenant_of = Some(Arc::new(tenant_of));
+        }
+        self
     }
 
     /// Replaces the estimator.
@@ -259,6 +331,7 @@ pub fn stopped_early_message(denial: &Denial) -> String {
             let secs = denial.retry_after_secs().unwrap_or(1).max(1);
             let what = match limit {
                 Limit::TokenRate => "your per-minute token limit".to_owned(),
+                Limit::Bucket | Limit::Cooldown => "the model provider's rate limit".to_owned(),
                 other => format!("the {other} limit"),
             };
             format!("I stopped early because {what} was reached. Please try again in {secs} s.")
@@ -379,21 +452,203 @@ impl<L: Llm, S: Store + Clone> Llm for LimitedLlm<L, S> {
                 how: Close::Settle,
             }),
         };
-        match self.inner.generate_content(request, stream).await {
-            Ok(inner) => Ok(Box::pin(Metered {
-                inner,
-                ticket,
-                closing: None,
-                done: false,
-            })),
-            Err(error) => {
-                // On its own task: the refund completes even if this call
-                // is dropped meanwhile.
-                if let Some(pending) = ticket.close(Close::Refund(RefundReason::ModelError)) {
-                    detach(pending).await;
+        // One deadline for the user's wait and the provider's.
+        let deadline = self
+            .limiter
+            .clock()
+            .now_ms()
+            .saturating_sub(waited_ms)
+            .saturating_add(plan.max_wait_ms);
+        let tenant = self
+            .provider
+            .as_ref()
+            .and_then(|b| b.tenant_of.as_ref())
+            .and_then(|f| ticket.user().and_then(|u| f(u)));
+        let retrying = self.retrier.is_some();
+        let mut request = Some(request);
+        let attempt = |_n: u32| {
+            // The request is cloned only when it may be sent again.
+            let req = if retrying {
+                request.clone()
+            } else {
+                request.take()
+            };
+            let tenant = tenant.as_deref();
+            async move {
+                let req = req.ok_or_else(|| {
+                    AttemptError::Stop(Failure::Failed(AdkError::internal(
+                        ErrorComponent::Model,
+                        "tollgate.internal",
+                        "model call attempted twice without a retrier",
+                    )))
+                })?;
+                if let Some(b) = &self.provider {
+                    let left = deadline.saturating_sub(self.limiter.clock().now_ms());
+                    match self.provider_permit(b, tenant, estimate, left).await {
+                        Permit::Go => {}
+                        Permit::Refused(text) => {
+                            return Err(AttemptError::Stop(Failure::Refused(text)));
+                        }
+                        Permit::Failed(e) => return Err(AttemptError::Stop(Failure::Failed(e))),
+                    }
                 }
-                Err(error)
+                match self.inner.generate_content(req, stream).await {
+                    Ok(inner) => Ok(inner),
+                    Err(error) => {
+                        let feedback = feedback_of(&error);
+                        if let Some(b) = &self.provider {
+                            b.report(feedback.clone()).await;
+                        }
+                        Err(AttemptError::Answered {
+                            error: Failure::Model(error),
+                            feedback,
+                        })
+                    }
+                }
             }
+        };
+        let result = match &self.retrier {
+            Some(retrier) => retrier.run(attempt).await.map_err(RetryError::into_inner),
+            None => {
+                let mut attempt = attempt;
+                attempt(1).await.map_err(|e| match e {
+                    AttemptError::Answered { error, .. } | AttemptError::Stop(error) => error,
+                })
+            }
+        };
+        let (reason, outcome) = match result {
+            Ok(inner) => {
+                return Ok(Box::pin(Metered {
+                    inner,
+                    ticket,
+                    closing: None,
+                    done: false,
+                }));
+            }
+            Err(Failure::Model(error)) => (RefundReason::ModelError, Err(error)),
+            Err(Failure::Failed(error)) => (RefundReason::ProviderRefused, Err(error)),
+            Err(Failure::Refused(text)) => {
+                let response = LlmResponse {
+                    content: Some(Content::new("model").with_text(text)),
+                    turn_complete: true,
+                    ..LlmResponse::default()
+                };
+                let refusal: LlmResponseStream =
+                    Box::pin(futures::stream::once(async move { Ok(response) }));
+                (RefundReason::ProviderRefused, Ok(refusal))
+            }
+        };
+        // On its own task: the refund completes even if this call is
+        // dropped meanwhile.
+        if let Some(pending) = ticket.close(Close::Refund(reason)) {
+            detach(pending).await;
+        }
+        outcome
+    }
+}
+
+/// Why a model call (all its attempts) failed.
+enum Failure {
+    /// The model answered an error.
+    Model(AdkError),
+    /// The provider's quota refused; answer this text.
+    Refused(String),
+    /// The governor failed.
+    Failed(AdkError),
+}
+
+/// A provider permit's outcome.
+enum Permit {
+    /// Granted (and waited for).
+    Go,
+    /// Refused: the text to answer.
+    Refused(String),
+    /// The governor failed.
+    Failed(AdkError),
+}
+
+impl<S: Store> ProviderBinding<S> {
+    /// Reports a provider's answer to the governor (errors are logged).
+    async fn report(&self, feedback: Feedback) {
+        if let Err(error) = self
+            .governor
+            .observe(&self.provider, &self.model, feedback)
+            .await
+            && !matches!(error, ProviderError::Unknown { .. })
+        {
+            tracing::warn!(provider = self.provider, model = self.model, %error, "provider feedback not recorded");
+        }
+    }
+}
+
+/// What a model error says about the provider's quota: a rate-limited
+/// error is a throttle (with its retry hint), an unavailable or timed-out
+/// one or an upstream 5xx a server error, anything else a client error.
+pub fn feedback_of(error: &AdkError) -> Feedback {
+    let hint = error.retry.retry_after_ms;
+    match (error.category, error.details.upstream_status_code) {
+        (ErrorCategory::RateLimited, _) | (_, Some(429)) => Feedback::Throttled {
+            retry_after_ms: hint,
+            scope: ThrottleScope::Unknown,
+        },
+        (ErrorCategory::Unavailable | ErrorCategory::Timeout, _) => Feedback::ServerError {
+            retry_after_ms: hint,
+        },
+        (_, Some(status)) if status >= 500 => Feedback::ServerError {
+            retry_after_ms: hint,
+        },
+        _ => Feedback::ClientError,
+    }
+}
+
+impl<L: Llm, S: Store + Clone> LimitedLlm<L, S> {
+    /// Takes a provider permit for a call of `estimate` tokens, waiting at
+    /// most `left` ms (on the limiter's clock).
+    async fn provider_permit(
+        &self,
+        b: &ProviderBinding<S>,
+        tenant: Option<&str>,
+        estimate: u64,
+        left: u64,
+    ) -> Permit {
+        let req = PermitRequest {
+            tenant,
+            max_wait_ms: Some(left),
+            ..PermitRequest::new(&b.provider, &b.model, estimate)
+        };
+        match b.governor.permit(req).await {
+            Ok(Decision::Allowed { grant, .. }) => {
+                if grant.wait_ms > 0 {
+                    // Dropped while waiting: the ticket refunds.
+                    let clock = self.limiter.clock();
+                    clock
+                        .sleep_until(clock.now_ms().saturating_add(grant.wait_ms))
+                        .await;
+                }
+                Permit::Go
+            }
+            Ok(Decision::Denied(denial)) => Permit::Refused(stopped_early_message(&denial)),
+            Err(ProviderError::Unknown { .. }) => Permit::Go,
+            Err(ProviderError::Exhausted { reason, .. }) => {
+                tracing::warn!(
+                    provider = b.provider,
+                    model = b.model,
+                    reason,
+                    "provider quota exhausted"
+                );
+                Permit::Refused(
+                    "I stopped early because the model provider's quota is used up for now. \
+                     Please try again later."
+                        .to_owned(),
+                )
+            }
+            Err(ProviderError::Store(e)) => Permit::Failed(unavailable(&LimiterError::Store(e))),
+            Err(other) => Permit::Failed(AdkError::new(
+                ErrorComponent::Model,
+                ErrorCategory::Unavailable,
+                "tollgate.unavailable",
+                format!("model call not admitted: {other}"),
+            )),
         }
     }
 }
@@ -424,6 +679,11 @@ struct Ticket<S: Store> {
 }
 
 impl<S: Store> Ticket<S> {
+    /// The user, while the reservation is open.
+    fn user(&self) -> Option<&str> {
+        self.closing.as_ref().map(|c| c.user.as_str())
+    }
+
     /// Notes what `chunk` reports and whether it ends the call: `Some` with
     /// the way to close it, or `None` to go on.
     fn see(&mut self, chunk: &LlmResponse) -> Option<Close> {

@@ -16,8 +16,9 @@ use crate::bucket::BucketSpec;
 /// The configured rate, in permille.
 pub const FULL: u32 = 1_000;
 
-/// AIMD parameters (SPEC §5 defaults).
+/// AIMD parameters (SPEC §5 defaults). In config every field is optional.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct AimdParams {
     /// The lowest effective rate, permille of configured (default 100: 10 %).
     pub floor_permille: u32,

@@ -396,11 +396,9 @@ impl<S: Store> Store for Failover<S> {
         params: AimdParams,
         throttled: bool,
     ) -> Result<u32, StoreError> {
-        self.decide(
-            "aimd",
-            self.primary.aimd(key, params, throttled),
-            |m, _| m.aimd(key, params, throttled),
-        )
+        self.decide("aimd", self.primary.aimd(key, params, throttled), |m, _| {
+            m.aimd(key, params, throttled)
+        })
         .await
     }
 

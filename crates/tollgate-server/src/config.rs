@@ -1,6 +1,6 @@
 //! The server's configuration: TOML, validated into a typed [`Config`] with
-//! every problem reported by field path. The core owns the plan types; this
-//! module owns loading them.
+//! every problem reported by field path. The core owns the plan and provider
+//! types; this module owns loading them.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tollgate_core::plan::FieldError;
+use tollgate_core::provider::{ProviderBook, ProvidersConfig, validate_providers};
 use tollgate_core::{PlanBook, PlanConfig, PlanOverride, PlansConfig, SystemClock};
 use tollgate_redis::{FailurePolicy, RedisConfig, RedisTarget};
 
@@ -49,6 +50,9 @@ pub struct FileConfig {
     /// User id → changes over that user's plan.
     #[serde(default)]
     pub overrides: BTreeMap<String, PlanOverride>,
+    /// Provider quotas by provider key, `"provider:model"` (SPEC §5).
+    #[serde(default)]
+    pub providers: ProvidersConfig,
 }
 
 fn default_listen() -> String {
@@ -151,6 +155,8 @@ pub struct Config {
     pub identity: IdentityConfig,
     /// The plans.
     pub plans: PlanBook,
+    /// The provider quotas (`[providers."<provider>:<model>"]`).
+    pub providers: ProviderBook,
     /// Directory relative paths in the config are resolved against.
     pub base_dir: PathBuf,
     /// The file it was loaded from (none: the embedded default); reloads
@@ -228,10 +234,10 @@ impl Config {
         };
         let de = toml::Deserializer::parse(text).map_err(|e| fail(vec![toml_error(&e)]))?;
         let file: FileConfig = serde_path_to_error::deserialize(de).map_err(|e| {
-            let path = e.path().to_string();
+            let path = toml_path(e.path());
             let inner = e.into_inner();
             fail(vec![err(
-                if path == "." {
+                if path.is_empty() {
                     "(file)".to_owned()
                 } else {
                     path
@@ -241,6 +247,38 @@ impl Config {
         })?;
         file.validate(base_dir).map_err(fail)
     }
+}
+
+/// A field path as TOML writes it: keys that are not bare keys quoted
+/// (`providers."openai:gpt-4o".requests.brust`, as validation names them),
+/// array indexes in brackets. Empty for the whole file.
+fn toml_path(path: &serde_path_to_error::Path) -> String {
+    use fmt::Write as _;
+    use serde_path_to_error::Segment;
+    let mut out = String::new();
+    for segment in path.iter() {
+        let key = match segment {
+            Segment::Seq { index } => {
+                let _ = write!(out, "[{index}]");
+                continue;
+            }
+            Segment::Map { key } | Segment::Enum { variant: key } => key.as_str(),
+            Segment::Unknown => "?",
+        };
+        if !out.is_empty() {
+            out.push('.');
+        }
+        let bare = !key.is_empty()
+            && key
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        if bare || key == "?" {
+            out.push_str(key);
+        } else {
+            let _ = write!(out, "{key:?}");
+        }
+    }
+    out
 }
 
 fn toml_error(e: &toml::de::Error) -> FieldError {
@@ -296,17 +334,27 @@ impl FileConfig {
                 None
             }
         };
-        match (listen, store, plans) {
-            (Some(listen), Some(store), Some(plans)) if errors.is_empty() => Ok(Config {
-                listen,
-                admin_token: self.admin_token,
-                max_in_flight: self.max_in_flight,
-                store,
-                identity: self.identity,
-                plans,
-                base_dir: base_dir.to_path_buf(),
-                source: None,
-            }),
+        let providers = match validate_providers(&self.providers) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                errors.extend(e.errors);
+                None
+            }
+        };
+        match (listen, store, plans, providers) {
+            (Some(listen), Some(store), Some(plans), Some(providers)) if errors.is_empty() => {
+                Ok(Config {
+                    listen,
+                    admin_token: self.admin_token,
+                    max_in_flight: self.max_in_flight,
+                    store,
+                    identity: self.identity,
+                    plans,
+                    providers,
+                    base_dir: base_dir.to_path_buf(),
+                    source: None,
+                })
+            }
             _ => Err(errors),
         }
     }

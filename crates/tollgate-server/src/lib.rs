@@ -3,8 +3,8 @@
 //! `tollgate serve`: the admission-control sidecar for agents in any
 //! language. It speaks the HTTP/JSON wire contract of SPEC §8 (documented
 //! at `/openapi.json`), identifies users from a verified JWT (or a trusted
-//! upstream header) and decides with the `tollgate-core` limiter on the
-//! in-memory store or Redis.
+//! upstream header) and decides with the `tollgate-core` limiter and
+//! provider quota governor on the in-memory store or Redis.
 //!
 //! [`app`] builds the router from a config so tests can run it on any
 //! listener and clock; [`serve`] runs it until a shutdown signal.
@@ -83,6 +83,7 @@ fn app_with_metrics<S: Store + Clone>(
     let limiter = Limiter::new(store, clock, config.plans.clone());
     Ok(App::with_metrics(
         limiter,
+        config.providers.clone(),
         verifier,
         config.max_in_flight,
         config.admin_token.clone(),

@@ -47,6 +47,40 @@ pub struct ReloadLabels {
     pub result: &'static str,
 }
 
+/// Labels of a provider permit. Provider and model are only ever those of
+/// a configured provider key, so their values are bounded by the config.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderPermitLabels {
+    /// The provider, e.g. `openai`.
+    pub provider: String,
+    /// The model, e.g. `gpt-4o`.
+    pub model: String,
+    /// `granted` (no wait), `waited` (granted after a wait) or `refused`
+    /// (rate, cooldown, exceeds capacity, or quota exhausted).
+    pub outcome: &'static str,
+}
+
+/// Labels of a provider answer reported through feedback.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderResponseLabels {
+    /// The provider.
+    pub provider: String,
+    /// The model.
+    pub model: String,
+    /// `success`, `throttled`, `exhausted`, `server_error` or
+    /// `client_error`.
+    pub class: &'static str,
+}
+
+/// Labels naming a provider key.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderKeyLabels {
+    /// The provider.
+    pub provider: String,
+    /// The model.
+    pub model: String,
+}
+
 /// Every metric the server exports.
 pub struct Metrics {
     registry: Registry,
@@ -69,6 +103,13 @@ pub struct Metrics {
     turns: AtomicI64,
     /// Config reloads by result.
     pub reloads: Family<ReloadLabels, Counter>,
+    /// Provider permits by provider key and outcome.
+    pub provider_permits: Family<ProviderPermitLabels, Counter>,
+    /// Provider answers reported through feedback, by provider key and class.
+    pub provider_responses: Family<ProviderResponseLabels, Counter>,
+    /// A provider key's effective rate (AIMD), permille of the configured
+    /// rate, as last seen by this replica.
+    pub provider_effective_rate: Family<ProviderKeyLabels, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -143,6 +184,24 @@ impl Metrics {
             "Config reloads by result",
             reloads.clone(),
         );
+        let provider_permits = Family::<ProviderPermitLabels, Counter>::default();
+        registry.register(
+            "provider_permits",
+            "Provider permits by provider key and outcome (granted, waited, refused)",
+            provider_permits.clone(),
+        );
+        let provider_responses = Family::<ProviderResponseLabels, Counter>::default();
+        registry.register(
+            "provider_responses",
+            "Provider answers reported through feedback, by provider key and class",
+            provider_responses.clone(),
+        );
+        let provider_effective_rate = Family::<ProviderKeyLabels, Gauge>::default();
+        registry.register(
+            "provider_effective_rate_permille",
+            "A provider key's effective rate after AIMD, permille of the configured rate, as last seen by this replica (updated by granted permits and by throttled feedback)",
+            provider_effective_rate.clone(),
+        );
         Self {
             registry,
             decisions,
@@ -155,6 +214,9 @@ impl Metrics {
             turns_in_flight,
             turns: AtomicI64::new(0),
             reloads,
+            provider_permits,
+            provider_responses,
+            provider_effective_rate,
         }
     }
 
@@ -179,6 +241,38 @@ impl Metrics {
         if total > seen {
             self.reclaimed.inc_by(total - seen);
         }
+    }
+
+    /// Counts a permit decision for a configured provider key.
+    pub fn provider_permit(&self, provider: &str, model: &str, outcome: &'static str) {
+        self.provider_permits
+            .get_or_create(&ProviderPermitLabels {
+                provider: provider.to_owned(),
+                model: model.to_owned(),
+                outcome,
+            })
+            .inc();
+    }
+
+    /// Counts a provider answer of `class` for a configured provider key.
+    pub fn provider_response(&self, provider: &str, model: &str, class: &'static str) {
+        self.provider_responses
+            .get_or_create(&ProviderResponseLabels {
+                provider: provider.to_owned(),
+                model: model.to_owned(),
+                class,
+            })
+            .inc();
+    }
+
+    /// Records a configured provider key's effective rate, permille.
+    pub fn provider_rate(&self, provider: &str, model: &str, permille: u32) {
+        self.provider_effective_rate
+            .get_or_create(&ProviderKeyLabels {
+                provider: provider.to_owned(),
+                model: model.to_owned(),
+            })
+            .set(i64::from(permille));
     }
 
     /// The text exposition.

@@ -6,6 +6,7 @@ use axum::Json;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+use tollgate_core::provider::ProviderError;
 use tollgate_core::{Denial, Limit, LimiterError, StoreError};
 
 /// Why a request did not succeed.
@@ -35,6 +36,29 @@ pub enum ApiError {
     /// No such reservation for this user.
     #[error("unknown reservation")]
     UnknownReservation,
+    /// A provider key's limits refused a permit: its rate
+    /// ([`Limit::Bucket`], `provider_rate`), its cooldown after a 429
+    /// ([`Limit::Cooldown`], `provider_cooldown`), or a cost it can never
+    /// grant ([`Denial::ExceedsCapacity`]).
+    #[error("provider permit refused: {0}")]
+    ProviderDenied(Denial),
+    /// The provider reported its quota exhausted (per day, billing): fail
+    /// fast, do not retry.
+    #[error("provider quota exhausted: {reason}")]
+    ProviderExhausted {
+        /// What the provider said.
+        reason: String,
+        /// How long this replica keeps failing fast, ms.
+        retry_after_ms: u64,
+    },
+    /// No limits are configured for this (provider, model).
+    #[error("no limits configured for provider {provider:?} model {model:?}")]
+    UnknownProvider {
+        /// The provider.
+        provider: String,
+        /// The model.
+        model: String,
+    },
     /// The request is malformed.
     #[error("invalid {field}: {message}")]
     Invalid {
@@ -91,6 +115,33 @@ impl From<LimiterError> for ApiError {
     }
 }
 
+impl ApiError {
+    /// The row of a provider governor error, `now_ms` being the governor's
+    /// clock (an exhaustion's hint is the time left until it ends).
+    pub fn from_provider(e: ProviderError, now_ms: u64) -> Self {
+        match e {
+            ProviderError::Unknown { provider, model } => {
+                ApiError::UnknownProvider { provider, model }
+            }
+            ProviderError::Exhausted { reason, until_ms } => ApiError::ProviderExhausted {
+                reason,
+                retry_after_ms: until_ms.saturating_sub(now_ms).max(1),
+            },
+            ProviderError::Store(s) => s.into(),
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+/// The wire name of a provider refusal's limit: `provider_rate` (a
+/// provider key's rate or tenant share) or `provider_cooldown`.
+pub fn provider_limit_code(l: Limit) -> &'static str {
+    match l {
+        Limit::Cooldown => "provider_cooldown",
+        _ => "provider_rate",
+    }
+}
+
 /// A response extension marking a store fault, so the metrics layer can
 /// count it (details go to the logs, never to the client).
 #[derive(Debug, Clone, Copy)]
@@ -101,14 +152,16 @@ pub struct StoreFault;
 pub struct ErrorBody {
     /// A stable code: `turn_rate`, `concurrency`, `token_rate`,
     /// `max_llm_calls`, `exceeds_capacity`, `session_busy`, `lease_lost`,
-    /// `not_holder`, `stale_fence`, `unknown_reservation`,
+    /// `not_holder`, `stale_fence`, `unknown_reservation`, `provider_rate`,
+    /// `provider_cooldown`, `provider_exhausted`, `unknown_provider`,
     /// `invalid_request`, `unauthorized`, `store_unavailable`, `overloaded`,
     /// `internal`.
     pub error: &'static str,
     /// The limit that refused, for limit errors.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub limit: Option<&'static str>,
-    /// When to retry, ms (retryable refusals only).
+    /// When to retry, ms (retryable refusals). For `provider_exhausted`,
+    /// which is not retryable: how long this replica keeps failing fast.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
     /// The offending field, for `invalid_request`.
@@ -202,6 +255,68 @@ impl IntoResponse for ApiError {
                     body("limited", d.to_string()),
                 ),
             },
+            ApiError::ProviderDenied(d) => match *d {
+                Denial::Limited {
+                    limit,
+                    retry_after_ms,
+                } => {
+                    retry_headers(&mut headers, retry_after_ms);
+                    let code = provider_limit_code(limit);
+                    let msg = match limit {
+                        Limit::Cooldown => format!(
+                            "the provider is cooling down after a 429: retry in {} s",
+                            retry_after_ms.div_ceil(1_000)
+                        ),
+                        _ => format!(
+                            "provider rate exceeded: retry in {} s",
+                            retry_after_ms.div_ceil(1_000)
+                        ),
+                    };
+                    let mut b = body(code, msg);
+                    b.limit = Some(code);
+                    b.retry_after_ms = Some(retry_after_ms);
+                    (StatusCode::TOO_MANY_REQUESTS, b)
+                }
+                Denial::ExceedsCapacity {
+                    limit,
+                    cost,
+                    max_cost,
+                } => {
+                    let mut b = body(
+                        "exceeds_capacity",
+                        format!(
+                            "a call costing {cost} can never be granted by this provider key's limits: at most {max_cost}"
+                        ),
+                    );
+                    b.limit = Some(provider_limit_code(limit));
+                    (StatusCode::BAD_REQUEST, b)
+                }
+                _ => (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    body("provider_rate", d.to_string()),
+                ),
+            },
+            // Not retryable, so no `Retry-After` (SPEC §8 gives it to
+            // retryable 429s): the body's `retry_after_ms` only says how
+            // long this replica keeps failing fast.
+            ApiError::ProviderExhausted {
+                reason,
+                retry_after_ms,
+            } => {
+                let mut b = body(
+                    "provider_exhausted",
+                    format!("provider quota exhausted ({reason}); do not retry"),
+                );
+                b.retry_after_ms = Some(*retry_after_ms);
+                (StatusCode::FORBIDDEN, b)
+            }
+            ApiError::UnknownProvider { provider, model } => (
+                StatusCode::NOT_FOUND,
+                body(
+                    "unknown_provider",
+                    format!("no limits are configured for provider {provider:?} model {model:?}"),
+                ),
+            ),
             ApiError::SessionBusy { retry_after_ms } => {
                 retry_headers(&mut headers, *retry_after_ms);
                 let mut b = body("session_busy", "a turn is already running in this session");

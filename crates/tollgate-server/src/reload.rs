@@ -1,4 +1,4 @@
-//! Hot reload of plans: on SIGHUP, when the config file changes (an in-place
+//! Hot reload of plans and provider quotas: on SIGHUP, when the config file changes (an in-place
 //! edit or an atomic write + rename), and on `POST /admin/reload`.
 
 use std::path::Path;

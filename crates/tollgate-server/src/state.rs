@@ -3,13 +3,15 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use tollgate_core::provider::{ProviderBook, ProviderGovernor};
 use tollgate_core::{Clock, Limiter, ReplicaGate, Store};
 
 use crate::config::{Config, ConfigError};
 use crate::identity::Verifier;
 use crate::metrics::{Metrics, ReloadLabels};
 
-/// The application: limiter, identity, replica gate. Cloning shares it.
+/// The application: limiter, provider governor, identity, replica gate.
+/// Cloning shares it.
 pub struct App<S> {
     inner: Arc<Inner<S>>,
 }
@@ -24,6 +26,7 @@ impl<S> Clone for App<S> {
 
 struct Inner<S> {
     limiter: Limiter<S>,
+    providers: Arc<ProviderGovernor<S>>,
     verifier: Verifier,
     gate: ReplicaGate,
     admin_token: Option<String>,
@@ -34,7 +37,8 @@ struct Inner<S> {
 
 impl<S: Store + Clone> App<S> {
     /// An application deciding with `limiter`, verifying with `verifier`,
-    /// serving at most `max_in_flight` requests at once.
+    /// serving at most `max_in_flight` requests at once, with no provider
+    /// quotas configured.
     pub fn new(
         limiter: Limiter<S>,
         verifier: Verifier,
@@ -43,6 +47,7 @@ impl<S: Store + Clone> App<S> {
     ) -> Self {
         Self::with_metrics(
             limiter,
+            ProviderBook::default(),
             verifier,
             max_in_flight,
             admin_token,
@@ -51,19 +56,28 @@ impl<S: Store + Clone> App<S> {
         )
     }
 
-    /// The same, reporting to `metrics` and reloading plans from
-    /// `config_path` (none: the embedded default, nothing to reload).
+    /// The same with the provider quotas of `providers` (governed on the
+    /// limiter's store and clock), reporting to `metrics` and reloading
+    /// plans and providers from `config_path` (none: the embedded default,
+    /// nothing to reload).
     pub fn with_metrics(
         limiter: Limiter<S>,
+        providers: ProviderBook,
         verifier: Verifier,
         max_in_flight: usize,
         admin_token: Option<String>,
         metrics: Arc<Metrics>,
         config_path: Option<PathBuf>,
     ) -> Self {
+        let providers = Arc::new(ProviderGovernor::new(
+            limiter.store().clone(),
+            limiter.clock().clone(),
+            providers,
+        ));
         Self {
             inner: Arc::new(Inner {
                 limiter,
+                providers,
                 verifier,
                 gate: ReplicaGate::new(max_in_flight),
                 admin_token,
@@ -80,10 +94,12 @@ impl<S: Store + Clone> App<S> {
     }
 
     /// Rereads the config file and swaps in its plans, users and overrides
-    /// atomically (a decision sees the old plans or the new, never a mix).
-    /// An invalid file is rejected with every reason, counted and logged,
-    /// and the old config keeps serving. Other settings (listen, store,
-    /// identity, caps, admin token) need a restart.
+    /// atomically (a decision sees the old plans or the new, never a mix),
+    /// then its provider quotas (likewise atomic: a permit sees the old
+    /// provider keys or the new). An invalid file is rejected with every
+    /// reason, counted and logged, and the old config keeps serving. Other
+    /// settings (listen, store, identity, caps, admin token) need a
+    /// restart.
     ///
     /// # Errors
     ///
@@ -97,7 +113,8 @@ impl<S: Store + Clone> App<S> {
         let result = match Config::load(path) {
             Ok(cfg) => {
                 self.inner.limiter.set_plans(cfg.plans);
-                tracing::info!(path = %path.display(), "config reloaded: plans, users and overrides swapped in");
+                self.inner.providers.set_book(cfg.providers);
+                tracing::info!(path = %path.display(), "config reloaded: plans, users, overrides and providers swapped in");
                 Ok(())
             }
             Err(e) => {
@@ -120,6 +137,11 @@ impl<S: Store + Clone> App<S> {
     /// The limiter.
     pub fn limiter(&self) -> &Limiter<S> {
         &self.inner.limiter
+    }
+
+    /// The provider quota governor (same store and clock as the limiter).
+    pub fn providers(&self) -> &Arc<ProviderGovernor<S>> {
+        &self.inner.providers
     }
 
     /// The store.

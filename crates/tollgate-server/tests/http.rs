@@ -1722,7 +1722,8 @@ async fn openapi_document_matches_the_routes() {
     for (method, path) in &routed {
         let concrete = path
             .replace("{invocation_id}", "inv")
-            .replace("{session_id}", "sess");
+            .replace("{session_id}", "sess")
+            .replace("{provider}", "openai");
         let method = Method::from_bytes(method.to_uppercase().as_bytes()).expect("method");
         let r = srv.send(method.clone(), &concrete, None, None).await;
         assert_ne!(

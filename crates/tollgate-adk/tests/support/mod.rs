@@ -47,6 +47,9 @@ pub enum Step {
 pub enum Reply {
     /// `generate_content` itself fails.
     Fail(&'static str),
+    /// `generate_content` fails as a provider's 429 would (rate limited,
+    /// with this retry hint in ms).
+    RateLimited(u64),
     /// `generate_content` answers this stream.
     Stream(Vec<Step>),
 }
@@ -151,6 +154,19 @@ impl Llm for FakeLlm {
         self.requests.lock().push(req);
         let steps = match reply {
             Reply::Fail(message) => return Err(AdkError::model(message)),
+            Reply::RateLimited(hint) => {
+                return Err(AdkError::new(
+                    adk_core::ErrorComponent::Model,
+                    adk_core::ErrorCategory::RateLimited,
+                    "model.rate_limited",
+                    "429 Too Many Requests",
+                )
+                .with_retry(adk_core::RetryHint {
+                    should_retry: true,
+                    retry_after_ms: Some(hint),
+                    max_attempts: None,
+                }));
+            }
             Reply::Stream(steps) => steps,
         };
         let stream = futures::stream::unfold(steps.into_iter(), |mut steps| async move {

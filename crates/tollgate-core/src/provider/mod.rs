@@ -42,6 +42,7 @@
 mod config;
 mod feedback;
 mod governor;
+mod retry;
 
 pub use config::{
     DEFAULT_PROVIDER_MAX_WAIT_MS, Policy, Provider, ProviderBook, ProviderConfig, ProviderKeys,
@@ -54,4 +55,8 @@ pub use feedback::{
 pub use governor::{
     EXHAUSTED_HOLD_MS, FeedbackOutcome, PermitRequest, ProviderError, ProviderGovernor,
     ProviderPermit,
+};
+pub use retry::{
+    AttemptError, BudgetSnapshot, GiveUpReason, RETRY_BUDGET_WINDOW_MS, Retrier, RetryBudget,
+    RetryDecision, RetryError, RetryPolicy, SplitMix64, backoff_ms,
 };

@@ -26,7 +26,7 @@ use super::{
     SettleRequest, Store, TopUser, TurnOutcome, TurnRequest, UserState,
 };
 use crate::aimd::{AimdParams, AimdState};
-use crate::bucket::{self, BucketSpec, BucketState, MAX_SCALED, Take};
+use crate::bucket::{self, BucketSpec, BucketState, EXPIRY_GRACE_MS, MAX_SCALED, Take};
 use crate::clock::Clock;
 use crate::decision::{Denial, Limit};
 use crate::error::StoreError;
@@ -363,7 +363,10 @@ impl Expiring for KeyEntry {
     fn expires_at(&self) -> u64 {
         match *self {
             KeyEntry::Empty => 0,
-            KeyEntry::Bucket(_, e) | KeyEntry::Cooldown(e) | KeyEntry::Aimd(_, e) => e,
+            KeyEntry::Bucket(_, e) | KeyEntry::Aimd(_, e) => e,
+            // Kept a grace period past its end, like Redis keeps the key
+            // (by real time) while a stepped-back clock may still see it.
+            KeyEntry::Cooldown(until) => until.saturating_add(EXPIRY_GRACE_MS),
         }
     }
 }
@@ -783,12 +786,17 @@ impl Store for MemoryStore {
     async fn extend_cooldown(&self, key: &str, until_ms: u64) -> Result<u64, StoreError> {
         let now = self.now();
         Ok(self.inner.keys.with(key, now, |e| {
+            // As the Redis script: a cooldown that has passed counts as none.
             let current = match *e {
-                KeyEntry::Cooldown(u) => u,
+                KeyEntry::Cooldown(u) if u > now => u,
                 _ => 0,
             };
             let until = current.max(until_ms.min(MAX_SCALED as u64));
-            *e = KeyEntry::Cooldown(until);
+            *e = if until > now {
+                KeyEntry::Cooldown(until)
+            } else {
+                KeyEntry::Empty
+            };
             until
         }))
     }
@@ -810,8 +818,13 @@ impl Store for MemoryStore {
                 return state.effective(now, &p);
             }
             let next = state.throttled(now, &p);
-            // Back at the configured rate, the state can be forgotten.
-            let until = next.full_at(&p).unwrap_or(now).max(now.saturating_add(1));
+            // Back at the configured rate, the state can be forgotten (after
+            // a grace period, for a clock that steps back).
+            let until = next
+                .full_at(&p)
+                .unwrap_or(now)
+                .max(now.saturating_add(1))
+                .saturating_add(EXPIRY_GRACE_MS);
             *e = KeyEntry::Aimd(next, until);
             next.effective(now, &p)
         }))

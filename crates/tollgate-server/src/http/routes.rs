@@ -1,5 +1,7 @@
-//! Handlers for every operation of SPEC §8 (but the provider ones), the
-//! router, and the OpenAPI document generated from the same types.
+//! Handlers for every operation of SPEC §8, the router, and the OpenAPI
+//! document generated from the same types.
+
+use std::collections::BTreeMap;
 
 use axum::Json;
 use axum::Router;
@@ -10,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use serde::{Deserialize, Serialize};
 use tollgate_core::lease::SessionAcquire;
+use tollgate_core::provider::{Feedback, PermitRequest};
 use tollgate_core::{Decision, Denial, ReservationId, Store};
 use utoipa::{OpenApi, ToSchema};
 
@@ -151,6 +154,90 @@ pub struct FenceRequest {
 pub struct FenceResponse {
     /// Always `true` on 200 (a stale fence is a 409).
     pub current: bool,
+}
+
+/// `POST /v1/providers/{provider}/permits`.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct PermitBody {
+    /// The model, e.g. `gpt-4o`: with the provider in the path, the
+    /// provider key `[providers."<provider>:<model>"]` of the config.
+    pub model: String,
+    /// The tenant whose share applies (`[providers.….tenants.<name>]`); an
+    /// unconfigured tenant, or none, uses the pool alone.
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// Estimated tokens of the call, input and output (0 when unknown):
+    /// charged to the key's `tokens` rate. At most 2^53.
+    pub tokens: u64,
+    /// Estimated input tokens (default `tokens`): charged to
+    /// `input_tokens`. At most 2^53.
+    #[serde(default)]
+    pub input_tokens: Option<u64>,
+    /// Estimated output tokens (default 0): charged to `output_tokens`. At
+    /// most 2^53.
+    #[serde(default)]
+    pub output_tokens: Option<u64>,
+    /// What is left of the call's one deadline, ms: the permit's wait must
+    /// fit it as well as the key's `max_wait_ms` (policy `block`).
+    #[serde(default)]
+    pub max_wait_ms: Option<u64>,
+    /// `true`: the server waits before answering (`wait_ms` is then 0).
+    #[serde(default)]
+    pub wait: bool,
+}
+
+/// The answer to a provider permit.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PermitResponse {
+    /// Wait this long before calling the provider, ms (0 when `wait` was
+    /// true: the server already waited).
+    pub wait_ms: u64,
+    /// The provider key's effective rate (AIMD), permille of the configured
+    /// rate.
+    pub effective_permille: u32,
+}
+
+/// `POST /v1/providers/{provider}/feedback`: the provider's answer to a
+/// call.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct FeedbackBody {
+    /// The model called.
+    pub model: String,
+    /// The provider's HTTP status (100 ..= 599).
+    pub status: u64,
+    /// The provider's response headers, name → value (names in any case;
+    /// `{}` when there are none). Rate-limit and `Retry-After` headers are
+    /// read.
+    pub headers: BTreeMap<String, String>,
+    /// The provider's response body, if the client has it (error bodies are
+    /// read for quota, billing and retry details).
+    #[serde(default)]
+    pub body: Option<String>,
+}
+
+/// What the provider's answer said and changed.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FeedbackResponse {
+    /// `success`, `throttled` (a per-minute 429), `exhausted` (per-day or
+    /// billing: permits now fail with 403 `provider_exhausted`),
+    /// `server_error` (retry with backoff) or `client_error` (do not retry).
+    pub class: &'static str,
+    /// Whether the same call may be retried (`throttled`, `server_error`).
+    pub retryable: bool,
+    /// The provider's retry hint, ms, if it gave one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+    /// The provider key's cooldown end (ms, the server's clock), when this
+    /// answer set or extended it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cooldown_until_ms: Option<u64>,
+    /// The effective rate after this answer, permille, when it changed it
+    /// (a 429).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub effective_permille: Option<u32>,
+    /// For `exhausted`: the cause and the provider's message.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// `/healthz` and `/readyz`.
@@ -532,6 +619,162 @@ async fn fence_check<S: Store + Clone>(
     }
 }
 
+fn optional_tokens(field: &str, v: Option<u64>) -> Result<Option<u64>, ApiError> {
+    v.map(|v| tokens(field, v)).transpose()
+}
+
+#[utoipa::path(post, path = "/v1/providers/{provider}/permits", request_body = PermitBody,
+    params(("provider" = String, Path, description = "the provider, e.g. openai")),
+    responses((status = 200, body = PermitResponse),
+              (status = 429, body = ErrorBody, description = "provider_rate or provider_cooldown (Retry-After)"),
+              (status = 403, body = ErrorBody, description = "provider_exhausted: per-day or billing quota; not retryable (no Retry-After)"),
+              (status = 404, body = ErrorBody, description = "unknown_provider"),
+              (status = 400, body = ErrorBody, description = "exceeds_capacity or invalid_request"), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn provider_permit<S: Store + Clone>(
+    State(app): State<App<S>>,
+    User(user): User,
+    provider: Result<Path<String>, axum::extract::rejection::PathRejection>,
+    Body(req): Body<PermitBody>,
+) -> ApiResult<PermitResponse> {
+    let provider = path_id(provider, "provider")?;
+    check_id("model", &req.model)?;
+    if let Some(t) = &req.tenant {
+        check_id("tenant", t)?;
+    }
+    let permit = PermitRequest {
+        provider: &provider,
+        model: &req.model,
+        tenant: req.tenant.as_deref(),
+        tokens: tokens("tokens", req.tokens)?,
+        input_tokens: optional_tokens("input_tokens", req.input_tokens)?,
+        output_tokens: optional_tokens("output_tokens", req.output_tokens)?,
+        max_wait_ms: req.max_wait_ms,
+    };
+    let governor = app.providers();
+    let clock = governor.clock();
+    let decision = match governor.permit(permit).await {
+        Ok(d) => d,
+        Err(e) => {
+            let err = ApiError::from_provider(e, clock.now_ms());
+            if let ApiError::ProviderExhausted { reason, .. } = &err {
+                // A configured key (exhaustion is only recorded for those).
+                app.metrics()
+                    .provider_permit(&provider, &req.model, "refused");
+                tracing::info!(
+                    user,
+                    provider,
+                    model = req.model,
+                    reason,
+                    "provider permit refused: quota exhausted"
+                );
+            }
+            return Err(err);
+        }
+    };
+    match decision {
+        Decision::Allowed { grant, .. } => {
+            let outcome = if grant.wait_ms > 0 {
+                "waited"
+            } else {
+                "granted"
+            };
+            app.metrics()
+                .provider_permit(&provider, &req.model, outcome);
+            app.metrics()
+                .provider_rate(&provider, &req.model, grant.effective_permille);
+            let wait_ms = if req.wait && grant.wait_ms > 0 {
+                // A client that disconnects drops this future: the wait is
+                // abandoned, and the permit (a provider call that never
+                // happens) stays charged: nothing to refund.
+                let deadline = clock.now_ms().saturating_add(grant.wait_ms);
+                clock.sleep_until(deadline).await;
+                0
+            } else {
+                grant.wait_ms
+            };
+            Ok(Json(PermitResponse {
+                wait_ms,
+                effective_permille: grant.effective_permille,
+            }))
+        }
+        Decision::Denied(d) => {
+            app.metrics()
+                .provider_permit(&provider, &req.model, "refused");
+            tracing::info!(
+                user,
+                provider,
+                model = req.model,
+                limit = crate::outcome::provider_limit_code(d.limit()),
+                "provider permit refused: {d}"
+            );
+            Err(ApiError::ProviderDenied(d))
+        }
+    }
+}
+
+#[utoipa::path(post, path = "/v1/providers/{provider}/feedback", request_body = FeedbackBody,
+    params(("provider" = String, Path, description = "the provider, e.g. openai")),
+    responses((status = 200, body = FeedbackResponse),
+              (status = 404, body = ErrorBody, description = "unknown_provider"),
+              (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn provider_feedback<S: Store + Clone>(
+    State(app): State<App<S>>,
+    User(user): User,
+    provider: Result<Path<String>, axum::extract::rejection::PathRejection>,
+    Body(req): Body<FeedbackBody>,
+) -> ApiResult<FeedbackResponse> {
+    let provider = path_id(provider, "provider")?;
+    check_id("model", &req.model)?;
+    let status = match u16::try_from(req.status) {
+        Ok(s) if (100..=599).contains(&s) => s,
+        _ => {
+            return Err(ApiError::invalid(
+                "status",
+                "must be an HTTP status, 100 to 599",
+            ));
+        }
+    };
+    let headers: Vec<(&str, &str)> = req
+        .headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let governor = app.providers();
+    let out = governor
+        .feedback(&provider, &req.model, status, &headers, req.body.as_deref())
+        .await
+        .map_err(|e| ApiError::from_provider(e, governor.clock().now_ms()))?;
+    let class = out.feedback.class();
+    app.metrics()
+        .provider_response(&provider, &req.model, class);
+    if let Some(p) = out.effective_permille {
+        app.metrics().provider_rate(&provider, &req.model, p);
+    }
+    let reason = match &out.feedback {
+        Feedback::Exhausted { reason } => Some(reason.clone()),
+        _ => None,
+    };
+    if class != "success" {
+        tracing::info!(
+            user,
+            provider,
+            model = req.model,
+            status,
+            class,
+            cooldown_until_ms = out.cooldown_until_ms,
+            "provider answer reported"
+        );
+    }
+    Ok(Json(FeedbackResponse {
+        class,
+        retryable: out.feedback.is_retryable(),
+        retry_after_ms: out.feedback.retry_after_ms(),
+        cooldown_until_ms: out.cooldown_until_ms,
+        effective_permille: out.effective_permille,
+        reason,
+    }))
+}
+
 #[utoipa::path(get, path = "/healthz", responses((status = 200, body = HealthResponse)))]
 async fn healthz() -> Json<HealthResponse> {
     Json(HealthResponse { status: "ok" })
@@ -618,6 +861,8 @@ async fn in_flight<S: Store + Clone>(
         session_renew,
         session_release,
         fence_check,
+        provider_permit,
+        provider_feedback,
         healthz,
         readyz
     ),
@@ -638,6 +883,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/sessions/{session_id}/lease/renew"),
     ("delete", "/v1/sessions/{session_id}/lease"),
     ("post", "/v1/sessions/{session_id}/fence"),
+    ("post", "/v1/providers/{provider}/permits"),
+    ("post", "/v1/providers/{provider}/feedback"),
     ("get", "/healthz"),
     ("get", "/readyz"),
 ];
@@ -660,6 +907,14 @@ pub fn router<S: Store + Clone>(app: App<S>) -> Router {
             post(session_renew::<S>),
         )
         .route("/v1/sessions/{session_id}/fence", post(fence_check::<S>))
+        .route(
+            "/v1/providers/{provider}/permits",
+            post(provider_permit::<S>),
+        )
+        .route(
+            "/v1/providers/{provider}/feedback",
+            post(provider_feedback::<S>),
+        )
         .layer(middleware::from_fn_with_state(app.clone(), in_flight::<S>));
     Router::new()
         .merge(v1)

@@ -1,0 +1,1220 @@
+//! The sidecar's provider rows of SPEC §8 over a real socket:
+//! `POST /v1/providers/{provider}/permits` and `…/feedback`, the
+//! `[providers."<provider>:<model>"]` config, its reload, and the provider
+//! metrics.
+//!
+//! Every test starts `tollgate_server::serve` on `127.0.0.1:0` with a config
+//! written to a temporary file (so reloads can reread it), JWT identity
+//! (HS256; tokens minted here) and a [`FakeClock`] at [`T0`], and talks to
+//! it with `reqwest`. Time only moves when a test advances the fake clock.
+//!
+//! Covered: SPEC §7's provider example to the number (600/min, burst 60:
+//! waits 0…4,000 ms; with a 2,000 ms deadline calls 81–100 are refused
+//! `provider_rate` with `Retry-After: 1`); `wait=true`; a 429 with a hint
+//! sets the shared cooldown (`provider_cooldown`, or a wait) and halves the
+//! effective rate; an OpenAI `insufficient_quota` answer makes permits fail
+//! fast with 403 `provider_exhausted`; feedback classes; tenant shares;
+//! `exceeds_capacity`; 404 `unknown_provider`; bad input → 400 naming the
+//! field; no identity → 401; 503 `store_unavailable` with Redis down
+//! (fail_closed); the metrics; `/openapi.json`; a bad provider
+//! section refused with its field path (`check-config` and in process);
+//! reload swaps the providers and a bad file keeps the old ones.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tollgate_core::FakeClock;
+use tollgate_server::config::Config;
+use tollgate_testkit::T0;
+use tollgate_testkit::redis::{RedisServer, unique_prefix, wait_until};
+
+// ---------------------------------------------------------------------------
+// Helpers
+
+const SECRET: &str = "tollgate-providers-test-secret-0123456789";
+const ISSUER: &str = "https://issuer.test";
+const AUDIENCE: &str = "tollgate-test";
+const ADMIN: &str = "admin-token-0123456789abcdef";
+
+/// The permits route of `provider`.
+fn permits(provider: &str) -> String {
+    format!("/v1/providers/{provider}/permits")
+}
+
+/// The feedback route of `provider`.
+fn feedback(provider: &str) -> String {
+    format!("/v1/providers/{provider}/feedback")
+}
+
+/// A config with the SPEC §7 "support" plan and `providers` (TOML tables).
+fn config_with(providers: &str) -> String {
+    config_on("", providers)
+}
+
+/// The same on the store of `store` (a `[store]` table; empty: memory).
+fn config_on(store: &str, providers: &str) -> String {
+    format!(
+        r#"listen = "127.0.0.1:0"
+admin_token = "{ADMIN}"
+default_plan = "support"
+
+{store}
+
+[identity]
+mode = "jwt"
+algorithm = "HS256"
+secret = "{SECRET}"
+issuer = "{ISSUER}"
+audience = "{AUDIENCE}"
+
+[plans.support]
+turns = {{ amount = 20, period_ms = 60000, burst = 5 }}
+tokens = {{ amount = 60000, period_ms = 60000, burst = 60000 }}
+concurrent_runs = 2
+max_wait_ms = 2000
+
+{providers}"#
+    )
+}
+
+/// SPEC §7's provider (600 requests/min = 10/s, burst 60, block, max wait
+/// 4,000 ms) as `openai:gpt-4o`; a token-limited `openai:gpt-4o-mini`; a
+/// `reject` key with tenant shares, `anthropic:claude`.
+const PROVIDERS: &str = r#"
+[providers."openai:gpt-4o"]
+requests = { amount = 600, period_ms = 60000, burst = 60 }
+policy = "block"
+max_wait_ms = 4000
+
+[providers."openai:gpt-4o-mini"]
+requests = { amount = 600, period_ms = 60000, burst = 60 }
+tokens = { amount = 60000, period_ms = 60000, burst = 10000 }
+max_wait_ms = 1000
+
+[providers."anthropic:claude"]
+requests = { amount = 600, period_ms = 60000, burst = 10 }
+policy = "reject"
+
+[providers."anthropic:claude".tenants.noisy]
+share = 0.2
+
+[providers."anthropic:claude".tenants.quiet]
+share = 0.5
+"#;
+
+fn config() -> String {
+    config_with(PROVIDERS)
+}
+
+/// A valid token for `user`, expiring an hour after the fake clock's start.
+fn token(user: &str) -> String {
+    let claims = json!({
+        "sub": user,
+        "iss": ISSUER,
+        "aud": AUDIENCE,
+        "iat": T0 / 1_000,
+        "exp": T0 / 1_000 + 3_600,
+    });
+    jsonwebtoken::encode(
+        &Header::new(Algorithm::HS256),
+        &claims,
+        &EncodingKey::from_secret(SECRET.as_bytes()),
+    )
+    .expect("sign")
+}
+
+/// A temporary directory, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Self {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "tollgate-providers-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&p).expect("temp dir");
+        Self(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A response: status, headers and the JSON body (`Null` when not JSON).
+#[derive(Debug)]
+struct Resp {
+    status: StatusCode,
+    headers: reqwest::header::HeaderMap,
+    body: Value,
+}
+
+impl Resp {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .get(name)
+            .map(|v| v.to_str().expect("ascii header"))
+    }
+
+    #[track_caller]
+    fn ok(&self) -> &Value {
+        assert_eq!(self.status, StatusCode::OK, "{self:?}");
+        &self.body
+    }
+
+    /// The `wait_ms` of a granted permit.
+    #[track_caller]
+    fn wait_ms(&self) -> u64 {
+        self.ok()["wait_ms"].as_u64().expect("wait_ms")
+    }
+
+    /// Asserts a refusal: status, `error`, and a message.
+    #[track_caller]
+    fn refused(&self, status: u16, error: &str) -> &Value {
+        assert_eq!(self.status.as_u16(), status, "{self:?}");
+        assert_eq!(self.body["error"], error, "{self:?}");
+        assert!(
+            self.body["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "a refusal has a message: {self:?}"
+        );
+        &self.body
+    }
+
+    /// Asserts a retryable 429 naming `limit`, with its exact hint and the
+    /// headers that go with it.
+    #[track_caller]
+    fn limited(&self, limit: &str, retry_after_ms: u64) {
+        self.refused(429, limit);
+        assert_eq!(self.body["limit"], limit, "{self:?}");
+        assert_eq!(self.body["retry_after_ms"], retry_after_ms, "{self:?}");
+        let secs = retry_after_ms.div_ceil(1_000).to_string();
+        assert_eq!(self.header("retry-after"), Some(secs.as_str()), "{self:?}");
+        assert_eq!(
+            self.header("ratelimit-reset"),
+            Some(secs.as_str()),
+            "{self:?}"
+        );
+        assert_eq!(self.header("ratelimit-remaining"), Some("0"), "{self:?}");
+    }
+
+    /// Asserts a 400 `invalid_request` naming `field`.
+    #[track_caller]
+    fn invalid(&self, field: &str) {
+        self.refused(400, "invalid_request");
+        assert_eq!(self.body["field"], field, "{self:?}");
+    }
+}
+
+/// A running server on a fake clock, its config in a file.
+struct Server {
+    addr: SocketAddr,
+    clock: FakeClock,
+    client: reqwest::Client,
+    dir: TempDir,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), tollgate_server::StartError>>,
+}
+
+impl Server {
+    async fn start(text: &str) -> Self {
+        let dir = TempDir::new();
+        let file = dir.0.join("tollgate.toml");
+        std::fs::write(&file, text).expect("write config");
+        let config = Config::load(&file).expect("valid test config");
+        let clock = FakeClock::new(T0);
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(tollgate_server::serve(
+            config,
+            listener,
+            Some(Arc::new(clock.clone())),
+            |_| {},
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .expect("client");
+        Self {
+            addr,
+            clock,
+            client,
+            dir,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    fn file(&self) -> PathBuf {
+        self.dir.0.join("tollgate.toml")
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        auth: Option<&str>,
+        body: Option<&str>,
+    ) -> Resp {
+        send_with(&self.client, method, &self.url(path), auth, body).await
+    }
+
+    /// `POST path` as `user` with a JSON body.
+    async fn post(&self, user: &str, path: &str, body: Value) -> Resp {
+        let auth = format!("Bearer {}", token(user));
+        self.send(Method::POST, path, Some(&auth), Some(&body.to_string()))
+            .await
+    }
+
+    /// A permit for `provider` with `body`.
+    async fn permit(&self, provider: &str, body: Value) -> Resp {
+        self.post("alice", &permits(provider), body).await
+    }
+
+    /// Feedback for `provider` with `body`.
+    async fn feedback(&self, provider: &str, body: Value) -> Resp {
+        self.post("alice", &feedback(provider), body).await
+    }
+
+    async fn metrics(&self) -> String {
+        self.client
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+
+    /// `POST /admin/reload`.
+    async fn reload(&self) -> Resp {
+        let auth = format!("Bearer {ADMIN}");
+        self.send(Method::POST, "/admin/reload", Some(&auth), None)
+            .await
+    }
+
+    /// Waits (real time: the request runs concurrently) until `n` sleeps
+    /// are parked on the fake clock.
+    async fn wait_for_sleepers(&self, n: usize) {
+        let clock = self.clock.clone();
+        let ok = wait_until(10, || {
+            let c = clock.clone();
+            async move { c.pending_sleeps() == n }
+        })
+        .await;
+        assert!(ok, "expected {n} sleeps parked on the fake clock");
+    }
+
+    async fn shutdown(mut self) {
+        drop(self.client);
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let ended = tokio::time::timeout(Duration::from_secs(10), &mut self.task)
+            .await
+            .expect("the server stops within 10 s");
+        ended.expect("server task").expect("server ran cleanly");
+    }
+}
+
+async fn send_with(
+    client: &reqwest::Client,
+    method: Method,
+    url: &str,
+    auth: Option<&str>,
+    body: Option<&str>,
+) -> Resp {
+    let mut req = client.request(method, url);
+    if let Some(a) = auth {
+        req = req.header("authorization", a);
+    }
+    if let Some(b) = body {
+        req = req
+            .header("content-type", "application/json")
+            .body(b.to_owned());
+    }
+    let resp = req.send().await.expect("request");
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let text = resp.text().await.expect("body");
+    let body = serde_json::from_str(&text).unwrap_or(Value::Null);
+    assert_ne!(
+        status,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "no input produces a 500: {text}"
+    );
+    Resp {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// The value of the metric line starting with `line_prefix`.
+fn metric(text: &str, line_prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(line_prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// The OpenAI answer to a call on an account out of credit.
+const INSUFFICIENT_QUOTA: &str = r#"{"error": {"message": "You exceeded your current quota, please check your plan and billing details.", "type": "insufficient_quota", "param": null, "code": "insufficient_quota"}}"#;
+
+// ---------------------------------------------------------------------------
+// SPEC §7
+
+/// 600 requests/min = 10/s, burst 60, block, max wait 4,000 ms: 100 calls
+/// at t = 0 wait 0 (1–60), then 100·k ms (60+k), the last 4,000 ms. With a
+/// deadline of 2,000 ms calls 81–100 are refused `provider_rate`, retry in
+/// 100 ms (`Retry-After: 1`), and take nothing.
+#[tokio::test]
+async fn spec_provider_example_through_http() {
+    let srv = Server::start(&config()).await;
+    for call in 1..=100u64 {
+        let r = srv
+            .permit("openai", json!({"model": "gpt-4o", "tokens": 0}))
+            .await;
+        assert_eq!(r.wait_ms(), call.saturating_sub(60) * 100, "call {call}");
+        assert_eq!(r.body["effective_permille"], 1_000);
+    }
+    // The last call's debt is paid after 4,000 ms: the bucket is at 0.
+    srv.clock.advance(4_000);
+    for call in 61..=100u64 {
+        let r = srv
+            .permit(
+                "openai",
+                json!({"model": "gpt-4o", "tokens": 0, "max_wait_ms": 2_000}),
+            )
+            .await;
+        if call <= 80 {
+            assert_eq!(r.wait_ms(), (call - 60) * 100, "call {call}");
+        } else {
+            r.limited("provider_rate", 100);
+            assert_eq!(r.header("retry-after"), Some("1"));
+        }
+    }
+    // The refusals took nothing: 100 ms later call 81 fits the deadline.
+    srv.clock.advance(100);
+    let r = srv
+        .permit(
+            "openai",
+            json!({"model": "gpt-4o", "tokens": 0, "max_wait_ms": 2_000}),
+        )
+        .await;
+    assert_eq!(r.wait_ms(), 2_000);
+    srv.shutdown().await;
+}
+
+/// `wait: true`: the server waits on the clock and answers `wait_ms` 0; a
+/// client that disconnects abandons the wait.
+#[tokio::test]
+async fn wait_true_waits_on_the_clock() {
+    let srv = Server::start(&config()).await;
+    for _ in 0..60 {
+        srv.permit("openai", json!({"model": "gpt-4o", "tokens": 0}))
+            .await
+            .ok();
+    }
+    let client = srv.client.clone();
+    let url = srv.url(&permits("openai"));
+    let auth = format!("Bearer {}", token("alice"));
+    let waiting = tokio::spawn(async move {
+        let body = json!({"model": "gpt-4o", "tokens": 0, "wait": true}).to_string();
+        send_with(&client, Method::POST, &url, Some(&auth), Some(&body)).await
+    });
+    srv.wait_for_sleepers(1).await;
+    srv.clock.advance(99);
+    assert_eq!(srv.clock.pending_sleeps(), 1, "still waiting 1 ms short");
+    srv.clock.advance(1);
+    let r = waiting.await.expect("task");
+    assert_eq!(r.wait_ms(), 0);
+    assert_eq!(r.body["effective_permille"], 1_000);
+
+    // A disconnect while parked drops the wait.
+    let body = json!({"model": "gpt-4o", "tokens": 0, "wait": true}).to_string();
+    let request = format!(
+        "POST {} HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        permits("openai"),
+        token("alice"),
+        body.len()
+    );
+    let mut stream = std::net::TcpStream::connect(srv.addr).expect("connect");
+    std::io::Write::write_all(&mut stream, request.as_bytes()).expect("write");
+    srv.wait_for_sleepers(1).await;
+    drop(stream);
+    srv.wait_for_sleepers(0).await;
+    srv.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------
+// Feedback
+
+/// A per-minute 429 with `Retry-After: 3` sets the shared cooldown and
+/// halves the effective rate: permits wait it out when it fits their
+/// deadline (block), else are refused `provider_cooldown`; a `reject` key
+/// refuses at once.
+#[tokio::test]
+async fn a_429_with_a_hint_sets_a_cooldown_that_permits_report() {
+    let srv = Server::start(&config()).await;
+    let r = srv
+        .feedback(
+            "openai",
+            json!({"model": "gpt-4o", "status": 429, "headers": {"Retry-After": "3"},
+                   "body": r#"{"error": {"message": "Rate limit reached for requests", "type": "requests", "code": "rate_limit_exceeded"}}"#}),
+        )
+        .await;
+    let b = r.ok();
+    assert_eq!(b["class"], "throttled");
+    assert_eq!(b["retryable"], true);
+    assert_eq!(b["retry_after_ms"], 3_000);
+    assert_eq!(b["cooldown_until_ms"], T0 + 3_000);
+    assert_eq!(b["effective_permille"], 500);
+    assert!(b.get("reason").is_none(), "{b}");
+
+    let r = srv
+        .permit(
+            "openai",
+            json!({"model": "gpt-4o", "tokens": 0, "max_wait_ms": 1_000}),
+        )
+        .await;
+    r.limited("provider_cooldown", 2_000);
+    let r = srv
+        .permit("openai", json!({"model": "gpt-4o", "tokens": 0}))
+        .await;
+    assert_eq!(
+        r.wait_ms(),
+        3_000,
+        "block: the permit waits the cooldown out"
+    );
+    assert_eq!(r.body["effective_permille"], 500);
+
+    // Reject policy: refused with the cooldown named, at once.
+    let r = srv
+        .feedback(
+            "anthropic",
+            json!({"model": "claude", "status": 429, "headers": {"retry-after": "2"}}),
+        )
+        .await;
+    assert_eq!(r.ok()["cooldown_until_ms"], T0 + 2_000);
+    let r = srv
+        .permit("anthropic", json!({"model": "claude", "tokens": 0}))
+        .await;
+    r.limited("provider_cooldown", 2_000);
+    srv.clock.advance(3_000);
+    let r = srv
+        .permit("anthropic", json!({"model": "claude", "tokens": 0}))
+        .await;
+    assert_eq!(r.wait_ms(), 0, "the cooldown is over");
+    let r = srv
+        .permit("openai", json!({"model": "gpt-4o", "tokens": 0}))
+        .await;
+    assert_eq!(r.wait_ms(), 0, "the cooldown is over");
+    srv.shutdown().await;
+}
+
+/// An OpenAI `insufficient_quota` answer: the key fails fast with 403
+/// `provider_exhausted` (the reason in the message, no `Retry-After`: it
+/// is not retryable) for 60 s, then permits are decided again.
+#[tokio::test]
+async fn insufficient_quota_makes_permits_fail_fast_with_403() {
+    let srv = Server::start(&config()).await;
+    let r = srv
+        .feedback(
+            "openai",
+            json!({"model": "gpt-4o", "status": 429, "headers": {}, "body": INSUFFICIENT_QUOTA}),
+        )
+        .await;
+    let b = r.ok();
+    assert_eq!(b["class"], "exhausted");
+    assert_eq!(b["retryable"], false);
+    assert!(
+        b["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("insufficient_quota")),
+        "{b}"
+    );
+    assert!(b.get("cooldown_until_ms").is_none(), "{b}");
+
+    let r = srv
+        .permit("openai", json!({"model": "gpt-4o", "tokens": 0}))
+        .await;
+    let b = r.refused(403, "provider_exhausted");
+    assert_eq!(b["retry_after_ms"], 60_000);
+    assert!(
+        b["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("insufficient_quota")),
+        "{b}"
+    );
+    assert_eq!(r.header("retry-after"), None, "not retryable: {r:?}");
+    // Another model of the provider is another key: not exhausted.
+    let r = srv
+        .permit("openai", json!({"model": "gpt-4o-mini", "tokens": 0}))
+        .await;
+    assert_eq!(r.wait_ms(), 0);
+    srv.clock.advance(59_999);
+    let r = srv
+        .permit("openai", json!({"model": "gpt-4o", "tokens": 0}))
+        .await;
+    assert_eq!(r.refused(403, "provider_exhausted")["retry_after_ms"], 1);
+    srv.clock.advance(1);
+    let r = srv
+        .permit("openai", json!({"model": "gpt-4o", "tokens": 0}))
+        .await;
+    assert_eq!(r.wait_ms(), 0, "the hold is over");
+    srv.shutdown().await;
+}
+
+/// Every class of answer, counted by class; only a 429 changes the rate.
+#[tokio::test]
+async fn feedback_classes_and_their_metrics() {
+    let srv = Server::start(&config()).await;
+    let cases = [
+        (
+            json!({"model": "gpt-4o", "status": 200, "headers": {"x-ratelimit-remaining-requests": "59", "x-ratelimit-limit-requests": "600"}}),
+            "success",
+            false,
+        ),
+        (
+            json!({"model": "gpt-4o", "status": 503, "headers": {"retry-after": "1"}}),
+            "server_error",
+            true,
+        ),
+        (
+            json!({"model": "gpt-4o", "status": 400, "headers": {}, "body": "{\"error\": {\"message\": \"bad\", \"type\": \"invalid_request_error\"}}"}),
+            "client_error",
+            false,
+        ),
+        (
+            json!({"model": "gpt-4o", "status": 100, "headers": {}}),
+            "client_error",
+            false,
+        ),
+    ];
+    for (body, class, retryable) in cases {
+        let r = srv.feedback("openai", body.clone()).await;
+        let b = r.ok();
+        assert_eq!(b["class"], class, "{body}");
+        assert_eq!(b["retryable"], retryable, "{body}");
+        assert!(b.get("cooldown_until_ms").is_none(), "{b}");
+        assert!(b.get("effective_permille").is_none(), "{b}");
+    }
+    let r = srv
+        .feedback(
+            "openai",
+            json!({"model": "gpt-4o", "status": 503, "headers": {"retry-after": "1"}}),
+        )
+        .await;
+    assert_eq!(r.ok()["retry_after_ms"], 1_000);
+    let text = srv.metrics().await;
+    for (class, n) in [
+        ("success", 1.0),
+        ("server_error", 2.0),
+        ("client_error", 2.0),
+    ] {
+        let line = format!(
+            r#"tollgate_provider_responses_total{{provider="openai",model="gpt-4o",class="{class}"}}"#
+        );
+        assert_eq!(metric(&text, &line), Some(n), "{line}\n{text}");
+    }
+    srv.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------
+// Tenants and capacity
+
+/// A tenant's share bounds it (0.2 of burst 10: 2 at once, `reject`) while
+/// another tenant and calls without a tenant still get permits; an
+/// unconfigured tenant uses the pool alone.
+#[tokio::test]
+async fn tenant_shares_through_http() {
+    let srv = Server::start(&config()).await;
+    let call = |tenant: &str| json!({"model": "claude", "tenant": tenant, "tokens": 0});
+    for n in 1..=2 {
+        let r = srv.permit("anthropic", call("noisy")).await;
+        assert_eq!(r.wait_ms(), 0, "noisy call {n}");
+    }
+    // Its share refills at 120/min: one permit every 500 ms.
+    let r = srv.permit("anthropic", call("noisy")).await;
+    r.limited("provider_rate", 500);
+    for n in 1..=5 {
+        let r = srv.permit("anthropic", call("quiet")).await;
+        assert_eq!(r.wait_ms(), 0, "quiet call {n}");
+    }
+    // 7 of the pool's 10 are taken: 3 left, for anyone.
+    let r = srv.permit("anthropic", call("someone-else")).await;
+    assert_eq!(r.wait_ms(), 0);
+    for _ in 0..2 {
+        srv.permit("anthropic", json!({"model": "claude", "tokens": 0}))
+            .await
+            .ok();
+    }
+    let r = srv
+        .permit("anthropic", json!({"model": "claude", "tokens": 0}))
+        .await;
+    r.limited("provider_rate", 100);
+    srv.shutdown().await;
+}
+
+/// Tokens are charged to the key's token rate: a call larger than burst +
+/// max wait × rate can never be granted (400 `exceeds_capacity`); one that
+/// fits the deadline waits.
+#[tokio::test]
+async fn token_rates_and_exceeds_capacity() {
+    let srv = Server::start(&config()).await;
+    // gpt-4o-mini: 60,000 tokens/min = 1/ms, burst 10,000, max wait 1,000.
+    let r = srv
+        .permit("openai", json!({"model": "gpt-4o-mini", "tokens": 11_001}))
+        .await;
+    let b = r.refused(400, "exceeds_capacity");
+    assert_eq!(b["limit"], "provider_rate");
+    assert_eq!(r.header("retry-after"), None);
+    let r = srv
+        .permit("openai", json!({"model": "gpt-4o-mini", "tokens": 11_000}))
+        .await;
+    assert_eq!(r.wait_ms(), 1_000, "the boundary is inclusive");
+    // The bucket is 1,000 in debt: 1 token waits 1,001 ms > 1,000.
+    let r = srv
+        .permit("openai", json!({"model": "gpt-4o-mini", "tokens": 1}))
+        .await;
+    r.limited("provider_rate", 1);
+    // A shorter deadline of the call's own.
+    srv.clock.advance(1_001);
+    let r = srv
+        .permit(
+            "openai",
+            json!({"model": "gpt-4o-mini", "tokens": 500, "max_wait_ms": 100}),
+        )
+        .await;
+    r.limited("provider_rate", 399);
+    srv.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------
+// Refusals of the request itself
+
+#[tokio::test]
+async fn unknown_provider_or_model_is_404_and_leaves_no_metric() {
+    let srv = Server::start(&config()).await;
+    for (provider, model) in [("nope", "gpt-4o"), ("openai", "gpt-5-unconfigured")] {
+        let r = srv
+            .permit(provider, json!({"model": model, "tokens": 1}))
+            .await;
+        r.refused(404, "unknown_provider");
+        let r = srv
+            .feedback(
+                provider,
+                json!({"model": model, "status": 429, "headers": {"retry-after": "5"}}),
+            )
+            .await;
+        r.refused(404, "unknown_provider");
+    }
+    let text = srv.metrics().await;
+    assert!(!text.contains("nope"), "{text}");
+    assert!(!text.contains("gpt-5-unconfigured"), "{text}");
+    srv.shutdown().await;
+}
+
+#[tokio::test]
+async fn no_identity_is_401() {
+    let srv = Server::start(&config()).await;
+    let permit = json!({"model": "gpt-4o", "tokens": 0}).to_string();
+    let fb = json!({"model": "gpt-4o", "status": 200, "headers": {}}).to_string();
+    for (path, body) in [(permits("openai"), &permit), (feedback("openai"), &fb)] {
+        for auth in [None, Some("Bearer not-a-jwt"), Some("Basic YWxpY2U6cHc=")] {
+            let r = srv.send(Method::POST, &path, auth, Some(body)).await;
+            r.refused(401, "unauthorized");
+        }
+        // A token signed with another key.
+        let forged = jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            &json!({"sub": "alice", "iss": ISSUER, "aud": AUDIENCE, "exp": T0 / 1_000 + 3_600}),
+            &EncodingKey::from_secret(b"another-secret-another-secret-0123456789"),
+        )
+        .expect("sign");
+        let r = srv
+            .send(
+                Method::POST,
+                &path,
+                Some(&format!("Bearer {forged}")),
+                Some(body),
+            )
+            .await;
+        r.refused(401, "unauthorized");
+    }
+    // Nothing was charged: the whole burst is still there.
+    for _ in 0..60 {
+        let r = srv
+            .permit("openai", json!({"model": "gpt-4o", "tokens": 0}))
+            .await;
+        assert_eq!(r.wait_ms(), 0);
+    }
+    srv.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_input_is_400_naming_the_field() {
+    let srv = Server::start(&config()).await;
+    let too_many = (1u64 << 53) + 1;
+    let permit_cases = [
+        (json!({"tokens": 1}), "model"),
+        (json!({"model": "gpt-4o"}), "tokens"),
+        (json!({"model": "", "tokens": 1}), "model"),
+        (json!({"model": "gpt\u{1}4o", "tokens": 1}), "model"),
+        (json!({"model": "m".repeat(513), "tokens": 1}), "model"),
+        (json!({"model": "gpt-4o", "tokens": -1}), "tokens"),
+        (json!({"model": "gpt-4o", "tokens": 1.5}), "tokens"),
+        (json!({"model": "gpt-4o", "tokens": "10"}), "tokens"),
+        (json!({"model": "gpt-4o", "tokens": too_many}), "tokens"),
+        (
+            json!({"model": "gpt-4o", "tokens": 1, "input_tokens": too_many}),
+            "input_tokens",
+        ),
+        (
+            json!({"model": "gpt-4o", "tokens": 1, "output_tokens": too_many}),
+            "output_tokens",
+        ),
+        (
+            json!({"model": "gpt-4o", "tokens": 1, "max_wait_ms": -5}),
+            "max_wait_ms",
+        ),
+        (
+            json!({"model": "gpt-4o", "tokens": 1, "tenant": ""}),
+            "tenant",
+        ),
+        (
+            json!({"model": "gpt-4o", "tokens": 1, "wait": "yes"}),
+            "wait",
+        ),
+        (json!({"model": 7, "tokens": 1}), "model"),
+    ];
+    for (body, field) in permit_cases {
+        let r = srv.permit("openai", body.clone()).await;
+        assert!(r.status == StatusCode::BAD_REQUEST, "{body}: {r:?}");
+        r.invalid(field);
+    }
+    let feedback_cases = [
+        (json!({"status": 200, "headers": {}}), "model"),
+        (json!({"model": "gpt-4o", "headers": {}}), "status"),
+        (json!({"model": "gpt-4o", "status": 200}), "headers"),
+        (
+            json!({"model": "gpt-4o", "status": 99, "headers": {}}),
+            "status",
+        ),
+        (
+            json!({"model": "gpt-4o", "status": 600, "headers": {}}),
+            "status",
+        ),
+        (
+            json!({"model": "gpt-4o", "status": 70_000, "headers": {}}),
+            "status",
+        ),
+        (
+            json!({"model": "gpt-4o", "status": -429, "headers": {}}),
+            "status",
+        ),
+        (
+            json!({"model": "gpt-4o", "status": 429, "headers": ["retry-after", "3"]}),
+            "headers",
+        ),
+        (
+            json!({"model": "gpt-4o", "status": 429, "headers": {"retry-after": 3}}),
+            "headers.retry-after",
+        ),
+        (
+            json!({"model": "gpt-4o", "status": 429, "headers": {}, "body": {"error": 1}}),
+            "body",
+        ),
+    ];
+    for (body, field) in feedback_cases {
+        let r = srv.feedback("openai", body.clone()).await;
+        assert!(r.status == StatusCode::BAD_REQUEST, "{body}: {r:?}");
+        r.invalid(field);
+    }
+    // Not JSON, empty, trailing garbage.
+    let auth = format!("Bearer {}", token("alice"));
+    for raw in ["", "{", "[]", r#"{"model": "gpt-4o", "tokens": 1} x"#] {
+        let r = srv
+            .send(Method::POST, &permits("openai"), Some(&auth), Some(raw))
+            .await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{raw:?}: {r:?}");
+        assert_eq!(r.body["error"], "invalid_request", "{raw:?}");
+    }
+    // A provider path segment with a control character.
+    let r = srv
+        .permit("open%01ai", json!({"model": "gpt-4o", "tokens": 1}))
+        .await;
+    r.invalid("provider");
+    // Nothing was charged by any of it.
+    for _ in 0..60 {
+        let r = srv
+            .permit("openai", json!({"model": "gpt-4o", "tokens": 0}))
+            .await;
+        assert_eq!(r.wait_ms(), 0);
+    }
+    srv.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------
+// Operations
+
+/// Permits by outcome, answers by class and the effective rate, labelled by
+/// provider and model only (never a user id, never an unconfigured key).
+#[tokio::test]
+async fn metrics_count_permits_answers_and_the_effective_rate() {
+    let srv = Server::start(&config()).await;
+    let user = "user-with-a-very-distinctive-id-77";
+    for _ in 0..61 {
+        srv.post(
+            user,
+            &permits("openai"),
+            json!({"model": "gpt-4o", "tokens": 0}),
+        )
+        .await
+        .ok();
+    }
+    srv.post(
+        user,
+        &permits("openai"),
+        json!({"model": "gpt-4o", "tokens": 0, "max_wait_ms": 0}),
+    )
+    .await
+    .limited("provider_rate", 200);
+    let text = srv.metrics().await;
+    for (outcome, n) in [("granted", 60.0), ("waited", 1.0), ("refused", 1.0)] {
+        let line = format!(
+            r#"tollgate_provider_permits_total{{provider="openai",model="gpt-4o",outcome="{outcome}"}}"#
+        );
+        assert_eq!(metric(&text, &line), Some(n), "{line}\n{text}");
+    }
+    let gauge = r#"tollgate_provider_effective_rate_permille{provider="openai",model="gpt-4o"}"#;
+    assert_eq!(metric(&text, gauge), Some(1_000.0), "{text}");
+    // A 429 halves it; the gauge follows.
+    srv.post(
+        user,
+        &feedback("openai"),
+        json!({"model": "gpt-4o", "status": 429, "headers": {}}),
+    )
+    .await
+    .ok();
+    // Exhaustion refusals are counted as refused.
+    srv.post(
+        user,
+        &feedback("openai"),
+        json!({"model": "gpt-4o", "status": 429, "headers": {}, "body": INSUFFICIENT_QUOTA}),
+    )
+    .await
+    .ok();
+    srv.post(
+        user,
+        &permits("openai"),
+        json!({"model": "gpt-4o", "tokens": 0}),
+    )
+    .await
+    .refused(403, "provider_exhausted");
+    let text = srv.metrics().await;
+    assert_eq!(metric(&text, gauge), Some(500.0), "{text}");
+    for (class, n) in [("throttled", 1.0), ("exhausted", 1.0)] {
+        let line = format!(
+            r#"tollgate_provider_responses_total{{provider="openai",model="gpt-4o",class="{class}"}}"#
+        );
+        assert_eq!(metric(&text, &line), Some(n), "{line}\n{text}");
+    }
+    assert_eq!(
+        metric(
+            &text,
+            r#"tollgate_provider_permits_total{provider="openai",model="gpt-4o",outcome="refused"}"#
+        ),
+        Some(2.0)
+    );
+    for help in [
+        "# HELP tollgate_provider_permits ",
+        "# HELP tollgate_provider_responses ",
+        "# HELP tollgate_provider_effective_rate_permille ",
+    ] {
+        assert!(text.contains(help), "{help} missing:\n{text}");
+    }
+    assert!(!text.contains("distinctive"), "a user id leaked:\n{text}");
+    srv.shutdown().await;
+}
+
+#[tokio::test]
+async fn openapi_documents_the_provider_routes() {
+    let srv = Server::start(&config()).await;
+    let r = srv.send(Method::GET, "/openapi.json", None, None).await;
+    let doc = r.ok();
+    for (path, codes) in [
+        (
+            "/v1/providers/{provider}/permits",
+            &["200", "400", "401", "403", "404", "429", "503"][..],
+        ),
+        (
+            "/v1/providers/{provider}/feedback",
+            &["200", "400", "401", "404", "503"][..],
+        ),
+    ] {
+        let op = &doc["paths"][path]["post"];
+        assert!(op.is_object(), "{path} missing from the document");
+        for code in codes {
+            assert!(
+                op["responses"][code].is_object(),
+                "{path} documents {code}: {op}"
+            );
+        }
+        assert_eq!(op["parameters"][0]["name"], "provider", "{op}");
+        assert!(
+            tollgate_server::http::routes::ROUTES.contains(&("post", path)),
+            "{path} in ROUTES"
+        );
+    }
+    let schemas = &doc["components"]["schemas"];
+    for (schema, field) in [
+        ("PermitBody", "tokens"),
+        ("PermitResponse", "wait_ms"),
+        ("FeedbackBody", "headers"),
+        ("FeedbackResponse", "class"),
+    ] {
+        assert!(
+            schemas[schema]["properties"][field].is_object(),
+            "{schema}.{field}: {schemas}"
+        );
+    }
+    srv.shutdown().await;
+}
+
+/// A bad `[providers]` section is refused with every field path, in
+/// process and by `tollgate check-config` (exit 64).
+#[test]
+fn a_bad_provider_section_is_refused_with_its_field_paths() {
+    let bad = config_with(
+        r#"
+[providers."openai:gpt-4o"]
+requests = { amount = 0, period_ms = 60000 }
+max_wait_ms = -1
+
+[providers."openai:gpt-4o".tenants.noisy]
+share = 1.5
+
+[providers.nocolon]
+requests = { amount = 1, period_ms = 1000 }
+
+[providers."gemini:flash"]
+kind = "bard"
+
+[providers."anthropic:claude"]
+requests = { amount = 10, period_ms = 60000 }
+aimd = { floor_permille = 0, step_permille = 50, decrease_interval_ms = 5000, increase_interval_ms = 10000 }
+"#,
+    );
+    let expected = [
+        r#"providers."openai:gpt-4o".requests"#,
+        r#"providers."openai:gpt-4o".max_wait_ms"#,
+        r#"providers."openai:gpt-4o".tenants."noisy".share"#,
+        r#"providers."nocolon""#,
+        r#"providers."gemini:flash".kind"#,
+        r#"providers."gemini:flash""#,
+        r#"providers."anthropic:claude".aimd"#,
+    ];
+    let e = Config::parse(&bad, "bad.toml", std::path::Path::new(".")).expect_err("refused");
+    let paths: Vec<&str> = e.errors.iter().map(|e| e.path.as_str()).collect();
+    for path in expected {
+        assert!(paths.contains(&path), "{path} in {paths:?}");
+    }
+
+    let dir = TempDir::new();
+    let run = |name: &str, text: &str| {
+        let path = dir.0.join(name);
+        std::fs::write(&path, text).expect("write config");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .arg("check-config")
+            .arg(&path)
+            .output()
+            .expect("run tollgate");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = run("good.toml", &config());
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, stderr) = run("bad.toml", &bad);
+    assert_eq!(code, Some(64), "{stderr}");
+    for path in expected {
+        assert!(stderr.contains(path), "{path} is named in:\n{stderr}");
+    }
+    // A shape error (an unknown field) names its field too.
+    let (code, stderr) = run(
+        "typo.toml",
+        &config().replace("policy = \"reject\"", "polcy = \"reject\""),
+    );
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(
+        stderr.contains(r#"providers."anthropic:claude".polcy"#),
+        "{stderr}"
+    );
+    let (code, stderr) = run(
+        "policy.toml",
+        &config().replace("policy = \"reject\"", "policy = \"drop\""),
+    );
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(stderr.contains("policy"), "{stderr}");
+}
+
+/// `POST /admin/reload` swaps the providers: a key added is served, a key
+/// removed is 404; a bad provider section is refused and the old providers
+/// keep serving.
+#[tokio::test]
+async fn reload_swaps_the_providers_and_a_bad_file_keeps_the_old() {
+    let srv = Server::start(&config()).await;
+    let gemini = json!({"model": "flash", "tokens": 0});
+    srv.permit("gemini", gemini.clone())
+        .await
+        .refused(404, "unknown_provider");
+
+    // A bad provider section: refused with its path; the old ones serve.
+    let bad = config_with(&format!(
+        "{PROVIDERS}\n[providers.\"gemini:flash\"]\nrequests = {{ amount = 0, period_ms = 60000 }}\n"
+    ));
+    std::fs::write(srv.file(), bad).expect("write");
+    let r = srv.reload().await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{r:?}");
+    assert_eq!(r.body["error"], "invalid_config");
+    assert_eq!(
+        r.body["errors"][0]["path"],
+        r#"providers."gemini:flash".requests"#
+    );
+    srv.permit("gemini", gemini.clone())
+        .await
+        .refused(404, "unknown_provider");
+    assert_eq!(
+        srv.permit("openai", json!({"model": "gpt-4o", "tokens": 0}))
+            .await
+            .wait_ms(),
+        0
+    );
+
+    // A good file: gemini:flash added (reject, burst 1), openai:gpt-4o gone.
+    let good = config_with(
+        r#"
+[providers."gemini:flash"]
+requests = { amount = 60, period_ms = 60000, burst = 1 }
+policy = "reject"
+"#,
+    );
+    std::fs::write(srv.file(), good).expect("write");
+    let r = srv.reload().await;
+    assert_eq!(r.ok()["reloaded"], true);
+    assert_eq!(srv.permit("gemini", gemini.clone()).await.wait_ms(), 0);
+    srv.permit("gemini", gemini.clone())
+        .await
+        .limited("provider_rate", 1_000);
+    srv.permit("openai", json!({"model": "gpt-4o", "tokens": 0}))
+        .await
+        .refused(404, "unknown_provider");
+    // The feedback route follows the new keys too.
+    let r = srv
+        .feedback(
+            "gemini",
+            json!({"model": "flash", "status": 429, "headers": {},
+                   "body": r#"{"error": {"code": 429, "status": "RESOURCE_EXHAUSTED", "message": "Resource exhausted.", "details": [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "7s"}]}}"#}),
+        )
+        .await;
+    let b = r.ok();
+    assert_eq!(b["class"], "throttled");
+    assert_eq!(b["cooldown_until_ms"], T0 + 7_000);
+    let text = srv.metrics().await;
+    assert!(
+        metric(&text, r#"tollgate_config_reloads_total{result="ok"}"#).unwrap_or(0.0) >= 1.0,
+        "{text}"
+    );
+    srv.shutdown().await;
+}
+
+/// On Redis under `fail_closed`: permits and feedback are decided in Redis
+/// (the burst of 60 holds), and while Redis is down both answer 503
+/// `store_unavailable` (a success needs no store and still answers 200).
+#[tokio::test]
+async fn fail_closed_is_503_while_redis_is_down() {
+    let mut redis = RedisServer::start().expect("redis-server");
+    let store = format!(
+        r#"[store]
+kind = "redis"
+url = "{}"
+failure = "fail_closed"
+op_timeout_ms = 1000
+key_prefix = "{}""#,
+        redis.url(),
+        unique_prefix()
+    );
+    let srv = Server::start(&config_on(&store, PROVIDERS)).await;
+    // Redis decides on its own clock (TIME), which moves while the test
+    // runs: the bucket refills a little between calls, so call 61 waits
+    // 100 ms less the time the test took.
+    let mut waits = Vec::new();
+    for _ in 1..=61u64 {
+        let r = srv
+            .permit("openai", json!({"model": "gpt-4o", "tokens": 0}))
+            .await;
+        waits.push(r.wait_ms());
+    }
+    assert!(waits[..60].iter().all(|w| *w == 0), "{waits:?}");
+    assert!(waits[60] <= 100, "{waits:?}");
+    let r = srv
+        .feedback(
+            "openai",
+            json!({"model": "gpt-4o", "status": 429, "headers": {"retry-after": "2"}}),
+        )
+        .await;
+    assert_eq!(r.ok()["effective_permille"], 500);
+
+    redis.stop();
+    let r = srv
+        .permit("openai", json!({"model": "gpt-4o", "tokens": 0}))
+        .await;
+    r.refused(503, "store_unavailable");
+    let r = srv
+        .feedback(
+            "openai",
+            json!({"model": "gpt-4o", "status": 429, "headers": {"retry-after": "2"}}),
+        )
+        .await;
+    r.refused(503, "store_unavailable");
+    let r = srv
+        .feedback(
+            "openai",
+            json!({"model": "gpt-4o", "status": 200, "headers": {}}),
+        )
+        .await;
+    assert_eq!(r.ok()["class"], "success");
+    // Unknown keys and identity are still checked without the store.
+    srv.permit("nope", json!({"model": "m", "tokens": 0}))
+        .await
+        .refused(404, "unknown_provider");
+    let body = json!({"model": "gpt-4o", "tokens": 0}).to_string();
+    srv.send(Method::POST, &permits("openai"), None, Some(&body))
+        .await
+        .refused(401, "unauthorized");
+    srv.shutdown().await;
+}
