@@ -7,7 +7,6 @@
 mod support;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use adk_core::{Content, SessionId, UserId};
 use adk_session::InMemorySessionService;
@@ -109,20 +108,22 @@ impl<S: Store + Clone> Setup<S> {
         }
     }
 
-    /// Waits (real time, bounded) for `cond` — for work done on spawned
-    /// tasks (release after a drop, renewal after the clock moved).
+    /// Waits (bounded) for `cond` — for work done on spawned tasks
+    /// (release after a drop, renewal after the clock moved).
     async fn eventually<F, Fut>(&self, what: &str, mut cond: F)
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = bool>,
     {
-        for _ in 0..1_000 {
+        // Polled, yielding in between (no real sleep): the work it waits
+        // for is already running on another task.
+        for _ in 0..200_000 {
             if cond().await {
                 return;
             }
-            tokio::time::sleep(Duration::from_millis(2)).await;
+            tokio::task::yield_now().await;
         }
-        panic!("timed out waiting for: {what}");
+        panic!("never happened: {what}");
     }
 }
 

@@ -211,6 +211,8 @@ pub struct Harness<S> {
     pub sessions: Arc<dyn SessionService>,
     pub model: Arc<FakeLlm>,
     pub events: Arc<Mutex<Vec<ModelCallEvent>>>,
+    /// Notified on each recorded event.
+    pub recorded: Arc<Notify>,
 }
 
 /// Lets an `Arc<FakeLlm>` be the inner model.
@@ -270,10 +272,14 @@ impl<S: Store + Clone> Harness<S> {
         let limiter = Arc::new(limiter_with(store, &clock, plan));
         let model = Arc::new(model);
         let events = Arc::new(Mutex::new(Vec::new()));
+        let recorded = Arc::new(Notify::new());
         let sink = Arc::clone(&events);
+        let bell = Arc::clone(&recorded);
         let limited = configure(
-            LimitedLlm::new(Shared(Arc::clone(&model)), Arc::clone(&limiter))
-                .on_event(move |e| sink.lock().push(e.clone())),
+            LimitedLlm::new(Shared(Arc::clone(&model)), Arc::clone(&limiter)).on_event(move |e| {
+                sink.lock().push(e.clone());
+                bell.notify_waiters();
+            }),
         );
         let agent = LlmAgentBuilder::new("assistant")
             .model(Arc::new(limited))
@@ -300,6 +306,7 @@ impl<S: Store + Clone> Harness<S> {
             sessions,
             model,
             events,
+            recorded,
         }
     }
 
@@ -374,12 +381,18 @@ impl<S: Store + Clone> Harness<S> {
     /// Waits (real time, bounded) until `n` events were recorded: closes
     /// after a dropped stream run on a spawned task.
     pub async fn wait_events(&self, n: usize) -> Vec<ModelCallEvent> {
-        for _ in 0..500 {
-            if self.events.lock().len() >= n {
-                break;
+        // Woken by each event as it is recorded; bounded so a missing event
+        // fails the test instead of hanging it.
+        let arrived = async {
+            loop {
+                let next = self.recorded.notified();
+                if self.events.lock().len() >= n {
+                    return;
+                }
+                next.await;
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(10), arrived).await;
         self.events()
     }
 }
