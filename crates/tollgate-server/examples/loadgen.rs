@@ -28,11 +28,17 @@
 //! Flags (all optional):
 //!
 //! * `--url URL` — the server (default `http://127.0.0.1:8788`).
-//! * `--mode admit|reserve` — what one operation is (default `admit`):
+//! * `--mode admit|reserve|rls` — what one operation is (default `admit`):
 //!   * `admit`: `POST /v1/runs {invocation_id}` then
 //!     `DELETE /v1/runs/{invocation_id}` (an admit + release pair);
 //!   * `reserve`: `POST /v1/tokens/reserve {invocation_id, estimate}` then
 //!     `POST /v1/tokens/settle {reservation_id, actual}` (reserve + settle).
+//!
+//!   * `rls`: one gRPC `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`
+//!     to `--grpc-url` (default `http://127.0.0.1:8789`) for `--domain`
+//!     (default `tollgate`) with one descriptor `{--descriptor-key: u<n>}`
+//!     (default key `user_id`), `hits_addend` 1: OK counts as 2xx,
+//!     OVER_LIMIT as 429. Up to 8 HTTP/2 connections are shared by the tasks.
 //!
 //!   The second call is made only when the first answered 2xx. Every
 //!   operation is for a uniformly random user and a fresh invocation id.
@@ -97,6 +103,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use axum::body::Bytes;
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::{HeaderValue, Method, Request, StatusCode};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -105,11 +116,14 @@ use parking_lot::Mutex;
 use serde::Deserialize;
 use tollgate_core::{Clock, MonotonicClock};
 use tollgate_server::identity::DEV_SECRET;
+use tonic::transport::Channel;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Admit,
     Reserve,
+    /// Envoy's `ShouldRateLimit` over gRPC.
+    Rls,
 }
 
 impl Mode {
@@ -117,6 +131,7 @@ impl Mode {
         match self {
             Mode::Admit => ["POST /v1/runs", "DELETE /v1/runs/{id}"],
             Mode::Reserve => ["POST /v1/tokens/reserve", "POST /v1/tokens/settle"],
+            Mode::Rls => ["gRPC ShouldRateLimit", "(none)"],
         }
     }
 }
@@ -138,6 +153,9 @@ struct Args {
     server_pid: Option<u32>,
     redis_pid: Option<u32>,
     redis_port: Option<u16>,
+    grpc_url: String,
+    domain: String,
+    descriptor_key: String,
 }
 
 fn usage(msg: &str) -> ! {
@@ -163,6 +181,9 @@ fn parse_args() -> Args {
         server_pid: None,
         redis_pid: None,
         redis_port: None,
+        grpc_url: "http://127.0.0.1:8789".to_owned(),
+        domain: "tollgate".to_owned(),
+        descriptor_key: "user_id".to_owned(),
     };
     let mut it = std::env::args().skip(1);
     fn num<T: std::str::FromStr>(flag: &str, v: Option<String>) -> T {
@@ -183,7 +204,8 @@ fn parse_args() -> Args {
                 a.mode = match it.next().as_deref() {
                     Some("admit") => Mode::Admit,
                     Some("reserve") => Mode::Reserve,
-                    _ => usage("--mode is admit or reserve"),
+                    Some("rls") => Mode::Rls,
+                    _ => usage("--mode is admit, reserve or rls"),
                 }
             }
             "--concurrency" => a.concurrency = num(&flag, it.next()),
@@ -200,6 +222,15 @@ fn parse_args() -> Args {
             "--server-pid" => a.server_pid = Some(num(&flag, it.next())),
             "--redis-pid" => a.redis_pid = Some(num(&flag, it.next())),
             "--redis-port" => a.redis_port = Some(num(&flag, it.next())),
+            "--grpc-url" => {
+                a.grpc_url = it.next().unwrap_or_else(|| usage("--grpc-url needs a URL"))
+            }
+            "--domain" => a.domain = it.next().unwrap_or_else(|| usage("--domain needs a name")),
+            "--descriptor-key" => {
+                a.descriptor_key = it
+                    .next()
+                    .unwrap_or_else(|| usage("--descriptor-key needs a key"))
+            }
             "-h" | "--help" => usage("flags"),
             other => usage(&format!("unknown flag {other}")),
         }
@@ -297,6 +328,10 @@ struct TaskStats {
 }
 
 struct Ctx {
+    /// Envoy RLS clients (rls mode), spread over a few HTTP/2 connections.
+    rls: Vec<RateLimitServiceClient<Channel>>,
+    domain: String,
+    descriptor_key: String,
     client: Client<HttpConnector, Full<Bytes>>,
     url: String,
     mode: Mode,
@@ -380,6 +415,47 @@ impl Ctx {
         }
     }
 
+    /// One `ShouldRateLimit` of one descriptor `{descriptor_key: u<user>}`,
+    /// cost 1: OK is a grant, OVER_LIMIT a denial.
+    async fn should_rate_limit(&self, user: usize) -> Done {
+        let started = Instant::now();
+        let req = RateLimitRequest {
+            domain: self.domain.clone(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: self.descriptor_key.clone(),
+                    value: format!("u{user}"),
+                }],
+                ..RateLimitDescriptor::default()
+            }],
+            hits_addend: 1,
+        };
+        let mut client = self.rls[user % self.rls.len()].clone();
+        let class = match client.should_rate_limit(req).await {
+            Ok(resp) => match Code::try_from(resp.get_ref().overall_code) {
+                Ok(Code::Ok) => Class::Ok,
+                Ok(Code::OverLimit) => Class::Denied,
+                _ => {
+                    self.note("unknown code".to_owned(), b"");
+                    Class::Other
+                }
+            },
+            Err(status) => {
+                self.note(
+                    format!("gRPC {:?}", status.code()),
+                    status.message().as_bytes(),
+                );
+                Class::Other
+            }
+        };
+        Done {
+            class,
+            started,
+            ended: Instant::now(),
+            body: None,
+        }
+    }
+
     fn note(&self, what: String, body: &[u8]) {
         #[derive(Deserialize)]
         struct Err {
@@ -419,6 +495,7 @@ impl Ctx {
     /// calls' outcomes.
     async fn op(&self, user: usize, inv: &str) -> (Done, Option<Done>) {
         match self.mode {
+            Mode::Rls => (self.should_rate_limit(user).await, None),
             Mode::Admit => {
                 let body = format!(r#"{{"invocation_id":"{inv}"}}"#);
                 let first = self.send(Method::POST, "/v1/runs", user, Some(body)).await;
@@ -688,8 +765,25 @@ async fn run(a: Args) -> Result<(), String> {
             .map_or(0, |d| d.as_micros())
             ^ u128::from(std::process::id())
     );
+    // RLS mode: a few HTTP/2 connections to the gRPC port (each carries
+    // many concurrent calls).
+    let mut rls = Vec::new();
+    if a.mode == Mode::Rls {
+        for _ in 0..a.concurrency.div_ceil(16).clamp(1, 8) {
+            let channel = Channel::from_shared(a.grpc_url.clone())
+                .map_err(|e| format!("--grpc-url {}: {e}", a.grpc_url))?
+                .tcp_nodelay(true)
+                .connect()
+                .await
+                .map_err(|e| format!("{} does not answer: {e}", a.grpc_url))?;
+            rls.push(RateLimitServiceClient::new(channel));
+        }
+    }
     let now = Instant::now();
     let mut ctx = Ctx {
+        rls,
+        domain: a.domain.clone(),
+        descriptor_key: a.descriptor_key.clone(),
         client,
         url: a.url.clone(),
         mode: a.mode,
@@ -753,6 +847,7 @@ async fn run(a: Args) -> Result<(), String> {
         match a.mode {
             Mode::Admit => "admit+release",
             Mode::Reserve => "reserve+settle",
+            Mode::Rls => "ShouldRateLimit",
         },
         a.url,
         server_pid.map_or("unknown".to_owned(), |p| p.to_string()),
@@ -841,6 +936,7 @@ async fn run(a: Args) -> Result<(), String> {
         match a.mode {
             Mode::Admit => "admit",
             Mode::Reserve => "reserve",
+            Mode::Rls => "rls",
         },
         total_calls as f64 / secs,
         pairs as f64 / secs,
