@@ -240,12 +240,18 @@ pub fn refill(spec: &BucketSpec, state: Option<BucketState>, now: u64) -> Bucket
     }
 }
 
-/// Rule 6: when a key holding `level` may be dropped, written at `now`.
-pub fn expires_at(spec: &BucketSpec, level: i64, now: u64) -> u64 {
+/// How long a bucket holding the scaled `level` takes to refill to its
+/// capacity, ms (0 when full): the "reset" of rate-limit headers.
+pub fn full_in_ms(spec: &BucketSpec, level: i64) -> u64 {
     // level >= -2^53 and capacity_scaled <= 2^53: no overflow.
     let missing = spec.capacity_scaled() - level;
-    let to_full = ceil_div(missing, spec.amount as i64).max(0) as u64;
-    now.saturating_add(to_full).saturating_add(EXPIRY_GRACE_MS)
+    ceil_div(missing, spec.amount as i64).max(0) as u64
+}
+
+/// Rule 6: when a key holding `level` may be dropped, written at `now`.
+pub fn expires_at(spec: &BucketSpec, level: i64, now: u64) -> u64 {
+    now.saturating_add(full_in_ms(spec, level))
+        .saturating_add(EXPIRY_GRACE_MS)
 }
 
 /// Rules 1–5: take `cost` tokens, waiting at most `max_wait_ms`.

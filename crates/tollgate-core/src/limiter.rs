@@ -6,14 +6,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 
-use crate::bucket::MAX_SCALED;
+use crate::bucket::{MAX_SCALED, Take};
 use crate::clock::Clock;
-use crate::decision::{Decision, Waited};
+use crate::decision::{Decision, Denial, Limit, Waited};
 use crate::error::LimiterError;
 use crate::lease::{Admit, TurnParams};
 use crate::plan::{Plan, PlanBook};
 use crate::store::{
-    ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome, SettleRequest, Store, TurnRequest,
+    BucketRef, ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome, SettleRequest, Store,
+    TakeRequest, TurnRequest,
 };
 
 /// Longest accepted user id, invocation id or reservation id, bytes.
@@ -50,6 +51,25 @@ pub struct Reservation {
 impl Waited for Reservation {
     fn wait_ms(&self) -> u64 {
         self.wait_ms + self.waited_ms
+    }
+}
+
+/// Turns taken from a user's turn bucket without a run lease
+/// ([`Limiter::take_turns`]), and what is left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TurnsTaken {
+    /// How many were taken: the cost, or 0 when only shadow mode let the
+    /// request through.
+    pub taken: u64,
+    /// Whole turns left in the bucket now.
+    pub remaining: u64,
+    /// How long until the bucket is full again, ms.
+    pub full_in_ms: u64,
+}
+
+impl Waited for TurnsTaken {
+    fn wait_ms(&self) -> u64 {
+        0
     }
 }
 
@@ -195,6 +215,72 @@ impl<S: Store> Limiter<S> {
                 shadow_denied: Some(d),
             },
             Admit::Denied(d) => Decision::Denied(d),
+        })
+    }
+
+    /// Takes `cost` turns from `user`'s turn bucket now, or nothing (no
+    /// waiting, no run lease): the same bucket [`admit_turn`](Self::admit_turn)
+    /// takes from, so both draw on one budget. For callers that count turns
+    /// themselves, such as Envoy's rate-limit service (`hits_addend`).
+    ///
+    /// A refusal takes nothing and carries the exact retry hint; a cost
+    /// larger than the burst is [`Denial::ExceedsCapacity`]. In shadow mode
+    /// the store applies the same enforcing transition and only the answer
+    /// is rewritten to allowed (`taken: 0`, the denial kept in
+    /// `shadow_denied`). A cost of 0 takes nothing and reports the bucket.
+    ///
+    /// # Errors
+    ///
+    /// [`LimiterError::UnknownUser`] (no plan), an invalid user id, or a
+    /// store fault.
+    ///
+    /// [`Denial::ExceedsCapacity`]: crate::Denial::ExceedsCapacity
+    pub async fn take_turns(
+        &self,
+        user: &str,
+        cost: u64,
+    ) -> Result<Decision<TurnsTaken>, LimiterError> {
+        let plan = self.plan_for(user)?;
+        let out = self
+            .store
+            .take_one(TakeRequest {
+                bucket: BucketRef::Turns(user),
+                spec: plan.turns,
+                cost,
+            })
+            .await?;
+        let denial = match out.take {
+            Take::Granted { .. } => {
+                return Ok(Decision::Allowed {
+                    grant: TurnsTaken {
+                        taken: cost,
+                        remaining: out.remaining,
+                        full_in_ms: out.full_in_ms,
+                    },
+                    shadow_denied: None,
+                });
+            }
+            Take::Refused { retry_after_ms } => Denial::Limited {
+                limit: Limit::TurnRate,
+                retry_after_ms,
+            },
+            Take::ExceedsCapacity => Denial::ExceedsCapacity {
+                limit: Limit::TurnRate,
+                cost,
+                max_cost: plan.turns.capacity(),
+            },
+        };
+        Ok(if plan.shadow {
+            Decision::Allowed {
+                grant: TurnsTaken {
+                    taken: 0,
+                    remaining: out.remaining,
+                    full_in_ms: out.full_in_ms,
+                },
+                shadow_denied: Some(denial),
+            }
+        } else {
+            Decision::Denied(denial)
         })
     }
 

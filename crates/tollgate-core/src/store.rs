@@ -14,7 +14,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::aimd::AimdParams;
-use crate::bucket::BucketSpec;
+use crate::bucket::{BucketSpec, Take};
 use crate::decision::Denial;
 use crate::error::StoreError;
 use crate::lease::{Admit, SessionAcquire, SessionGrant, TurnParams};
@@ -187,6 +187,59 @@ pub struct BucketTake<'a> {
     pub max_wait_ms: u64,
 }
 
+/// The bucket a single take ([`Store::take_one`]) draws from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BucketRef<'a> {
+    /// A user's turn bucket: the very bucket turn admission
+    /// ([`Store::admit_turn`]) takes from, so both share one budget.
+    Turns(&'a str),
+    /// A named bucket, in the key space of [`Store::take_many`] (namespaced
+    /// by the caller; in Redis Cluster the key's hash tag picks its slot).
+    Named(&'a str),
+}
+
+/// A take from one bucket that never waits (`max_wait` 0) and holds no
+/// lease: `cost` now, or nothing.
+#[derive(Debug, Clone, Copy)]
+pub struct TakeRequest<'a> {
+    /// Which bucket.
+    pub bucket: BucketRef<'a>,
+    /// Its rate (the user's plan's turn rate for [`BucketRef::Turns`]).
+    pub spec: BucketSpec,
+    /// The cost; 0 takes nothing and reports the bucket as it is.
+    pub cost: u64,
+}
+
+/// The answer to a single take, with what is left: enough for rate-limit
+/// headers (remaining, reset).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TakeOutcome {
+    /// [`Take::Granted`] (always with `wait_ms` 0), [`Take::Refused`] with
+    /// the exact retry hint, or [`Take::ExceedsCapacity`] (`cost` is larger
+    /// than the burst). Only a grant takes anything.
+    ///
+    /// [`Take::Granted`]: crate::bucket::Take::Granted
+    /// [`Take::Refused`]: crate::bucket::Take::Refused
+    /// [`Take::ExceedsCapacity`]: crate::bucket::Take::ExceedsCapacity
+    pub take: Take,
+    /// Whole tokens left after the answer (refilled to now).
+    pub remaining: u64,
+    /// How long until the bucket is full again, ms.
+    pub full_in_ms: u64,
+}
+
+impl TakeOutcome {
+    /// The outcome of `take` on a bucket of `spec` whose scaled level after
+    /// it is `level`: what every store answers from its saved state.
+    pub fn new(take: Take, spec: &BucketSpec, level: i64) -> Self {
+        Self {
+            take,
+            remaining: u64::try_from(spec.unscale(level)).unwrap_or(0),
+            full_in_ms: crate::bucket::full_in_ms(spec, level),
+        }
+    }
+}
+
 /// A cooldown checked together with a multi-bucket take.
 #[derive(Debug, Clone, Copy)]
 pub struct CooldownCheck<'a> {
@@ -335,6 +388,14 @@ pub trait Store: Send + Sync + 'static {
         takes: &[BucketTake<'_>],
         cooldown: Option<CooldownCheck<'_>>,
     ) -> impl Future<Output = Result<MultiTake, StoreError>> + Send;
+
+    /// Take `cost` from one bucket now or take nothing (SPEC §2 with
+    /// `max_wait` 0): no lease, no waiting. On a user's turn bucket it draws
+    /// from the same budget as [`admit_turn`](Self::admit_turn).
+    fn take_one(
+        &self,
+        req: TakeRequest<'_>,
+    ) -> impl Future<Output = Result<TakeOutcome, StoreError>> + Send;
 
     /// Set a cooldown to `max(existing, until_ms)`; answers the cooldown's
     /// end after the change. Ends past 2^53 ms are taken as 2^53.

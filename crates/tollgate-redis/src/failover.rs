@@ -20,7 +20,8 @@ use tollgate_core::aimd::AimdParams;
 use tollgate_core::lease::{SessionAcquire, SessionGrant, TurnParams};
 use tollgate_core::store::{
     AppendOutcome, BucketTake, CooldownCheck, FenceCheck, MultiTake, ReserveOutcome,
-    ReserveRequest, SettleOutcome, SettleRequest, TopUser, TurnOutcome, TurnRequest, UserState,
+    ReserveRequest, SettleOutcome, SettleRequest, TakeOutcome, TakeRequest, TopUser, TurnOutcome,
+    TurnRequest, UserState,
 };
 use tollgate_core::{BucketSpec, Clock, MemoryStore, Store, StoreError, StoreErrorKind};
 
@@ -378,6 +379,16 @@ impl<S: Store> Store for Failover<S> {
                 m.take_many(&scaled, cooldown).await
             },
         )
+        .await
+    }
+
+    async fn take_one(&self, req: TakeRequest<'_>) -> Result<TakeOutcome, StoreError> {
+        self.decide("take_one", self.primary.take_one(req), |m, share| {
+            m.take_one(TakeRequest {
+                spec: scale_spec(&req.spec, share),
+                ..req
+            })
+        })
         .await
     }
 

@@ -11,13 +11,14 @@ use redis::{
     Cmd, FromRedisValue, IntoConnectionInfo, Pipeline, RedisFuture, ScriptInvocation, Value,
 };
 use tollgate_core::aimd::{self, AimdParams};
-use tollgate_core::bucket::clamp_ttl;
+use tollgate_core::bucket::{Take, clamp_ttl};
 use tollgate_core::lease::{Admit, SessionAcquire, SessionGrant};
 use tollgate_core::store::memory::MAX_TRACKED_RUNS;
 use tollgate_core::store::{
-    AppendOutcome, BucketTake, CooldownCheck, FenceCheck, MultiTake, RESERVATION_RETENTION_MS,
-    ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome, SettleRequest, TopUser,
-    TurnOutcome, TurnRequest, UserState, rank_top, sliding_minute,
+    AppendOutcome, BucketRef, BucketTake, CooldownCheck, FenceCheck, MultiTake,
+    RESERVATION_RETENTION_MS, ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome,
+    SettleRequest, TakeOutcome, TakeRequest, TopUser, TurnOutcome, TurnRequest, UserState,
+    rank_top, sliding_minute,
 };
 use tollgate_core::{BucketSpec, Clock, Denial, Limit, Store, StoreError};
 
@@ -492,6 +493,30 @@ impl Store for RedisStore {
             }),
             _ => Err(bad_reply("take_many", format!("{r:?}"))),
         }
+    }
+
+    async fn take_one(&self, req: TakeRequest<'_>) -> Result<TakeOutcome, StoreError> {
+        let k = &self.inner.keys;
+        let key = match req.bucket {
+            BucketRef::Turns(user) => k.turn(user),
+            BucketRef::Named(name) => k.named(name),
+        };
+        let too_big = exceeds(&req.spec, req.cost, 0);
+        let mut inv = self.inner.scripts.take_one.prepare_invoke();
+        inv.key(key).arg(self.now_arg());
+        Self::spec_args(&mut inv, &req.spec)
+            .arg(if too_big { 0 } else { req.cost })
+            .arg(u8::from(too_big));
+        let r: Vec<i64> = self.run("take_one", &inv).await?;
+        let take = match r[..] {
+            [1, _, _] => Take::Granted { wait_ms: 0 },
+            [2, hint, _] => Take::Refused {
+                retry_after_ms: u(hint).max(1),
+            },
+            [3, _, _] => Take::ExceedsCapacity,
+            _ => return Err(bad_reply("take_one", format!("{r:?}"))),
+        };
+        Ok(TakeOutcome::new(take, &req.spec, r[2]))
     }
 
     async fn extend_cooldown(&self, key: &str, until_ms: u64) -> Result<u64, StoreError> {

@@ -15,7 +15,8 @@
 //! turn admission, run release and renewal, token reservation (including a
 //! zero, a huge estimate, shadow mode and a small call cap), settle and
 //! refund of granted or made-up reservations, multi-bucket takes (a key named
-//! twice, an optional cooldown), cooldown extension, session leases, fence
+//! twice, an optional cooldown), single takes with no wait from a user's
+//! turn bucket or a named bucket, cooldown extension, session leases, fence
 //! checks, fenced appends, record reads and deletion, user inspection and
 //! reset, top users, and clock moves: mostly a few seconds forward, sometimes
 //! minutes to an hour (past lease, bucket, session and reservation expiry),
@@ -58,8 +59,8 @@ use proptest::test_runner::TestCaseError;
 use tollgate_core::bucket::BucketSpec;
 use tollgate_core::lease::TurnParams;
 use tollgate_core::store::{
-    BucketTake, CooldownCheck, ReservationId, ReserveOutcome, ReserveRequest, SettleRequest,
-    TurnRequest, UserState,
+    BucketRef, BucketTake, CooldownCheck, ReservationId, ReserveOutcome, ReserveRequest,
+    SettleRequest, TakeRequest, TurnRequest, UserState,
 };
 use tollgate_core::{Clock, FakeClock, MemoryStore, Store, StoreError};
 use tollgate_redis::{RedisConfig, RedisStore};
@@ -186,6 +187,14 @@ enum Op {
         takes: Vec<TakeOp>,
         /// The cooldown's max wait, if checked.
         cooldown: Option<Qty>,
+    },
+    /// A single take with no wait: a user's turn bucket, or a named one.
+    TakeOne {
+        /// `Some(user)`: the user's turn bucket; `None`: `key`.
+        user: Option<usize>,
+        key: usize,
+        alt: bool,
+        cost: Qty,
     },
     ExtendCooldown(Until),
     SessionAcquire {
@@ -402,6 +411,13 @@ fn op() -> impl Strategy<Value = Op> {
             prop_oneof![1 => Just(None), 1 => qty().prop_map(Some)],
         )
             .prop_map(|(takes, cooldown)| Op::TakeMany { takes, cooldown }),
+        5 => (
+            prop_oneof![1 => Just(None), 1 => user().prop_map(Some)],
+            0..BUCKETS.len(),
+            prop::bool::weighted(0.15),
+            prop_oneof![1 => Just(Qty::Low(0)), 10 => qty()],
+        )
+            .prop_map(|(user, key, alt, cost)| Op::TakeOne { user, key, alt, cost }),
         3 => until().prop_map(Op::ExtendCooldown),
         6 => (session(), holder(), ttl())
             .prop_map(|(session, holder, ttl)| Op::SessionAcquire { session, holder, ttl }),
@@ -787,6 +803,43 @@ impl Run<'_> {
                     "take_many([{}], cooldown wait {:?})",
                     desc.join("; "),
                     cooldown.map(|c| c.max_wait_ms)
+                );
+                self.same(what, m, r)?;
+            }
+            Op::TakeOne {
+                user,
+                key,
+                alt,
+                cost,
+            } => {
+                let (bucket, spec, what) = match user {
+                    Some(u) => (
+                        BucketRef::Turns(USERS[u]),
+                        case.turns.turns,
+                        format!("turns of {u}"),
+                    ),
+                    None => {
+                        let spec = case.named[key][usize::from(alt)];
+                        (
+                            BucketRef::Named(BUCKETS[key]),
+                            spec,
+                            BUCKETS[key].to_owned(),
+                        )
+                    }
+                };
+                let req = TakeRequest {
+                    bucket,
+                    spec,
+                    cost: cost.resolve(2 * spec.capacity(), u64::MAX / 2),
+                };
+                let m = self.mem.take_one(req).await;
+                let r = self.redis.take_one(req).await;
+                let what = format!(
+                    "take_one({what} {}/{}ms cap {} cost {})",
+                    spec.amount(),
+                    spec.period_ms(),
+                    spec.capacity(),
+                    req.cost
                 );
                 self.same(what, m, r)?;
             }

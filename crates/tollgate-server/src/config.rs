@@ -27,6 +27,10 @@ pub struct FileConfig {
     /// Address to listen on (default `127.0.0.1:8787`).
     #[serde(default = "default_listen")]
     pub listen: String,
+    /// Address of the gRPC API (`tollgate.v1.Tollgate`); none: no gRPC
+    /// server.
+    #[serde(default)]
+    pub grpc_listen: Option<String>,
     /// Bearer token for `/admin/*` endpoints; none: they are off.
     #[serde(default)]
     pub admin_token: Option<String>,
@@ -53,6 +57,9 @@ pub struct FileConfig {
     /// Provider quotas by provider key, `"provider:model"` (SPEC §5).
     #[serde(default)]
     pub providers: ProvidersConfig,
+    /// Envoy's rate-limit service: descriptors → limits (docs/envoy.md).
+    #[serde(default)]
+    pub rls: crate::rls::RlsConfig,
 }
 
 fn default_listen() -> String {
@@ -145,6 +152,8 @@ pub enum StoreSettings {
 pub struct Config {
     /// Where to listen.
     pub listen: SocketAddr,
+    /// Where the gRPC API listens, if it is on.
+    pub grpc_listen: Option<SocketAddr>,
     /// Admin bearer token, if admin endpoints are on.
     pub admin_token: Option<String>,
     /// The replica's in-flight cap.
@@ -157,6 +166,8 @@ pub struct Config {
     pub plans: PlanBook,
     /// The provider quotas (`[providers."<provider>:<model>"]`).
     pub providers: ProviderBook,
+    /// Envoy's rate-limit service rules (`[rls]`).
+    pub rls: crate::rls::RlsRules,
     /// Directory relative paths in the config are resolved against.
     pub base_dir: PathBuf,
     /// The file it was loaded from (none: the embedded default); reloads
@@ -307,6 +318,26 @@ impl FileConfig {
                 None
             }
         };
+        let grpc_listen = match self.grpc_listen.as_deref() {
+            None => None,
+            Some(text) => match text.parse::<SocketAddr>() {
+                Ok(a) if Some(a) == listen && a.port() != 0 => {
+                    errors.push(err(
+                        "grpc_listen",
+                        format!("{a} is also `listen`: gRPC needs its own port"),
+                    ));
+                    None
+                }
+                Ok(a) => Some(a),
+                Err(_) => {
+                    errors.push(err(
+                        "grpc_listen",
+                        format!("{text:?} is not an address like 127.0.0.1:8788"),
+                    ));
+                    None
+                }
+            },
+        };
         if self.max_in_flight == 0 {
             errors.push(err("max_in_flight", "must be at least 1"));
         }
@@ -341,16 +372,27 @@ impl FileConfig {
                 None
             }
         };
-        match (listen, store, plans, providers) {
-            (Some(listen), Some(store), Some(plans), Some(providers)) if errors.is_empty() => {
+        let rls = match crate::rls::validate_rls(&self.rls) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                errors.extend(e);
+                None
+            }
+        };
+        match (listen, store, plans, providers, rls) {
+            (Some(listen), Some(store), Some(plans), Some(providers), Some(rls))
+                if errors.is_empty() =>
+            {
                 Ok(Config {
                     listen,
+                    grpc_listen,
                     admin_token: self.admin_token,
                     max_in_flight: self.max_in_flight,
                     store,
                     identity: self.identity,
                     plans,
                     providers,
+                    rls,
                     base_dir: base_dir.to_path_buf(),
                     source: None,
                 })

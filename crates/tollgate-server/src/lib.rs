@@ -2,12 +2,15 @@
 //!
 //! `tollgate serve`: the admission-control sidecar for agents in any
 //! language. It speaks the HTTP/JSON wire contract of SPEC §8 (documented
-//! at `/openapi.json`), identifies users from a verified JWT (or a trusted
+//! at `/openapi.json`), and the same operations over gRPC on their own port
+//! ([`grpc`], `proto/tollgate/v1/tollgate.proto`); both call [`ops`], so
+//! they answer alike. It identifies users from a verified JWT (or a trusted
 //! upstream header) and decides with the `tollgate-core` limiter and
 //! provider quota governor on the in-memory store or Redis.
 //!
-//! [`app`] builds the router from a config so tests can run it on any
-//! listener and clock; [`serve`] runs it until a shutdown signal.
+//! [`app`] builds the application from a config so tests can run it on any
+//! listener and clock; [`serve`] runs it until a shutdown signal, and
+//! [`serve_with`] on listeners the caller bound.
 
 use std::future::Future;
 use std::path::Path;
@@ -18,11 +21,14 @@ use tollgate_core::{Clock, Limiter, MemoryStore, MonotonicClock, Store};
 use tollgate_redis::{Failover, RedisStore};
 
 pub mod config;
+pub mod grpc;
 pub mod http;
 pub mod identity;
 pub mod metrics;
+pub mod ops;
 pub mod outcome;
 pub mod reload;
+pub mod rls;
 pub mod shutdown;
 pub mod state;
 
@@ -46,6 +52,18 @@ pub enum StartError {
     /// Binding or serving failed.
     #[error("listen: {0}")]
     Io(#[from] std::io::Error),
+    /// The gRPC address (`grpc_listen`) could not be bound.
+    #[error("grpc_listen {addr}: {source}")]
+    GrpcListen {
+        /// The configured address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The gRPC server failed.
+    #[error("grpc: {0}")]
+    Grpc(#[from] tonic::transport::Error),
 }
 
 /// Builds the identity verifier of `config`.
@@ -97,15 +115,38 @@ fn app_with_metrics<S: Store + Clone>(
 pub struct Running {
     /// The address it listens on.
     pub addr: std::net::SocketAddr,
+    /// The address of the gRPC API, when it is on.
+    pub grpc_addr: Option<std::net::SocketAddr>,
     /// The store, in words.
     pub store: String,
     /// The identity mode, in words.
     pub identity: String,
 }
 
-/// Serves `config` on `listener` until `shutdown` completes, then drains
-/// requests in flight. `clock`: `None` for production time (Redis `TIME` for
-/// Redis; a monotonic clock in memory). `on_start` is called once listening.
+/// The sockets [`serve_with`] serves on, bound by the caller.
+#[derive(Debug)]
+pub struct Listeners {
+    http: TcpListener,
+    grpc: Option<TcpListener>,
+}
+
+impl Listeners {
+    /// The HTTP/JSON API on `http`, and nothing else.
+    pub fn new(http: TcpListener) -> Self {
+        Self { http, grpc: None }
+    }
+
+    /// Also the gRPC API (`tollgate.v1.Tollgate`) on `grpc`.
+    pub fn with_grpc(mut self, grpc: TcpListener) -> Self {
+        self.grpc = Some(grpc);
+        self
+    }
+}
+
+/// Serves `config` on `listener`, and the gRPC API on `grpc_listen` when
+/// the config sets it, until `shutdown` completes, then drains requests in
+/// flight. `clock`: `None` for production time (Redis `TIME` for Redis; a
+/// monotonic clock in memory). `on_start` is called once listening.
 ///
 /// # Errors
 ///
@@ -113,6 +154,29 @@ pub struct Running {
 pub async fn serve(
     config: Config,
     listener: TcpListener,
+    clock: Option<Arc<dyn Clock>>,
+    on_start: impl FnOnce(&Running),
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), StartError> {
+    let mut listeners = Listeners::new(listener);
+    if let Some(addr) = config.grpc_listen {
+        let grpc = TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::GrpcListen { addr, source })?;
+        listeners = listeners.with_grpc(grpc);
+    }
+    serve_with(config, listeners, clock, on_start, shutdown).await
+}
+
+/// As [`serve`], on listeners the caller bound (`grpc_listen` is not read:
+/// the gRPC API is served when `listeners` has a gRPC listener).
+///
+/// # Errors
+///
+/// As [`serve`].
+pub async fn serve_with(
+    config: Config,
+    listeners: Listeners,
     clock: Option<Arc<dyn Clock>>,
     on_start: impl FnOnce(&Running),
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -129,7 +193,7 @@ pub async fn serve(
                 store,
                 clock,
                 metrics,
-                listener,
+                listeners,
                 "memory (this process only)".into(),
                 on_start,
                 shutdown,
@@ -159,7 +223,7 @@ pub async fn serve(
                 counted.fallbacks.get_or_create(&labels).inc();
             });
             run(
-                &config, store, clock, metrics, listener, desc, on_start, shutdown,
+                &config, store, clock, metrics, listeners, desc, on_start, shutdown,
             )
             .await
         }
@@ -180,23 +244,56 @@ async fn run<S: Store + Clone>(
     store: S,
     clock: Arc<dyn Clock>,
     metrics: Arc<metrics::Metrics>,
-    listener: TcpListener,
+    listeners: Listeners,
     store_desc: String,
     on_start: impl FnOnce(&Running),
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
     let app = app_with_metrics(config, store, clock, metrics)?;
     let reloaders = reload::spawn(app.clone());
+    let Listeners { http, grpc } = listeners;
     let running = Running {
-        addr: listener.local_addr()?,
+        addr: http.local_addr()?,
+        grpc_addr: grpc.as_ref().map(TcpListener::local_addr).transpose()?,
         store: store_desc,
         identity: app.verifier().describe(),
     };
     on_start(&running);
-    let router = http::routes::router(app);
-    let served = axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await;
+    // One shutdown signal for both servers.
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let signal = tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        // An error: the sender is gone, which only happens at the end.
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let router = http::routes::router(app.clone());
+    let http_stopped = stopped(stopping.clone());
+    let http = async {
+        axum::serve(http, router)
+            .with_graceful_shutdown(http_stopped)
+            .await
+            .map_err(StartError::from)
+    };
+    let grpc = async {
+        let Some(listener) = grpc else {
+            return Ok(());
+        };
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let rls = grpc::rls::RlsService::new(app.clone(), config.rls.clone());
+        app.reload_rls_rules(rls.rules_handle());
+        tonic::transport::Server::builder()
+            .add_service(grpc::api::TollgateService::new(app).into_server())
+            .add_service(rls.into_server())
+            .serve_with_incoming_shutdown(incoming, stopped(stopping))
+            .await
+            .map_err(StartError::from)
+    };
+    let served = tokio::try_join!(http, grpc);
+    signal.abort();
     for task in reloaders {
         task.abort();
     }

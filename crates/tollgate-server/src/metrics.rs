@@ -81,6 +81,40 @@ pub struct ProviderKeyLabels {
     pub model: String,
 }
 
+/// Labels of a gRPC call.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GrpcLabels {
+    /// The method, e.g. `AdmitRun`.
+    pub method: &'static str,
+    /// The status code's canonical name, e.g. `OK`, `RESOURCE_EXHAUSTED`
+    /// (`CANCELLED` when the client went away first).
+    pub code: &'static str,
+}
+
+/// The canonical name of a gRPC status code (`google.rpc.Code`).
+pub fn grpc_code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
 /// Every metric the server exports.
 pub struct Metrics {
     registry: Registry,
@@ -110,6 +144,8 @@ pub struct Metrics {
     /// A provider key's effective rate (AIMD), permille of the configured
     /// rate, as last seen by this replica.
     pub provider_effective_rate: Family<ProviderKeyLabels, Gauge>,
+    /// gRPC calls by method and status code.
+    pub grpc_requests: Family<GrpcLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -202,6 +238,12 @@ impl Metrics {
             "A provider key's effective rate after AIMD, permille of the configured rate, as last seen by this replica (updated by granted permits and by throttled feedback)",
             provider_effective_rate.clone(),
         );
+        let grpc_requests = Family::<GrpcLabels, Counter>::default();
+        registry.register(
+            "grpc_requests",
+            "Calls to the gRPC API (tollgate.v1.Tollgate) by method and status code",
+            grpc_requests.clone(),
+        );
         Self {
             registry,
             decisions,
@@ -217,7 +259,18 @@ impl Metrics {
             provider_permits,
             provider_responses,
             provider_effective_rate,
+            grpc_requests,
         }
+    }
+
+    /// Counts a gRPC call of `method` answered with `code`.
+    pub fn grpc_request(&self, method: &'static str, code: tonic::Code) {
+        self.grpc_requests
+            .get_or_create(&GrpcLabels {
+                method,
+                code: grpc_code_name(code),
+            })
+            .inc();
     }
 
     /// A turn was admitted (not a refresh).

@@ -1,13 +1,42 @@
-//! The one table from outcomes to HTTP responses (SPEC §8): status, error
-//! code, headers and the body `{error, limit?, retry_after_ms?, message}`.
-//! Handlers return [`ApiError`]; nothing else builds an error response.
+//! The one table from outcomes to responses (SPEC §8), for both
+//! transports: the HTTP status, headers and body `{error, limit?,
+//! retry_after_ms?, message}`, and the gRPC status with its metadata and
+//! `google.rpc` details. Handlers and gRPC methods return [`ApiError`];
+//! nothing else builds an error response.
+//!
+//! | `error` | HTTP | gRPC | retry hint |
+//! |---|---|---|---|
+//! | `turn_rate`, `concurrency`, `token_rate` | 429 | `RESOURCE_EXHAUSTED` | yes |
+//! | `provider_rate`, `provider_cooldown` | 429 | `RESOURCE_EXHAUSTED` | yes |
+//! | `overloaded` (replica in-flight cap) | 429 | `RESOURCE_EXHAUSTED` | 1,000 ms |
+//! | `max_llm_calls` | 429 | `RESOURCE_EXHAUSTED` | no: the run must stop |
+//! | `provider_exhausted` | 403 | `RESOURCE_EXHAUSTED` | no (`retry_after_ms`: how long it fails fast) |
+//! | `exceeds_capacity` | 400 | `FAILED_PRECONDITION` | no: never fits the configured limits |
+//! | `session_busy` | 409 | `ABORTED` | yes (the holder's remaining TTL) |
+//! | `stale_fence` | 409 | `FAILED_PRECONDITION` | no: the writer must stop |
+//! | `lease_lost`, `not_holder`, `unknown_reservation`, `unknown_provider` | 404 | `NOT_FOUND` | no |
+//! | `invalid_request` | 400 | `INVALID_ARGUMENT` (+ `BadRequest` naming the field) | no |
+//! | `unauthorized` | 401 | `UNAUTHENTICATED` | no |
+//! | `store_unavailable` (fail_closed) | 503 | `UNAVAILABLE` | no |
+//! | `internal` | 500 | `INTERNAL` | no |
+//!
+//! A retry hint is, over HTTP, `Retry-After` (whole seconds, rounded up)
+//! with `RateLimit-*` for limits and `retry_after_ms` in the body; over
+//! gRPC, the `retry-after-ms` metadata and a `google.rpc.RetryInfo`
+//! detail (see [`ApiError::to_status`]).
+
+use std::collections::HashMap;
+use std::time::Duration;
 
 use axum::Json;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+use tollgate_core::gate::OVERLOADED_RETRY_MS;
 use tollgate_core::provider::ProviderError;
 use tollgate_core::{Denial, Limit, LimiterError, StoreError};
+use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic_types::{ErrorDetails, StatusExt};
 
 /// Why a request did not succeed.
 #[derive(Debug, thiserror::Error)]
@@ -189,25 +218,66 @@ fn body(error: &'static str, message: impl Into<String>) -> ErrorBody {
     }
 }
 
-/// `Retry-After` (whole seconds, rounded up) and `RateLimit-*` headers.
-fn retry_headers(headers: &mut HeaderMap, retry_after_ms: u64) {
-    let secs = retry_after_ms.div_ceil(1_000).max(1);
-    let v = HeaderValue::from(secs);
-    headers.insert("retry-after", v.clone());
-    headers.insert("ratelimit-remaining", HeaderValue::from(0u64));
-    headers.insert("ratelimit-reset", v);
+/// How a refusal may be retried.
+#[derive(Debug, Clone, Copy)]
+enum Retry {
+    /// Not as it is (or not before something changes).
+    No,
+    /// A retryable limit, after this many ms. HTTP: `Retry-After` and
+    /// `RateLimit-*`; gRPC: `RetryInfo` and `retry-after-ms`.
+    Limit(u64),
+    /// Retryable after this many ms, but not a limit on the client (the
+    /// replica is at its cap). HTTP: `Retry-After` only; gRPC: as
+    /// [`Retry::Limit`].
+    Backoff(u64),
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut headers = HeaderMap::new();
-        let (status, b) = match &self {
+/// One row of the table: what a refusal is on each transport.
+struct Row {
+    http: StatusCode,
+    grpc: tonic::Code,
+    retry: Retry,
+    body: ErrorBody,
+}
+
+impl Row {
+    fn new(http: StatusCode, grpc: tonic::Code, body: ErrorBody) -> Self {
+        Self {
+            http,
+            grpc,
+            retry: Retry::No,
+            body,
+        }
+    }
+
+    /// A retryable limit: the hint goes in the body and the headers.
+    fn limited(mut self, retry_after_ms: u64) -> Self {
+        self.body.retry_after_ms = Some(retry_after_ms);
+        self.retry = Retry::Limit(retry_after_ms);
+        self
+    }
+}
+
+impl ApiError {
+    /// Whether this is a store fault (an outage, or a fault that is not
+    /// one: a bug or misconfiguration), counted in
+    /// `tollgate_store_errors_total`.
+    pub fn is_fault(&self) -> bool {
+        matches!(self, ApiError::StoreUnavailable(_) | ApiError::Internal(_))
+    }
+
+    /// The table (SPEC §8): HTTP status, gRPC code, retry hint and body of
+    /// every outcome. Store faults are logged here, with their details
+    /// (which never reach the client).
+    fn row(&self) -> Row {
+        use StatusCode as H;
+        use tonic::Code as G;
+        match self {
             ApiError::Denied(d) => match *d {
                 Denial::Limited {
                     limit,
                     retry_after_ms,
                 } => {
-                    retry_headers(&mut headers, retry_after_ms);
                     let msg = match limit {
                         Limit::TurnRate => format!(
                             "too many turns: retry in {} s",
@@ -225,8 +295,7 @@ impl IntoResponse for ApiError {
                     };
                     let mut b = body(limit_code(limit), msg);
                     b.limit = Some(limit_code(limit));
-                    b.retry_after_ms = Some(retry_after_ms);
-                    (StatusCode::TOO_MANY_REQUESTS, b)
+                    Row::new(H::TOO_MANY_REQUESTS, G::ResourceExhausted, b).limited(retry_after_ms)
                 }
                 Denial::ExceedsCapacity {
                     limit,
@@ -240,18 +309,20 @@ impl IntoResponse for ApiError {
                         ),
                     );
                     b.limit = Some(limit_code(limit));
-                    (StatusCode::BAD_REQUEST, b)
+                    Row::new(H::BAD_REQUEST, G::FailedPrecondition, b)
                 }
+                // Not retryable: the run must stop.
                 Denial::CapReached { limit, cap } => {
                     let mut b = body(
                         limit_code(limit),
                         format!("this run reached its cap of {cap} model calls; it must stop"),
                     );
                     b.limit = Some(limit_code(limit));
-                    (StatusCode::TOO_MANY_REQUESTS, b)
+                    Row::new(H::TOO_MANY_REQUESTS, G::ResourceExhausted, b)
                 }
-                _ => (
-                    StatusCode::TOO_MANY_REQUESTS,
+                _ => Row::new(
+                    H::TOO_MANY_REQUESTS,
+                    G::ResourceExhausted,
                     body("limited", d.to_string()),
                 ),
             },
@@ -260,7 +331,6 @@ impl IntoResponse for ApiError {
                     limit,
                     retry_after_ms,
                 } => {
-                    retry_headers(&mut headers, retry_after_ms);
                     let code = provider_limit_code(limit);
                     let msg = match limit {
                         Limit::Cooldown => format!(
@@ -274,8 +344,7 @@ impl IntoResponse for ApiError {
                     };
                     let mut b = body(code, msg);
                     b.limit = Some(code);
-                    b.retry_after_ms = Some(retry_after_ms);
-                    (StatusCode::TOO_MANY_REQUESTS, b)
+                    Row::new(H::TOO_MANY_REQUESTS, G::ResourceExhausted, b).limited(retry_after_ms)
                 }
                 Denial::ExceedsCapacity {
                     limit,
@@ -289,16 +358,20 @@ impl IntoResponse for ApiError {
                         ),
                     );
                     b.limit = Some(provider_limit_code(limit));
-                    (StatusCode::BAD_REQUEST, b)
+                    Row::new(H::BAD_REQUEST, G::FailedPrecondition, b)
                 }
-                _ => (
-                    StatusCode::TOO_MANY_REQUESTS,
+                _ => Row::new(
+                    H::TOO_MANY_REQUESTS,
+                    G::ResourceExhausted,
                     body("provider_rate", d.to_string()),
                 ),
             },
             // Not retryable, so no `Retry-After` (SPEC §8 gives it to
-            // retryable 429s): the body's `retry_after_ms` only says how
-            // long this replica keeps failing fast.
+            // retryable 429s) and no `RetryInfo`: the body's
+            // `retry_after_ms` only says how long this replica keeps
+            // failing fast. gRPC: RESOURCE_EXHAUSTED (a quota is used up),
+            // not PERMISSION_DENIED, which gRPC reserves for refusals that
+            // are not about an exhausted resource.
             ApiError::ProviderExhausted {
                 reason,
                 retry_after_ms,
@@ -308,53 +381,63 @@ impl IntoResponse for ApiError {
                     format!("provider quota exhausted ({reason}); do not retry"),
                 );
                 b.retry_after_ms = Some(*retry_after_ms);
-                (StatusCode::FORBIDDEN, b)
+                Row::new(H::FORBIDDEN, G::ResourceExhausted, b)
             }
-            ApiError::UnknownProvider { provider, model } => (
-                StatusCode::NOT_FOUND,
+            ApiError::UnknownProvider { provider, model } => Row::new(
+                H::NOT_FOUND,
+                G::NotFound,
                 body(
                     "unknown_provider",
                     format!("no limits are configured for provider {provider:?} model {model:?}"),
                 ),
             ),
-            ApiError::SessionBusy { retry_after_ms } => {
-                retry_headers(&mut headers, *retry_after_ms);
-                let mut b = body("session_busy", "a turn is already running in this session");
-                b.retry_after_ms = Some(*retry_after_ms);
-                (StatusCode::CONFLICT, b)
-            }
-            ApiError::LeaseLost => (
-                StatusCode::NOT_FOUND,
+            // A conflict worth retrying once the holder is done: gRPC
+            // ABORTED, with the holder's remaining TTL as the hint.
+            ApiError::SessionBusy { retry_after_ms } => Row::new(
+                H::CONFLICT,
+                G::Aborted,
+                body("session_busy", "a turn is already running in this session"),
+            )
+            .limited(*retry_after_ms),
+            ApiError::LeaseLost => Row::new(
+                H::NOT_FOUND,
+                G::NotFound,
                 body("lease_lost", "the run lease is gone (expired or released)"),
             ),
-            ApiError::NotHolder => (
-                StatusCode::NOT_FOUND,
+            ApiError::NotHolder => Row::new(
+                H::NOT_FOUND,
+                G::NotFound,
                 body("not_holder", "this holder does not hold the session lease"),
             ),
+            // The writer must stop, not retry: gRPC FAILED_PRECONDITION.
             ApiError::StaleFence { latest } => {
                 let mut b = body(
                     "stale_fence",
                     "another turn has taken this session over; stop writing",
                 );
                 b.latest_fence = Some(*latest);
-                (StatusCode::CONFLICT, b)
+                Row::new(H::CONFLICT, G::FailedPrecondition, b)
             }
-            ApiError::UnknownReservation => (
-                StatusCode::NOT_FOUND,
+            ApiError::UnknownReservation => Row::new(
+                H::NOT_FOUND,
+                G::NotFound,
                 body("unknown_reservation", "no such reservation for this user"),
             ),
             ApiError::Invalid { field, message } => {
                 let mut b = body("invalid_request", message.clone());
                 b.field = Some(field.clone());
-                (StatusCode::BAD_REQUEST, b)
+                Row::new(H::BAD_REQUEST, G::InvalidArgument, b)
             }
-            ApiError::Unauthorized(m) => {
-                (StatusCode::UNAUTHORIZED, body("unauthorized", m.clone()))
-            }
+            ApiError::Unauthorized(m) => Row::new(
+                H::UNAUTHORIZED,
+                G::Unauthenticated,
+                body("unauthorized", m.clone()),
+            ),
             ApiError::StoreUnavailable(detail) => {
                 tracing::warn!(error = %detail, "store unavailable");
-                (
-                    StatusCode::SERVICE_UNAVAILABLE,
+                Row::new(
+                    H::SERVICE_UNAVAILABLE,
+                    G::Unavailable,
                     body(
                         "store_unavailable",
                         "the limit store is unreachable; retry shortly",
@@ -362,25 +445,105 @@ impl IntoResponse for ApiError {
                 )
             }
             ApiError::Overloaded => {
-                headers.insert("retry-after", HeaderValue::from(1u64));
                 let mut b = body(
                     "overloaded",
                     "this replica is at its in-flight cap; retry in 1 s",
                 );
-                b.retry_after_ms = Some(1_000);
-                (StatusCode::TOO_MANY_REQUESTS, b)
+                b.retry_after_ms = Some(OVERLOADED_RETRY_MS);
+                Row {
+                    retry: Retry::Backoff(OVERLOADED_RETRY_MS),
+                    ..Row::new(H::TOO_MANY_REQUESTS, G::ResourceExhausted, b)
+                }
             }
             ApiError::Internal(detail) => {
                 tracing::error!(error = %detail, "internal error");
-                (
-                    StatusCode::INTERNAL_SERVER_ERROR,
+                Row::new(
+                    H::INTERNAL_SERVER_ERROR,
+                    G::Internal,
                     body("internal", "internal error"),
                 )
             }
-        };
-        let fault = matches!(self, ApiError::StoreUnavailable(_) | ApiError::Internal(_));
-        let mut resp = (status, headers, Json(b)).into_response();
-        if fault {
+        }
+    }
+
+    /// The gRPC status of this outcome (the same row as the HTTP
+    /// response): its code, the body's message, metadata
+    /// `x-tollgate-error: <code>`, `x-tollgate-limit: <limit>` (limit
+    /// refusals) and `retry-after-ms: <ms>` (retryable refusals), and the
+    /// details `google.rpc.ErrorInfo` (reason: the code; domain
+    /// `tollgate`; metadata: the body's `limit`, `retry_after_ms`,
+    /// `field` and `latest_fence` when set), `google.rpc.RetryInfo`
+    /// (retryable refusals) and `google.rpc.BadRequest` (invalid input,
+    /// naming the field).
+    pub fn to_status(&self) -> tonic::Status {
+        let Row {
+            grpc, retry, body, ..
+        } = self.row();
+        let mut metadata = MetadataMap::new();
+        metadata.insert("x-tollgate-error", MetadataValue::from_static(body.error));
+        if let Some(limit) = body.limit {
+            metadata.insert("x-tollgate-limit", MetadataValue::from_static(limit));
+        }
+        let mut details = ErrorDetails::new();
+        if let Retry::Limit(ms) | Retry::Backoff(ms) = retry {
+            metadata.insert("retry-after-ms", MetadataValue::from(ms));
+            details.set_retry_info(Some(Duration::from_millis(ms)));
+        }
+        let mut info = HashMap::new();
+        if let Some(limit) = body.limit {
+            info.insert("limit".to_owned(), limit.to_owned());
+        }
+        if let Some(ms) = body.retry_after_ms {
+            info.insert("retry_after_ms".to_owned(), ms.to_string());
+        }
+        if let Some(fence) = body.latest_fence {
+            info.insert("latest_fence".to_owned(), fence.to_string());
+        }
+        if let Some(field) = &body.field {
+            info.insert("field".to_owned(), field.clone());
+            details.add_bad_request_violation(field.clone(), body.message.clone());
+        }
+        details.set_error_info(body.error, ERROR_DOMAIN, info);
+        tonic::Status::with_error_details_and_metadata(grpc, body.message, details, metadata)
+    }
+}
+
+/// The `domain` of every `google.rpc.ErrorInfo` tollgate sends.
+pub const ERROR_DOMAIN: &str = "tollgate";
+
+impl From<ApiError> for tonic::Status {
+    fn from(e: ApiError) -> Self {
+        e.to_status()
+    }
+}
+
+/// `Retry-After` (whole seconds, rounded up).
+fn retry_after(headers: &mut HeaderMap, retry_after_ms: u64) -> HeaderValue {
+    let secs = retry_after_ms.div_ceil(1_000).max(1);
+    let v = HeaderValue::from(secs);
+    headers.insert("retry-after", v.clone());
+    v
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let Row {
+            http, retry, body, ..
+        } = self.row();
+        let mut headers = HeaderMap::new();
+        match retry {
+            Retry::No => {}
+            Retry::Limit(ms) => {
+                let v = retry_after(&mut headers, ms);
+                headers.insert("ratelimit-remaining", HeaderValue::from(0u64));
+                headers.insert("ratelimit-reset", v);
+            }
+            Retry::Backoff(ms) => {
+                retry_after(&mut headers, ms);
+            }
+        }
+        let mut resp = (http, headers, Json(body)).into_response();
+        if self.is_fault() {
             resp.extensions_mut().insert(StoreFault);
         }
         resp

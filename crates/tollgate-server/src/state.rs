@@ -33,6 +33,8 @@ struct Inner<S> {
     metrics: Arc<Metrics>,
     config_path: Option<PathBuf>,
     reload_lock: tokio::sync::Mutex<()>,
+    /// The Envoy rate-limit services' rule holders, swapped on reload.
+    rls_rules: parking_lot::Mutex<Vec<crate::grpc::rls::RulesHandle>>,
 }
 
 impl<S: Store + Clone> App<S> {
@@ -84,8 +86,14 @@ impl<S: Store + Clone> App<S> {
                 metrics,
                 config_path,
                 reload_lock: tokio::sync::Mutex::new(()),
+                rls_rules: parking_lot::Mutex::new(Vec::new()),
             }),
         }
+    }
+
+    /// Swaps `rules`' Envoy rate-limit rules on every reload.
+    pub fn reload_rls_rules(&self, rules: crate::grpc::rls::RulesHandle) {
+        self.inner.rls_rules.lock().push(rules);
     }
 
     /// The metrics.
@@ -114,7 +122,10 @@ impl<S: Store + Clone> App<S> {
             Ok(cfg) => {
                 self.inner.limiter.set_plans(cfg.plans);
                 self.inner.providers.set_book(cfg.providers);
-                tracing::info!(path = %path.display(), "config reloaded: plans, users, overrides and providers swapped in");
+                for rules in self.inner.rls_rules.lock().iter() {
+                    rules.set(cfg.rls.clone());
+                }
+                tracing::info!(path = %path.display(), "config reloaded: plans, users, overrides, providers and rate-limit service rules swapped in");
                 Ok(())
             }
             Err(e) => {

@@ -4,7 +4,7 @@
 //! format (OpenAI, Anthropic, Gemini).
 //!
 //! The governor is deliberately configured above the provider's quota
-//! (32 requests/s against a quota of 20/s), as a fleet whose config is out
+//! (32 requests/s against a quota of 20/s, burst 10), as a fleet whose config is out
 //! of date would be. The first 429s come back as feedback: each sets the
 //! shared cooldown to the provider's hint and halves the effective rate
 //! (AIMD), after which the callers stay within the quota and 429s become
@@ -31,11 +31,14 @@ use tokio::net::TcpListener;
 use tollgate_core::{Clock, MonotonicClock};
 use tollgate_server::config::Config;
 
-/// The fake provider's quota: 20 requests per second, burst 4.
+/// The fake provider's quota: 20 requests per second, burst 10 (room for
+/// the bunching a loaded machine adds between a permit and the call).
 const QUOTA_PER_S: u64 = 20;
-const QUOTA_BURST: u64 = 4;
-/// The governor's (out of date) rate: 32 per second = 1,920 per minute.
+const QUOTA_BURST: u64 = 10;
+/// The governor's (out of date) rate: 32 per second = 1,920 per minute,
+/// burst 4.
 const GOVERNOR_PER_MIN: u64 = 1_920;
+const GOVERNOR_BURST: u64 = 4;
 /// How long the callers run, ms.
 const RUN_MS: u64 = 4_000;
 /// Concurrent callers per provider.
@@ -187,7 +190,7 @@ fn config() -> String {
         providers.push_str(&format!(
             r#"
 [providers."{p}:e2e"]
-requests = {{ amount = {GOVERNOR_PER_MIN}, period_ms = 60000, burst = {QUOTA_BURST} }}
+requests = {{ amount = {GOVERNOR_PER_MIN}, period_ms = 60000, burst = {GOVERNOR_BURST} }}
 policy = "block"
 max_wait_ms = 5000
 "#

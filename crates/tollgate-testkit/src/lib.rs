@@ -73,7 +73,8 @@ macro_rules! for_each_scenario {
             period_change_keeps_tokens,
             renew_never_shortens,
             reclaimed_leases_are_counted,
-            run_records_are_bounded
+            run_records_are_bounded,
+            take_one_shares_budgets
         );
     };
 }

@@ -1224,3 +1224,148 @@ pub async fn run_records_are_bounded<S: Store + Clone>(store: S, clock: FakeCloc
     assert!(l.refund("u1", &ids[1]).await.unwrap().applied);
     assert!(l.refund("u1", &ids[n - 1]).await.unwrap().applied);
 }
+
+/// A single take with no lease and no wait (Envoy's `hits_addend`): on a
+/// user's turn bucket it draws from the budget turn admission uses; on a
+/// named bucket, from the key space of `take_many`. A refusal takes nothing
+/// and carries the exact hint; shadow mode applies the same transition and
+/// only rewrites the answer.
+pub async fn take_one_shares_budgets<S: Store + Clone>(store: S, clock: FakeClock) {
+    use tollgate_core::TurnsTaken;
+    use tollgate_core::bucket::Take;
+    use tollgate_core::store::{BucketRef, TakeOutcome, TakeRequest};
+
+    let l = limiter_with(store.clone(), &clock, support());
+    // 20 turns/min (one per 3,000 ms), burst 5. A cost of 3 on a full
+    // bucket: 2 left, full again after 3 × 3,000 ms.
+    let taken = |taken, remaining, full_in_ms| TurnsTaken {
+        taken,
+        remaining,
+        full_in_ms,
+    };
+    let g = allowed(&l.take_turns("u1", 3).await.unwrap());
+    assert_eq!(g, taken(3, 2, 9_000));
+    // The next 3 need one more turn: refused, nothing taken, retry 3,000.
+    let d = l.take_turns("u1", 3).await.unwrap();
+    assert_eq!(limited(&d), (Limit::TurnRate, 3_000));
+    assert_eq!(state(&l, "u1").await.turns_available, 2);
+    // The same bucket as turn admission: two turns empty it.
+    for inv in ["r1", "r2"] {
+        allowed(&l.admit_turn("u1", inv).await.unwrap());
+        assert!(l.release_run("u1", inv).await.unwrap());
+    }
+    let d = l.take_turns("u1", 1).await.unwrap();
+    assert_eq!(limited(&d), (Limit::TurnRate, 3_000));
+    // A cost of 0 takes nothing and reports the bucket.
+    assert_eq!(
+        allowed(&l.take_turns("u1", 0).await.unwrap()),
+        taken(0, 0, 15_000)
+    );
+    // More than the burst can never be granted.
+    assert_eq!(
+        l.take_turns("u1", 6).await.unwrap(),
+        Decision::Denied(Denial::ExceedsCapacity {
+            limit: Limit::TurnRate,
+            cost: 6,
+            max_cost: 5
+        })
+    );
+    // Taking turns leaves admission the hint it would have had.
+    clock.advance(1_000);
+    let d = l.admit_turn("u1", "r3").await.unwrap();
+    assert_eq!(limited(&d), (Limit::TurnRate, 2_000));
+    clock.advance(2_000);
+    assert_eq!(
+        allowed(&l.take_turns("u1", 1).await.unwrap()),
+        taken(1, 0, 15_000)
+    );
+
+    // SPEC §7 example 1 through single takes: 5 at t = 0, then at
+    // t = 1,000 the bucket holds 1/3 of a turn: retry after 2,000 exactly.
+    let t0 = clock.now_ms();
+    for _ in 0..5 {
+        allowed(&l.take_turns("u2", 1).await.unwrap());
+    }
+    clock.set(t0 + 1_000);
+    let d = l.take_turns("u2", 1).await.unwrap();
+    assert_eq!(limited(&d), (Limit::TurnRate, 2_000));
+
+    // Shadow mode: the refusal is rewritten, and nothing is taken.
+    let mut plan = support();
+    plan.shadow = true;
+    let s = limiter_with(store.clone(), &clock, plan);
+    assert_eq!(
+        allowed(&s.take_turns("u3", 5).await.unwrap()),
+        taken(5, 0, 15_000)
+    );
+    match s.take_turns("u3", 2).await.unwrap() {
+        Decision::Allowed {
+            grant,
+            shadow_denied: Some(denial),
+        } => {
+            assert_eq!(grant, taken(0, 0, 15_000));
+            assert_eq!(denial.retry_after_ms(), Some(6_000));
+        }
+        other => panic!("expected shadow-allowed, got {other:?}"),
+    }
+    assert_eq!(state(&s, "u3").await.turns_available, 0);
+
+    // A named bucket: 1 per second, burst 5, shared with take_many.
+    let spec = BucketSpec::new(1, 1_000, 5).unwrap();
+    let one = |cost| TakeRequest {
+        bucket: BucketRef::Named("{rls:t}:x"),
+        spec,
+        cost,
+    };
+    assert_eq!(
+        store.take_one(one(3)).await.unwrap(),
+        TakeOutcome {
+            take: Take::Granted { wait_ms: 0 },
+            remaining: 2,
+            full_in_ms: 3_000
+        }
+    );
+    assert_eq!(
+        store.take_one(one(3)).await.unwrap(),
+        TakeOutcome {
+            take: Take::Refused {
+                retry_after_ms: 1_000
+            },
+            remaining: 2,
+            full_in_ms: 3_000
+        }
+    );
+    let many = BucketTake {
+        key: "{rls:t}:x",
+        spec,
+        cost: 2,
+        max_wait_ms: 0,
+    };
+    assert_eq!(
+        store.take_many(&[many], None).await.unwrap(),
+        MultiTake::Granted { wait_ms: 0 }
+    );
+    assert_eq!(
+        store.take_one(one(0)).await.unwrap(),
+        TakeOutcome {
+            take: Take::Granted { wait_ms: 0 },
+            remaining: 0,
+            full_in_ms: 5_000
+        }
+    );
+    assert_eq!(
+        store.take_one(one(6)).await.unwrap().take,
+        Take::ExceedsCapacity
+    );
+    // 1,500 ms later: 1.5 tokens, so 1 remains after a take of 1 and the
+    // bucket is full 4,500 ms after that.
+    clock.advance(1_500);
+    assert_eq!(
+        store.take_one(one(1)).await.unwrap(),
+        TakeOutcome {
+            take: Take::Granted { wait_ms: 0 },
+            remaining: 0,
+            full_in_ms: 4_500
+        }
+    );
+}

@@ -14,7 +14,8 @@ use http_body_util::BodyExt;
 use tollgate_core::lease::{SessionAcquire, SessionGrant};
 use tollgate_core::store::{
     AppendOutcome, BucketTake, CooldownCheck, FenceCheck, MultiTake, ReserveOutcome,
-    ReserveRequest, SettleOutcome, SettleRequest, TopUser, TurnOutcome, TurnRequest, UserState,
+    ReserveRequest, SettleOutcome, SettleRequest, TakeOutcome, TakeRequest, TopUser, TurnOutcome,
+    TurnRequest, UserState,
 };
 use tollgate_core::{
     BucketSpec, FakeClock, Limiter, MemoryStore, PlanConfig, PlansConfig, Store, StoreError,
@@ -273,6 +274,12 @@ impl Store for Flaky {
         cooldown: Option<CooldownCheck<'_>>,
     ) -> impl Future<Output = Result<MultiTake, StoreError>> + Send {
         self.inner.take_many(takes, cooldown)
+    }
+    fn take_one(
+        &self,
+        req: TakeRequest<'_>,
+    ) -> impl Future<Output = Result<TakeOutcome, StoreError>> + Send {
+        self.inner.take_one(req)
     }
     fn extend_cooldown(
         &self,

@@ -21,9 +21,10 @@ use hashbrown::{DefaultHashBuilder, HashTable};
 use parking_lot::{Mutex, MutexGuard};
 
 use super::{
-    AppendOutcome, BucketTake, CooldownCheck, DEFAULT_SESSION_RETENTION_MS, FenceCheck, MultiTake,
-    RESERVATION_RETENTION_MS, ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome,
-    SettleRequest, Store, TopUser, TurnOutcome, TurnRequest, UserState,
+    AppendOutcome, BucketRef, BucketTake, CooldownCheck, DEFAULT_SESSION_RETENTION_MS, FenceCheck,
+    MultiTake, RESERVATION_RETENTION_MS, ReservationId, ReserveOutcome, ReserveRequest,
+    SettleOutcome, SettleRequest, Store, TakeOutcome, TakeRequest, TopUser, TurnOutcome,
+    TurnRequest, UserState,
 };
 use crate::aimd::{AimdParams, AimdState};
 use crate::bucket::{self, BucketSpec, BucketState, EXPIRY_GRACE_MS, MAX_SCALED, Take};
@@ -675,6 +676,34 @@ impl MemoryStore {
         }
     }
 
+    fn take_one_now(&self, req: TakeRequest<'_>) -> TakeOutcome {
+        let now = self.now();
+        let spec = req.spec;
+        match req.bucket {
+            BucketRef::Turns(user) => self.inner.users.with(user, now, |u| {
+                let before = live(u.turns, now);
+                let t = bucket::take(&spec, before, now, req.cost, 0);
+                // A refusal takes nothing: keep only the refilled level of a
+                // bucket that exists (as turn admission does).
+                if matches!(t.outcome, Take::Granted { .. }) || before.is_some() {
+                    u.turns = Some((t.state, t.expires_at));
+                }
+                TakeOutcome::new(t.outcome, &spec, t.state.level)
+            }),
+            BucketRef::Named(key) => self.inner.keys.with(key, now, |e| {
+                let state = match *e {
+                    KeyEntry::Bucket(s, exp) if exp > now => Some(s),
+                    _ => None,
+                };
+                let t = bucket::take(&spec, state, now, req.cost, 0);
+                if matches!(t.outcome, Take::Granted { .. }) || state.is_some() {
+                    *e = KeyEntry::Bucket(t.state, t.expires_at);
+                }
+                TakeOutcome::new(t.outcome, &spec, t.state.level)
+            }),
+        }
+    }
+
     fn session<R>(&self, session: &str, f: impl FnOnce(&mut SessionEntry, u64) -> R) -> R {
         let now = self.now();
         let retention = self.inner.session_retention_ms;
@@ -781,6 +810,10 @@ impl Store for MemoryStore {
         cooldown: Option<CooldownCheck<'_>>,
     ) -> Result<MultiTake, StoreError> {
         Ok(self.take_many_now(takes, cooldown))
+    }
+
+    async fn take_one(&self, req: TakeRequest<'_>) -> Result<TakeOutcome, StoreError> {
+        Ok(self.take_one_now(req))
     }
 
     async fn extend_cooldown(&self, key: &str, until_ms: u64) -> Result<u64, StoreError> {

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
 use tollgate_core::Store;
 
-use super::extract::check_id;
+use crate::ops::check_id;
 use crate::outcome::ApiError;
 use crate::state::App;
 

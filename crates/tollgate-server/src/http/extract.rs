@@ -17,10 +17,7 @@ impl<S: Store + Clone> FromRequestParts<App<S>> for User {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, app: &App<S>) -> Result<Self, ApiError> {
-        app.verifier()
-            .verify(&parts.headers)
-            .map(User)
-            .map_err(|e| ApiError::Unauthorized(e.message()))
+        crate::ops::verify_user(app, &parts.headers).map(User)
     }
 }
 
@@ -75,27 +72,4 @@ fn clean(e: &serde_json::Error) -> String {
         Some(i) => s[..i].to_owned(),
         None => s,
     }
-}
-
-/// Longest id accepted (invocation, session, holder, reservation), bytes.
-pub(crate) const MAX_ID: usize = 512;
-
-/// Checks an id: non-empty, at most [`MAX_ID`] bytes, no control characters.
-pub(crate) fn check_id(field: &str, v: &str) -> Result<(), ApiError> {
-    if v.is_empty() {
-        return Err(ApiError::invalid(field, "must not be empty"));
-    }
-    if v.len() > MAX_ID {
-        return Err(ApiError::invalid(
-            field,
-            format!("must be at most {MAX_ID} bytes"),
-        ));
-    }
-    if v.chars().any(char::is_control) {
-        return Err(ApiError::invalid(
-            field,
-            "must not contain control characters",
-        ));
-    }
-    Ok(())
 }

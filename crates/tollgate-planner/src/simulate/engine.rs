@@ -1,0 +1,1055 @@
+//! The replay: trace events through the real limiter and governor on a
+//! fake clock, with the effects that come later (a settle after the wait,
+//! a provider permit after the user's wait, lease renewals) kept in a
+//! time-ordered queue.
+//!
+//! Memory is bounded by users, sessions and live runs, never by lines: per
+//! user a few counters, per plan and provider fixed-size histograms, per
+//! live run one entry and at most a few queued actions.
+
+use std::cmp::{Ordering, Reverse};
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use tollgate_core::lease::SessionAcquire;
+use tollgate_core::provider::{PermitRequest, ProviderError, ProviderGovernor};
+use tollgate_core::store::memory::MemoryStore;
+use tollgate_core::{
+    Clock, Decision, Denial, FakeClock, Limit, Limiter, LimiterError, Outcome, Plan, ReservationId,
+    Store,
+};
+
+use super::ReplayOptions;
+use super::chart::ChartRecorder;
+use super::report::{
+    DecisionCounts, LimitReport, PlanReport, ProviderReport, Report, RunCounts, Skipped, UserReport,
+};
+use crate::histogram::LogHistogram;
+use crate::trace::{Event, ProviderRef};
+use crate::{Limits, PlanError};
+
+/// How long the replay's store keeps an idle session's state: a session's
+/// fence counter does not matter to a replay, only its live lease, so it is
+/// forgotten sooner than the server's 7 days (bounded memory).
+const SESSION_RETENTION_MS: u64 = 10 * 60_000;
+
+/// Polls a future of the in-memory store, which is always ready.
+fn ready<F: Future>(f: F) -> Result<F::Output, PlanError> {
+    let mut f = pin!(f);
+    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => Ok(v),
+        Poll::Pending => Err(PlanError::Replay(
+            "the in-memory store did not answer at once".into(),
+        )),
+    }
+}
+
+fn replay_err(e: impl std::error::Error + Send + Sync + 'static) -> PlanError {
+    PlanError::Replay(Box::new(e))
+}
+
+/// The name of a denial in the report: the limit, or for a provider's
+/// refusal of a model call, `provider_*`.
+fn label(d: &Denial, provider: bool) -> &'static str {
+    match (d, provider) {
+        (Denial::ExceedsCapacity { .. }, true) => "provider_exceeds_capacity",
+        (Denial::ExceedsCapacity { .. }, false) => "token_exceeds_capacity",
+        (_, true) => match d.limit() {
+            Limit::Cooldown => "provider_cooldown",
+            _ => "provider_rate",
+        },
+        (_, false) => d.limit().as_str(),
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Counts {
+    allowed: u64,
+    waited: u64,
+    denied: u64,
+    shadow_denied: u64,
+}
+
+impl Counts {
+    fn add(&mut self, o: Outcome) {
+        match o {
+            Outcome::Allowed => self.allowed += 1,
+            Outcome::Waited => self.waited += 1,
+            Outcome::Denied => self.denied += 1,
+            Outcome::ShadowDenied => self.shadow_denied += 1,
+        }
+    }
+
+    fn report(&self) -> DecisionCounts {
+        DecisionCounts {
+            allowed: self.allowed,
+            waited: self.waited,
+            denied: self.denied,
+            shadow_denied: self.shadow_denied,
+        }
+    }
+}
+
+#[derive(Default)]
+struct LimitAcc {
+    denied: u64,
+    shadow_denied: u64,
+    retry: LogHistogram,
+}
+
+fn limits_report(m: &BTreeMap<&'static str, LimitAcc>) -> BTreeMap<String, LimitReport> {
+    m.iter()
+        .map(|(k, v)| {
+            (
+                (*k).to_owned(),
+                LimitReport {
+                    denied: v.denied,
+                    shadow_denied: v.shadow_denied,
+                    retry_after_ms: v.retry.summary(),
+                },
+            )
+        })
+        .collect()
+}
+
+fn add_denial(
+    m: &mut BTreeMap<&'static str, LimitAcc>,
+    label: &'static str,
+    retry: Option<u64>,
+    shadow: bool,
+) {
+    let acc = m.entry(label).or_default();
+    if shadow {
+        acc.shadow_denied += 1;
+    } else {
+        acc.denied += 1;
+    }
+    if let Some(r) = retry {
+        acc.retry.record(r);
+    }
+}
+
+#[derive(Default)]
+struct PlanAcc {
+    users: u64,
+    turns: Counts,
+    calls: Counts,
+    limits: BTreeMap<&'static str, LimitAcc>,
+    waits: LogHistogram,
+    tokens: u64,
+}
+
+struct UserAcc {
+    plan: Arc<str>,
+    turns: Counts,
+    calls: Counts,
+    wait_total: u64,
+    wait_max: u64,
+    tokens: u64,
+}
+
+impl UserAcc {
+    fn denials(&self) -> u64 {
+        self.turns.denied + self.turns.shadow_denied + self.calls.denied + self.calls.shadow_denied
+    }
+}
+
+#[derive(Default)]
+struct ProviderAcc {
+    permits: Counts,
+    limits: BTreeMap<&'static str, LimitAcc>,
+    waits: LogHistogram,
+    responses: BTreeMap<&'static str, u64>,
+    cooldowns: u64,
+}
+
+/// A run admitted and not yet ended or abandoned.
+struct Run {
+    id: u64,
+    user: Arc<str>,
+    invocation: Box<str>,
+    plan: Arc<Plan>,
+    session: Option<String>,
+    renew_every: u64,
+}
+
+/// A model call between its user reservation and its provider permit.
+struct CallInFlight {
+    user: Arc<str>,
+    plan: Arc<Plan>,
+    reservation: ReservationId,
+    estimate: u64,
+    actual: u64,
+    duration_ms: u64,
+    provider: String,
+    model: String,
+    tenant: Option<String>,
+    user_wait: u64,
+    user_shadow: bool,
+    line: u64,
+}
+
+enum Action {
+    /// Renew the leases of the run at `key` if it is still run `id`.
+    Renew { key: String, id: u64 },
+    /// Take the provider permit of a model call, after the user's wait.
+    Permit(Box<CallInFlight>),
+    /// The model call is over: settle with the actual tokens.
+    Settle {
+        user: Arc<str>,
+        reservation: ReservationId,
+        actual: u64,
+        line: u64,
+    },
+}
+
+struct Pending {
+    due: u64,
+    seq: u64,
+    action: Action,
+}
+
+impl PartialEq for Pending {
+    fn eq(&self, other: &Self) -> bool {
+        (self.due, self.seq) == (other.due, other.seq)
+    }
+}
+
+impl Eq for Pending {}
+
+impl PartialOrd for Pending {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Pending {
+    fn cmp(&self, other: &Self) -> Ordering {
+        (self.due, self.seq).cmp(&(other.due, other.seq))
+    }
+}
+
+/// What a provider permit answered.
+enum PermitResult {
+    Granted {
+        wait_ms: u64,
+    },
+    Refused {
+        label: &'static str,
+        retry: Option<u64>,
+        shadow: bool,
+    },
+    Unconfigured,
+}
+
+fn run_key(user: &str, invocation: &str) -> String {
+    let mut k = String::with_capacity(user.len() + invocation.len() + 1);
+    k.push_str(user);
+    k.push('\u{1f}');
+    k.push_str(invocation);
+    k
+}
+
+/// One replay.
+pub(super) struct Engine {
+    src: String,
+    clock: FakeClock,
+    limiter: Limiter<MemoryStore>,
+    governor: ProviderGovernor<MemoryStore>,
+    shadow: bool,
+    session_ttl_ms: u64,
+    runs: HashMap<String, Run>,
+    next_run: u64,
+    pending: BinaryHeap<Reverse<Pending>>,
+    seq: u64,
+    last_t: Option<u64>,
+    first_t: Option<u64>,
+    lines: u64,
+    events: u64,
+    users: HashMap<Arc<str>, UserAcc>,
+    plans: BTreeMap<Arc<str>, PlanAcc>,
+    providers: BTreeMap<String, ProviderAcc>,
+    run_counts: RunCounts,
+    skipped: Skipped,
+    chart: Option<ChartRecorder>,
+}
+
+impl Engine {
+    pub(super) fn new(
+        limits: &Limits,
+        opts: &ReplayOptions,
+        source_name: &str,
+    ) -> Result<Self, PlanError> {
+        let (plans, providers) =
+            limits
+                .validate(opts.shadow)
+                .map_err(|errors| PlanError::Config {
+                    source_name: "the config".into(),
+                    errors,
+                })?;
+        let clock = FakeClock::new(0);
+        let store = MemoryStore::with_session_retention(clock.clone(), SESSION_RETENTION_MS);
+        Ok(Self {
+            src: source_name.to_owned(),
+            limiter: Limiter::new(store.clone(), clock.clone(), plans),
+            governor: ProviderGovernor::new(store, clock.clone(), providers),
+            clock,
+            shadow: opts.shadow,
+            session_ttl_ms: opts.session_ttl_ms.max(3),
+            runs: HashMap::new(),
+            next_run: 0,
+            pending: BinaryHeap::new(),
+            seq: 0,
+            last_t: None,
+            first_t: None,
+            lines: 0,
+            events: 0,
+            users: HashMap::new(),
+            plans: BTreeMap::new(),
+            providers: BTreeMap::new(),
+            run_counts: RunCounts::default(),
+            skipped: Skipped::default(),
+            chart: None,
+        })
+    }
+
+    pub(super) fn with_chart(mut self, chart: ChartRecorder) -> Self {
+        self.chart = Some(chart);
+        self
+    }
+
+    /// The plan of `user`, if any (for the chart's tracked users).
+    pub(super) fn plan_of(&self, user: &str) -> Option<Arc<Plan>> {
+        self.limiter.plan_for(user).ok()
+    }
+
+    fn line_err(&self, line: u64, field: &str, reason: impl Into<String>) -> PlanError {
+        PlanError::line(&self.src, line, Some(field), reason)
+    }
+
+    fn limiter_err(&self, line: u64, e: LimiterError) -> PlanError {
+        match e {
+            LimiterError::InvalidRequest { field, message } => {
+                let field = match field {
+                    "invocation_id" => "invocation",
+                    other => other,
+                };
+                self.line_err(line, field, message)
+            }
+            other => replay_err(other),
+        }
+    }
+
+    fn schedule(&mut self, due: u64, action: Action) {
+        self.seq += 1;
+        self.pending.push(Reverse(Pending {
+            due,
+            seq: self.seq,
+            action,
+        }));
+    }
+
+    pub(super) fn count_line(&mut self) {
+        self.lines += 1;
+    }
+
+    /// Applies one event at `t`.
+    pub(super) fn event(&mut self, line: u64, t: u64, ev: Event<'_>) -> Result<(), PlanError> {
+        if let Some(last) = self.last_t
+            && t < last
+        {
+            return Err(self.line_err(
+                line,
+                "t_ms",
+                format!(
+                    "{t} is earlier than the previous event's {last}: a trace must be sorted by time"
+                ),
+            ));
+        }
+        if self.first_t.is_none() {
+            self.clock.set(t);
+            self.first_t = Some(t);
+        }
+        self.advance(t, false)?;
+        self.last_t = Some(t);
+        self.events += 1;
+        match ev {
+            Event::TurnStart {
+                user,
+                invocation,
+                session,
+            } => self.turn_start(line, t, &user, &invocation, session.as_deref()),
+            Event::ModelCall {
+                user,
+                invocation,
+                estimate,
+                actual,
+                duration_ms,
+                provider,
+            } => self.model_call(
+                line,
+                t,
+                &user,
+                &invocation,
+                estimate,
+                actual,
+                duration_ms,
+                provider,
+            ),
+            Event::TurnEnd { user, invocation } => self.turn_end(line, &user, &invocation),
+            Event::TurnAbandon { user, invocation } => {
+                if self.runs.remove(&run_key(&user, &invocation)).is_some() {
+                    self.run_counts.abandoned += 1;
+                } else {
+                    self.skipped.not_running += 1;
+                }
+                Ok(())
+            }
+            Event::ProviderCall { provider, tokens } => {
+                let key = format!("{}:{}", provider.provider, provider.model);
+                let req = PermitRequest {
+                    tenant: provider.tenant.as_deref(),
+                    ..PermitRequest::new(&provider.provider, &provider.model, tokens)
+                };
+                if let PermitResult::Unconfigured = self.permit(t, &key, req)? {
+                    self.skipped.unknown_provider += 1;
+                }
+                Ok(())
+            }
+            Event::ProviderResponse {
+                provider,
+                status,
+                headers,
+                body,
+            } => self.provider_response(&provider, status, &headers, body.as_deref()),
+        }
+    }
+
+    /// Runs the queued actions and chart samples due by `t`, in time order,
+    /// then sets the clock to `t`. With `last`, runs everything left except
+    /// renewals (the trace is over).
+    fn advance(&mut self, t: u64, last: bool) -> Result<(), PlanError> {
+        loop {
+            let action_due = self.pending.peek().map(|Reverse(p)| p.due);
+            let sample_due = self.chart.as_ref().and_then(ChartRecorder::next_sample);
+            let (due, take_action) = match (action_due, sample_due) {
+                (Some(a), Some(s)) if a <= s => (a, true),
+                (Some(a), None) => (a, true),
+                (_, Some(s)) => (s, false),
+                (None, None) => break,
+            };
+            if due > t {
+                break;
+            }
+            if due > self.clock.now_ms() {
+                self.clock.set(due);
+            }
+            if take_action {
+                let Some(Reverse(p)) = self.pending.pop() else {
+                    break;
+                };
+                if last && matches!(p.action, Action::Renew { .. }) {
+                    continue;
+                }
+                self.act(p.due, p.action)?;
+            } else {
+                self.sample()?;
+            }
+        }
+        if !last && t > self.clock.now_ms() {
+            self.clock.set(t);
+        }
+        Ok(())
+    }
+
+    fn act(&mut self, now: u64, action: Action) -> Result<(), PlanError> {
+        match action {
+            Action::Renew { key, id } => self.renew(now, key, id),
+            Action::Permit(call) => self.call_permit(now, *call),
+            Action::Settle {
+                user,
+                reservation,
+                actual,
+                line,
+            } => {
+                match ready(self.limiter.settle(&user, &reservation, actual))? {
+                    Ok(_) => {}
+                    Err(LimiterError::UnknownReservation(_)) => {
+                        self.skipped.unknown_reservation += 1;
+                    }
+                    Err(e) => return Err(self.limiter_err(line, e)),
+                }
+                self.touch(&user)
+            }
+        }
+    }
+
+    fn user_acc(&mut self, user: &str, plan: &Arc<str>) -> Arc<str> {
+        if let Some((k, _)) = self.users.get_key_value(user) {
+            return Arc::clone(k);
+        }
+        let name: Arc<str> = user.into();
+        self.users.insert(
+            Arc::clone(&name),
+            UserAcc {
+                plan: Arc::clone(plan),
+                turns: Counts::default(),
+                calls: Counts::default(),
+                wait_total: 0,
+                wait_max: 0,
+                tokens: 0,
+            },
+        );
+        self.plans.entry(Arc::clone(plan)).or_default().users += 1;
+        name
+    }
+
+    fn plan_acc(&mut self, plan: &Plan) -> &mut PlanAcc {
+        self.plans.entry(Arc::clone(&plan.name)).or_default()
+    }
+
+    fn decided(&mut self, t: u64, o: Outcome) {
+        if let Some(c) = &mut self.chart {
+            c.decision(t, o);
+        }
+    }
+
+    fn record_turn(&mut self, t: u64, plan: &Plan, user: &str, o: Outcome) {
+        self.plan_acc(plan).turns.add(o);
+        if let Some(u) = self.users.get_mut(user) {
+            u.turns.add(o);
+        }
+        self.decided(t, o);
+    }
+
+    fn record_denial(
+        &mut self,
+        plan: &Plan,
+        label: &'static str,
+        retry: Option<u64>,
+        shadow: bool,
+    ) {
+        add_denial(&mut self.plan_acc(plan).limits, label, retry, shadow);
+    }
+
+    /// A model call's final outcome; `wait` for a call that went ahead.
+    fn record_call(&mut self, plan: &Plan, user: &str, o: Outcome, wait: u64, tokens: u64) {
+        let acc = self.plan_acc(plan);
+        acc.calls.add(o);
+        if o != Outcome::Denied {
+            acc.waits.record(wait);
+            acc.tokens += tokens;
+        }
+        if let Some(u) = self.users.get_mut(user) {
+            u.calls.add(o);
+            if o != Outcome::Denied {
+                u.wait_total += wait;
+                u.wait_max = u.wait_max.max(wait);
+                u.tokens += tokens;
+            }
+        }
+    }
+
+    fn turn_start(
+        &mut self,
+        line: u64,
+        t: u64,
+        user: &str,
+        invocation: &str,
+        session: Option<&str>,
+    ) -> Result<(), PlanError> {
+        let plan = match self.limiter.plan_for(user) {
+            Ok(p) => p,
+            Err(LimiterError::UnknownUser { .. }) => {
+                self.skipped.unknown_user += 1;
+                return Ok(());
+            }
+            Err(e) => return Err(self.limiter_err(line, e)),
+        };
+        let user = self.user_acc(user, &plan.name);
+        let key = run_key(&user, invocation);
+        let live = self.runs.contains_key(&key);
+        let mut shadow = false;
+        let mut held = None;
+        if let (Some(s), false) = (session, live) {
+            let skey = format!("{user}/{s}");
+            let acquired = ready(self.limiter.store().session_acquire(
+                &skey,
+                invocation,
+                self.session_ttl_ms,
+            ))?
+            .map_err(replay_err)?;
+            match acquired {
+                SessionAcquire::Acquired(_) => held = Some(skey),
+                SessionAcquire::Busy { retry_after_ms } => {
+                    self.record_denial(&plan, "session", Some(retry_after_ms), plan.shadow);
+                    if !plan.shadow {
+                        self.record_turn(t, &plan, &user, Outcome::Denied);
+                        return Ok(());
+                    }
+                    shadow = true;
+                }
+            }
+        }
+        let decision = ready(self.limiter.admit_turn(&user, invocation))?
+            .map_err(|e| self.limiter_err(line, e))?;
+        match decision {
+            Decision::Allowed { shadow_denied, .. } => {
+                if let Some(d) = shadow_denied {
+                    self.record_denial(&plan, label(&d, false), d.retry_after_ms(), true);
+                    shadow = true;
+                }
+                let o = if shadow {
+                    Outcome::ShadowDenied
+                } else {
+                    Outcome::Allowed
+                };
+                self.record_turn(t, &plan, &user, o);
+                if !live {
+                    self.run_counts.admitted += 1;
+                    self.next_run += 1;
+                    let renew_every = match &held {
+                        Some(_) => self.session_ttl_ms.min(plan.lease_ttl_ms),
+                        None => plan.lease_ttl_ms,
+                    }
+                    .div_ceil(3)
+                    .max(1);
+                    let id = self.next_run;
+                    self.schedule(
+                        t + renew_every,
+                        Action::Renew {
+                            key: key.clone(),
+                            id,
+                        },
+                    );
+                    self.runs.insert(
+                        key,
+                        Run {
+                            id,
+                            user: Arc::clone(&user),
+                            invocation: invocation.into(),
+                            plan: Arc::clone(&plan),
+                            session: held,
+                            renew_every,
+                        },
+                    );
+                }
+            }
+            Decision::Denied(d) => {
+                if let Some(skey) = held {
+                    ready(self.limiter.store().session_release(&skey, invocation))?
+                        .map_err(replay_err)?;
+                }
+                self.record_denial(&plan, label(&d, false), d.retry_after_ms(), false);
+                self.record_turn(t, &plan, &user, Outcome::Denied);
+            }
+        }
+        Ok(())
+    }
+
+    fn renew(&mut self, now: u64, key: String, id: u64) -> Result<(), PlanError> {
+        let Some(run) = self.runs.get(&key).filter(|r| r.id == id) else {
+            return Ok(());
+        };
+        let (user, inv, session, every) = (
+            Arc::clone(&run.user),
+            run.invocation.clone(),
+            run.session.clone(),
+            run.renew_every,
+        );
+        let run_ok = ready(self.limiter.renew_run(&user, &inv))?
+            .map_err(replay_err)?
+            .is_some();
+        let session_ok = match &session {
+            Some(skey) => ready(self.limiter.store().session_renew(
+                skey,
+                &inv,
+                self.session_ttl_ms,
+            ))?
+            .map_err(replay_err)?
+            .is_some(),
+            None => true,
+        };
+        if run_ok && session_ok {
+            self.schedule(now + every, Action::Renew { key, id });
+        } else {
+            self.run_counts.leases_lost += 1;
+        }
+        Ok(())
+    }
+
+    fn turn_end(&mut self, line: u64, user: &str, invocation: &str) -> Result<(), PlanError> {
+        let Some(run) = self.runs.remove(&run_key(user, invocation)) else {
+            self.skipped.not_running += 1;
+            return Ok(());
+        };
+        ready(self.limiter.release_run(&run.user, &run.invocation))?
+            .map_err(|e| self.limiter_err(line, e))?;
+        if let Some(skey) = &run.session {
+            ready(self.limiter.store().session_release(skey, &run.invocation))?
+                .map_err(replay_err)?;
+        }
+        self.run_counts.ended += 1;
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn model_call(
+        &mut self,
+        line: u64,
+        t: u64,
+        user: &str,
+        invocation: &str,
+        estimate: Option<u64>,
+        actual: Option<u64>,
+        duration_ms: u64,
+        provider: Option<ProviderRef<'_>>,
+    ) -> Result<(), PlanError> {
+        let Some(run) = self.runs.get(&run_key(user, invocation)) else {
+            self.skipped.not_running += 1;
+            return Ok(());
+        };
+        let (user, plan) = (Arc::clone(&run.user), Arc::clone(&run.plan));
+        let estimate = estimate.unwrap_or(plan.estimate_tokens);
+        let actual = actual.unwrap_or(estimate);
+        let decision = ready(self.limiter.reserve_tokens(&user, invocation, estimate))?
+            .map_err(|e| self.limiter_err(line, e))?;
+        self.decided(t, decision.outcome());
+        self.touch(&user)?;
+        let (grant, user_shadow) = match decision {
+            Decision::Denied(d) => {
+                self.record_denial(&plan, label(&d, false), d.retry_after_ms(), false);
+                self.record_call(&plan, &user, Outcome::Denied, 0, 0);
+                return Ok(());
+            }
+            Decision::Allowed {
+                grant,
+                shadow_denied,
+            } => {
+                if let Some(d) = &shadow_denied {
+                    self.record_denial(&plan, label(d, false), d.retry_after_ms(), true);
+                }
+                (grant, shadow_denied.is_some())
+            }
+        };
+        let wait = grant.wait_ms;
+        match provider {
+            Some(p) if self.governor.book().get(&p.provider, &p.model).is_some() => {
+                self.schedule(
+                    t + wait,
+                    Action::Permit(Box::new(CallInFlight {
+                        user,
+                        plan,
+                        reservation: grant.id,
+                        estimate,
+                        actual,
+                        duration_ms,
+                        provider: p.provider.into_owned(),
+                        model: p.model.into_owned(),
+                        tenant: p.tenant.map(|t| t.into_owned()),
+                        user_wait: wait,
+                        user_shadow,
+                        line,
+                    })),
+                );
+            }
+            other => {
+                if other.is_some() {
+                    self.skipped.unknown_provider += 1;
+                }
+                let o = match (user_shadow, wait) {
+                    (true, _) => Outcome::ShadowDenied,
+                    (false, 0) => Outcome::Allowed,
+                    (false, _) => Outcome::Waited,
+                };
+                self.record_call(&plan, &user, o, wait, actual);
+                self.schedule(
+                    t + wait + duration_ms,
+                    Action::Settle {
+                        user,
+                        reservation: grant.id,
+                        actual,
+                        line,
+                    },
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The provider step of a model call, at `now` (after the user's wait),
+    /// within what is left of the plan's `max_wait_ms` (one deadline).
+    fn call_permit(&mut self, now: u64, c: CallInFlight) -> Result<(), PlanError> {
+        let key = format!("{}:{}", c.provider, c.model);
+        let req = PermitRequest {
+            tenant: c.tenant.as_deref(),
+            max_wait_ms: Some(c.plan.max_wait_ms.saturating_sub(c.user_wait)),
+            ..PermitRequest::new(&c.provider, &c.model, c.estimate)
+        };
+        let (o, wait) = match self.permit(now, &key, req)? {
+            PermitResult::Granted { wait_ms } => {
+                let wait = c.user_wait + wait_ms;
+                let o = match (c.user_shadow, wait) {
+                    (true, _) => Outcome::ShadowDenied,
+                    (false, 0) => Outcome::Allowed,
+                    (false, _) => Outcome::Waited,
+                };
+                (o, wait)
+            }
+            PermitResult::Unconfigured => {
+                self.skipped.unknown_provider += 1;
+                let o = match (c.user_shadow, c.user_wait) {
+                    (true, _) => Outcome::ShadowDenied,
+                    (false, 0) => Outcome::Allowed,
+                    (false, _) => Outcome::Waited,
+                };
+                (o, c.user_wait)
+            }
+            PermitResult::Refused {
+                label,
+                retry,
+                shadow,
+            } => {
+                self.record_denial(&c.plan, label, retry, shadow);
+                if !shadow {
+                    match ready(self.limiter.refund(&c.user, &c.reservation))? {
+                        Ok(_) => {}
+                        Err(LimiterError::UnknownReservation(_)) => {
+                            self.skipped.unknown_reservation += 1;
+                        }
+                        Err(e) => return Err(self.limiter_err(c.line, e)),
+                    }
+                    self.touch(&c.user)?;
+                    self.record_call(&c.plan, &c.user, Outcome::Denied, 0, 0);
+                    return Ok(());
+                }
+                (Outcome::ShadowDenied, c.user_wait)
+            }
+        };
+        self.record_call(&c.plan, &c.user, o, wait, c.actual);
+        let provider_wait = wait - c.user_wait;
+        self.schedule(
+            now + provider_wait + c.duration_ms,
+            Action::Settle {
+                user: c.user,
+                reservation: c.reservation,
+                actual: c.actual,
+                line: c.line,
+            },
+        );
+        Ok(())
+    }
+
+    /// Takes a provider permit and counts it under the provider key.
+    fn permit(
+        &mut self,
+        t: u64,
+        key: &str,
+        req: PermitRequest<'_>,
+    ) -> Result<PermitResult, PlanError> {
+        let (outcome, result) = match ready(self.governor.permit(req))? {
+            Ok(Decision::Allowed { grant, .. }) => {
+                let o = if grant.wait_ms > 0 {
+                    Outcome::Waited
+                } else {
+                    Outcome::Allowed
+                };
+                (
+                    o,
+                    PermitResult::Granted {
+                        wait_ms: grant.wait_ms,
+                    },
+                )
+            }
+            Ok(Decision::Denied(d)) => (
+                Outcome::Denied,
+                PermitResult::Refused {
+                    label: label(&d, true),
+                    retry: d.retry_after_ms(),
+                    shadow: self.shadow,
+                },
+            ),
+            Err(ProviderError::Exhausted { .. }) => (
+                Outcome::Denied,
+                PermitResult::Refused {
+                    label: "provider_exhausted",
+                    retry: None,
+                    shadow: self.shadow,
+                },
+            ),
+            Err(ProviderError::Unknown { .. }) => return Ok(PermitResult::Unconfigured),
+            Err(e) => return Err(replay_err(e)),
+        };
+        let acc = self.providers.entry(key.to_owned()).or_default();
+        let outcome = match (&result, outcome) {
+            (PermitResult::Refused { shadow: true, .. }, _) => Outcome::ShadowDenied,
+            (_, o) => o,
+        };
+        acc.permits.add(outcome);
+        match &result {
+            PermitResult::Granted { wait_ms } => acc.waits.record(*wait_ms),
+            PermitResult::Refused {
+                label,
+                retry,
+                shadow,
+            } => add_denial(&mut acc.limits, label, *retry, *shadow),
+            PermitResult::Unconfigured => {}
+        }
+        self.decided(t, outcome);
+        Ok(result)
+    }
+
+    fn provider_response(
+        &mut self,
+        p: &ProviderRef<'_>,
+        status: u16,
+        headers: &BTreeMap<String, String>,
+        body: Option<&str>,
+    ) -> Result<(), PlanError> {
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        match ready(
+            self.governor
+                .feedback(&p.provider, &p.model, status, &headers, body),
+        )? {
+            Ok(out) => {
+                let acc = self
+                    .providers
+                    .entry(format!("{}:{}", p.provider, p.model))
+                    .or_default();
+                *acc.responses.entry(out.feedback.class()).or_default() += 1;
+                if out.cooldown_until_ms.is_some() {
+                    acc.cooldowns += 1;
+                }
+            }
+            Err(ProviderError::Unknown { .. }) => self.skipped.unknown_provider += 1,
+            Err(e) => return Err(replay_err(e)),
+        }
+        Ok(())
+    }
+
+    /// Notes a tracked user's token level for the chart.
+    fn touch(&mut self, user: &str) -> Result<(), PlanError> {
+        let Some(chart) = &mut self.chart else {
+            return Ok(());
+        };
+        let Some(i) = chart.tracked(user) else {
+            return Ok(());
+        };
+        let (turns, tokens) = chart.specs(i);
+        let state =
+            ready(self.limiter.store().user_state(user, turns, tokens))?.map_err(replay_err)?;
+        chart.observe(i, state.tokens_available);
+        Ok(())
+    }
+
+    /// A chart sample at the end of a bin: every tracked user's level.
+    fn sample(&mut self) -> Result<(), PlanError> {
+        let Some(chart) = &mut self.chart else {
+            return Ok(());
+        };
+        let mut levels = Vec::with_capacity(chart.tracked_len());
+        for i in 0..chart.tracked_len() {
+            let (turns, tokens) = chart.specs(i);
+            let state = ready(
+                self.limiter
+                    .store()
+                    .user_state(chart.user(i), turns, tokens),
+            )?
+            .map_err(replay_err)?;
+            levels.push(state.tokens_available);
+        }
+        chart.sample(&levels);
+        Ok(())
+    }
+
+    /// Ends the replay: what is still queued (settles, provider permits)
+    /// runs; live runs stop renewing.
+    pub(super) fn finish(
+        mut self,
+        trace: &str,
+        top: usize,
+    ) -> Result<(Report, Option<ChartRecorder>), PlanError> {
+        self.advance(u64::MAX, true)?;
+        self.run_counts.still_running = self.runs.len() as u64;
+        self.run_counts.leases_reclaimed = self.limiter.reclaimed_leases();
+        let mut users: Vec<(&Arc<str>, &UserAcc)> = self.users.iter().collect();
+        users.sort_by(|(an, a), (bn, b)| {
+            b.denials()
+                .cmp(&a.denials())
+                .then(b.wait_total.cmp(&a.wait_total))
+                .then(b.tokens.cmp(&a.tokens))
+                .then(an.cmp(bn))
+        });
+        let top_users = users
+            .into_iter()
+            .take(top)
+            .map(|(name, u)| UserReport {
+                user: name.to_string(),
+                plan: u.plan.to_string(),
+                turns: u.turns.report(),
+                model_calls: u.calls.report(),
+                wait_ms_total: u.wait_total,
+                wait_ms_max: u.wait_max,
+                tokens: u.tokens,
+            })
+            .collect();
+        let plans = self
+            .plans
+            .iter()
+            .map(|(name, p)| {
+                (
+                    name.to_string(),
+                    PlanReport {
+                        users: p.users,
+                        turns: p.turns.report(),
+                        model_calls: p.calls.report(),
+                        limits: limits_report(&p.limits),
+                        wait_ms: p.waits.summary(),
+                        tokens: p.tokens,
+                    },
+                )
+            })
+            .collect();
+        let providers = self
+            .providers
+            .iter()
+            .map(|(name, p)| {
+                (
+                    name.clone(),
+                    ProviderReport {
+                        permits: p.permits.report(),
+                        limits: limits_report(&p.limits),
+                        wait_ms: p.waits.summary(),
+                        responses: p
+                            .responses
+                            .iter()
+                            .map(|(k, v)| ((*k).to_owned(), *v))
+                            .collect(),
+                        cooldowns: p.cooldowns,
+                    },
+                )
+            })
+            .collect();
+        let report = Report {
+            trace: trace.to_owned(),
+            shadow: self.shadow,
+            lines: self.lines,
+            events: self.events,
+            start_ms: self.first_t,
+            end_ms: self.last_t,
+            users: self.users.len() as u64,
+            plans,
+            providers,
+            top_users,
+            runs: self.run_counts,
+            skipped: self.skipped,
+        };
+        Ok((report, self.chart))
+    }
+}

@@ -1,0 +1,867 @@
+//! The operations of SPEC §8, apart from any transport: the HTTP/JSON
+//! handlers ([`crate::http::routes`]) and the gRPC methods
+//! ([`crate::grpc::api`]) both call these, so both answer with the same
+//! outcome, the same refusal ([`ApiError`], mapped once in
+//! [`crate::outcome`]) and the same metrics and logs.
+//!
+//! Every operation takes the verified user (never a field the client
+//! chose) and the request as plain data, validates every field first (a
+//! refusal for bad input changes nothing), then decides. The request and
+//! answer types are those of the JSON bodies; the gRPC messages of
+//! `proto/tollgate/v1/tollgate.proto` carry the same fields.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use tollgate_core::lease::SessionAcquire;
+use tollgate_core::provider::{Feedback, PermitRequest};
+use tollgate_core::{Decision, Limit, ReplicaPermit, ReservationId, Store};
+use utoipa::ToSchema;
+
+use crate::metrics::DecisionLabels;
+use crate::outcome::ApiError;
+use crate::state::App;
+
+/// Session lease TTL when admitting a run (`POST /v1/runs`, `AdmitRun`)
+/// names a session without one, ms.
+pub const DEFAULT_SESSION_TTL_MS: u64 = 30_000;
+/// Longest session lease TTL accepted, ms (1 hour; renew to keep it longer).
+pub const MAX_SESSION_TTL_MS: u64 = 3_600_000;
+/// Largest token count accepted in a request (2^53: exact everywhere).
+pub const MAX_TOKENS: u64 = 1 << 53;
+/// Longest id accepted (invocation, session, holder, reservation,
+/// provider, model, tenant), bytes.
+pub const MAX_ID: usize = 512;
+
+// The request and answer types below are the JSON bodies of the HTTP API
+// (their docs are its OpenAPI schemas, so they speak HTTP); the gRPC
+// messages carry the same fields under the same names.
+
+/// `POST /v1/runs`.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct AdmitRequest {
+    /// The run (ADK invocation id); retrying with it is idempotent.
+    pub invocation_id: String,
+    /// The conversation, to hold its session lease for the turn.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// Session lease TTL, ms (default 30,000; at most 3,600,000).
+    #[serde(default)]
+    pub session_ttl_ms: Option<u64>,
+}
+
+/// A session lease.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionLeaseBody {
+    /// The fencing number: session writes must carry it.
+    pub fence: u64,
+    /// Lease expiry, ms since the Unix epoch.
+    pub expires_at_ms: u64,
+}
+
+/// The answer to `POST /v1/runs`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AdmitResponse {
+    /// Run lease expiry, ms since the Unix epoch; renew every ttl/3.
+    pub lease_expires_at_ms: u64,
+    /// The session lease, when a session was named.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<SessionLeaseBody>,
+}
+
+/// `{released}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReleasedResponse {
+    /// `false`: it held nothing (not an error).
+    pub released: bool,
+}
+
+/// The answer to a run renewal.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RenewResponse {
+    /// New run lease expiry, ms since the Unix epoch.
+    pub lease_expires_at_ms: u64,
+}
+
+/// `POST /v1/tokens/reserve`.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct ReserveRequest {
+    /// The run making the model call.
+    pub invocation_id: String,
+    /// Estimated tokens of the call.
+    pub estimate: u64,
+    /// `true`: the server waits before answering (`wait_ms` is then 0).
+    #[serde(default)]
+    pub wait: bool,
+}
+
+/// The answer to a reservation.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReserveResponse {
+    /// Names it for settle and refund.
+    pub reservation_id: String,
+    /// Wait this long before the model call, ms (0 when `wait` was true).
+    pub wait_ms: u64,
+}
+
+/// `POST /v1/tokens/settle`.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct SettleRequest {
+    /// The reservation.
+    pub reservation_id: String,
+    /// Tokens the call really used.
+    pub actual: u64,
+}
+
+/// `POST /v1/tokens/refund`.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct RefundRequest {
+    /// The reservation.
+    pub reservation_id: String,
+}
+
+/// The answer to a settle or refund.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BalanceResponse {
+    /// The user's tokens now (negative: debt). A repeat changes nothing.
+    pub balance: i64,
+}
+
+/// `POST /v1/sessions/{session_id}/lease` and `…/lease/renew`.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct SessionLeaseRequest {
+    /// The holder's token (e.g. the invocation id).
+    pub holder: String,
+    /// Lease TTL, ms (1 ..= 3,600,000).
+    pub ttl_ms: u64,
+}
+
+/// `POST /v1/sessions/{session_id}/fence`.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct FenceRequest {
+    /// The fence the writer holds.
+    pub fence: u64,
+}
+
+/// The answer to a fence check.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FenceResponse {
+    /// Always `true` on 200 (a stale fence is a 409).
+    pub current: bool,
+}
+
+/// `POST /v1/providers/{provider}/permits`.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct PermitBody {
+    /// The model, e.g. `gpt-4o`: with the provider in the path, the
+    /// provider key `[providers."<provider>:<model>"]` of the config.
+    pub model: String,
+    /// The tenant whose share applies (`[providers.….tenants.<name>]`); an
+    /// unconfigured tenant, or none, uses the pool alone.
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// Estimated tokens of the call, input and output (0 when unknown):
+    /// charged to the key's `tokens` rate. At most 2^53.
+    pub tokens: u64,
+    /// Estimated input tokens (default `tokens`): charged to
+    /// `input_tokens`. At most 2^53.
+    #[serde(default)]
+    pub input_tokens: Option<u64>,
+    /// Estimated output tokens (default 0): charged to `output_tokens`. At
+    /// most 2^53.
+    #[serde(default)]
+    pub output_tokens: Option<u64>,
+    /// What is left of the call's one deadline, ms: the permit's wait must
+    /// fit it as well as the key's `max_wait_ms` (policy `block`).
+    #[serde(default)]
+    pub max_wait_ms: Option<u64>,
+    /// `true`: the server waits before answering (`wait_ms` is then 0).
+    #[serde(default)]
+    pub wait: bool,
+}
+
+/// The answer to a provider permit.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PermitResponse {
+    /// Wait this long before calling the provider, ms (0 when `wait` was
+    /// true: the server already waited).
+    pub wait_ms: u64,
+    /// The provider key's effective rate (AIMD), permille of the configured
+    /// rate.
+    pub effective_permille: u32,
+}
+
+/// `POST /v1/providers/{provider}/feedback`: the provider's answer to a
+/// call.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct FeedbackBody {
+    /// The model called.
+    pub model: String,
+    /// The provider's HTTP status (100 ..= 599).
+    pub status: u64,
+    /// The provider's response headers, name → value (names in any case;
+    /// `{}` when there are none). Rate-limit and `Retry-After` headers are
+    /// read.
+    pub headers: BTreeMap<String, String>,
+    /// The provider's response body, if the client has it (error bodies are
+    /// read for quota, billing and retry details).
+    #[serde(default)]
+    pub body: Option<String>,
+}
+
+/// What the provider's answer said and changed.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FeedbackResponse {
+    /// `success`, `throttled` (a per-minute 429), `exhausted` (per-day or
+    /// billing: permits now fail with 403 `provider_exhausted`),
+    /// `server_error` (retry with backoff) or `client_error` (do not retry).
+    pub class: &'static str,
+    /// Whether the same call may be retried (`throttled`, `server_error`).
+    pub retryable: bool,
+    /// The provider's retry hint, ms, if it gave one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+    /// The provider key's cooldown end (ms, the server's clock), when this
+    /// answer set or extended it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cooldown_until_ms: Option<u64>,
+    /// The effective rate after this answer, permille, when it changed it
+    /// (a 429).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub effective_permille: Option<u32>,
+    /// For `exhausted`: the cause and the provider's message.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// A successful answer, and the limit that would have refused it had its
+/// plan not been in shadow mode (HTTP: the `x-tollgate-shadow-denied`
+/// header; gRPC: the same response metadata).
+#[derive(Debug)]
+pub struct Shadowed<T> {
+    /// The answer.
+    pub value: T,
+    /// The limit shadow mode overrode, if any.
+    pub shadow_denied: Option<Limit>,
+}
+
+/// A request's place under the replica's in-flight cap (SPEC §1), shared by
+/// HTTP and gRPC: taken with [`enter`], freed when dropped. It keeps
+/// `tollgate_requests_in_flight` current.
+#[must_use = "the place is freed as soon as this is dropped"]
+#[clippy::has_significant_drop]
+pub struct InFlight<'a, S: Store + Clone> {
+    app: &'a App<S>,
+    _permit: ReplicaPermit,
+}
+
+/// Takes a place under the replica's in-flight cap, or refuses with
+/// [`ApiError::Overloaded`] at once (never waits).
+///
+/// # Errors
+///
+/// [`ApiError::Overloaded`]: the replica is at its cap.
+pub fn enter<S: Store + Clone>(app: &App<S>) -> Result<InFlight<'_, S>, ApiError> {
+    let permit = app.gate().try_acquire().map_err(|_| ApiError::Overloaded)?;
+    app.metrics()
+        .requests_in_flight
+        .set(app.gate().in_flight() as i64);
+    Ok(InFlight {
+        app,
+        _permit: permit,
+    })
+}
+
+impl<S: Store + Clone> Drop for InFlight<'_, S> {
+    fn drop(&mut self) {
+        // The permit is still held here (fields drop after this body).
+        self.app
+            .metrics()
+            .requests_in_flight
+            .set(self.app.gate().in_flight().saturating_sub(1) as i64);
+    }
+}
+
+/// The verified user of a request with `headers` (HTTP headers, or gRPC
+/// metadata as headers): `authorization: Bearer <JWT>`, or the trusted
+/// header when that mode is on.
+///
+/// # Errors
+///
+/// [`ApiError::Unauthorized`]: no verified identity.
+pub fn verify_user<S: Store + Clone>(
+    app: &App<S>,
+    headers: &axum::http::HeaderMap,
+) -> Result<String, ApiError> {
+    app.verifier()
+        .verify(headers)
+        .map_err(|e| ApiError::Unauthorized(e.message()))
+}
+
+/// Checks an id: non-empty, at most [`MAX_ID`] bytes, no control
+/// characters.
+///
+/// # Errors
+///
+/// [`ApiError::Invalid`] naming `field`.
+pub fn check_id(field: &str, v: &str) -> Result<(), ApiError> {
+    if v.is_empty() {
+        return Err(ApiError::invalid(field, "must not be empty"));
+    }
+    if v.len() > MAX_ID {
+        return Err(ApiError::invalid(
+            field,
+            format!("must be at most {MAX_ID} bytes"),
+        ));
+    }
+    if v.chars().any(char::is_control) {
+        return Err(ApiError::invalid(
+            field,
+            "must not contain control characters",
+        ));
+    }
+    Ok(())
+}
+
+fn session_key(user: &str, session: &str) -> String {
+    // Namespaced by the verified user, unambiguously (length prefix).
+    format!("{}:{user}/{session}", user.len())
+}
+
+fn tokens(field: &str, v: u64) -> Result<u64, ApiError> {
+    if v > MAX_TOKENS {
+        return Err(ApiError::invalid(
+            field,
+            format!("must be at most {MAX_TOKENS}"),
+        ));
+    }
+    Ok(v)
+}
+
+fn optional_tokens(field: &str, v: Option<u64>) -> Result<Option<u64>, ApiError> {
+    v.map(|v| tokens(field, v)).transpose()
+}
+
+fn session_ttl(field: &str, v: u64) -> Result<u64, ApiError> {
+    if v == 0 || v > MAX_SESSION_TTL_MS {
+        return Err(ApiError::invalid(
+            field,
+            format!("must be between 1 and {MAX_SESSION_TTL_MS} ms"),
+        ));
+    }
+    Ok(v)
+}
+
+/// Longest reservation id: `<call>.<invocation_id>`, a u64 (at most 20
+/// digits), a dot and an id of at most [`MAX_ID`] bytes.
+const MAX_RESERVATION_ID: usize = MAX_ID + 21;
+
+fn reservation(v: &str) -> Result<ReservationId, ApiError> {
+    if v.len() > MAX_RESERVATION_ID {
+        return Err(ApiError::invalid(
+            "reservation_id",
+            format!("must be at most {MAX_RESERVATION_ID} bytes"),
+        ));
+    }
+    let id: ReservationId =
+        v.parse()
+            .map_err(|e: tollgate_core::store::MalformedReservationId| {
+                ApiError::invalid("reservation_id", e.to_string())
+            })?;
+    check_id("reservation_id", &id.invocation_id)?;
+    Ok(id)
+}
+
+/// Counts a decision: by operation, refusing limit, outcome and plan (never
+/// the user), and logs refusals with the user id (logs may carry it).
+fn observe<S: Store + Clone, T: tollgate_core::decision::Waited>(
+    app: &App<S>,
+    op: &'static str,
+    user: &str,
+    decision: &Decision<T>,
+) {
+    let plan = app
+        .limiter()
+        .plan_for(user)
+        .map(|p| p.name.to_string())
+        .unwrap_or_default();
+    let denial = decision.denial();
+    let labels = DecisionLabels {
+        op,
+        limit: denial.map_or("none", |d| d.limit().as_str()),
+        outcome: decision.outcome().as_str(),
+        plan,
+    };
+    app.metrics().decisions.get_or_create(&labels).inc();
+    if let Some(d) = denial {
+        tracing::info!(user, op, outcome = labels.outcome, limit = labels.limit, plan = %labels.plan, "{d}");
+    }
+}
+
+/// Admits a turn of run `req.invocation_id` for `user` (turn rate and
+/// concurrency, SPEC §3), holding the session lease of `req.session_id`
+/// for it when one is named (released again if the turn is refused).
+///
+/// # Errors
+///
+/// `turn_rate` / `concurrency` ([`ApiError::Denied`]), `session_busy`,
+/// invalid input, a store fault.
+pub async fn admit_run<S: Store + Clone>(
+    app: &App<S>,
+    user: &str,
+    req: AdmitRequest,
+) -> Result<Shadowed<AdmitResponse>, ApiError> {
+    check_id("invocation_id", &req.invocation_id)?;
+    let session = match &req.session_id {
+        Some(sid) => {
+            check_id("session_id", sid)?;
+            let ttl = session_ttl(
+                "session_ttl_ms",
+                req.session_ttl_ms.unwrap_or(DEFAULT_SESSION_TTL_MS),
+            )?;
+            let key = session_key(user, sid);
+            match app
+                .store()
+                .session_acquire(&key, &req.invocation_id, ttl)
+                .await?
+            {
+                SessionAcquire::Acquired(g) => Some((key, g)),
+                SessionAcquire::Busy { retry_after_ms } => {
+                    return Err(ApiError::SessionBusy { retry_after_ms });
+                }
+            }
+        }
+        None => None,
+    };
+    let holder = req.invocation_id.as_str();
+    let release_session = |key: String| async move {
+        if let Err(e) = app.store().session_release(&key, holder).await {
+            tracing::warn!(error = %e, "session lease not released after a denied turn");
+        }
+    };
+    let decision = match app.limiter().admit_turn(user, &req.invocation_id).await {
+        Ok(d) => d,
+        Err(e) => {
+            if let Some((key, _)) = session {
+                release_session(key).await;
+            }
+            return Err(e.into());
+        }
+    };
+    observe(app, "admit", user, &decision);
+    match decision {
+        Decision::Allowed {
+            grant,
+            shadow_denied,
+        } => {
+            if !grant.refreshed && shadow_denied.is_none() {
+                app.metrics().turn_started();
+            }
+            app.metrics()
+                .sync_reclaimed(app.limiter().reclaimed_leases());
+            Ok(Shadowed {
+                value: AdmitResponse {
+                    lease_expires_at_ms: grant.expires_at_ms,
+                    session: session.map(|(_, g)| SessionLeaseBody {
+                        fence: g.fence,
+                        expires_at_ms: g.expires_at_ms,
+                    }),
+                },
+                shadow_denied: shadow_denied.map(|d| d.limit()),
+            })
+        }
+        Decision::Denied(d) => {
+            if let Some((key, _)) = session {
+                release_session(key).await;
+            }
+            Err(ApiError::Denied(d))
+        }
+    }
+}
+
+/// Releases run `invocation_id` of `user` (idempotent: `released` is
+/// `false` when it held nothing), and the session lease of `session_id`
+/// the run holds, if named.
+///
+/// # Errors
+///
+/// Invalid input, a store fault.
+pub async fn release_run<S: Store + Clone>(
+    app: &App<S>,
+    user: &str,
+    invocation_id: &str,
+    session_id: Option<&str>,
+) -> Result<ReleasedResponse, ApiError> {
+    // Validate everything before acting: bad input must change nothing.
+    check_id("invocation_id", invocation_id)?;
+    if let Some(sid) = session_id {
+        check_id("session_id", sid)?;
+    }
+    let released = app.limiter().release_run(user, invocation_id).await?;
+    if released {
+        app.metrics().turn_ended();
+    }
+    if let Some(sid) = session_id {
+        app.store()
+            .session_release(&session_key(user, sid), invocation_id)
+            .await?;
+    }
+    Ok(ReleasedResponse { released })
+}
+
+/// Renews the run lease of `invocation_id`.
+///
+/// # Errors
+///
+/// `lease_lost`, invalid input, a store fault.
+pub async fn renew_run<S: Store + Clone>(
+    app: &App<S>,
+    user: &str,
+    invocation_id: &str,
+) -> Result<RenewResponse, ApiError> {
+    check_id("invocation_id", invocation_id)?;
+    match app.limiter().renew_run(user, invocation_id).await? {
+        Some(exp) => Ok(RenewResponse {
+            lease_expires_at_ms: exp,
+        }),
+        None => Err(ApiError::LeaseLost),
+    }
+}
+
+/// Reserves `req.estimate` tokens for a model call of run
+/// `req.invocation_id` (SPEC §2), waiting server-side first when
+/// `req.wait`. If this future is dropped while it waits (the client went
+/// away), the limiter refunds the reservation.
+///
+/// # Errors
+///
+/// `token_rate`, `max_llm_calls` ([`ApiError::Denied`]),
+/// `exceeds_capacity`, invalid input, a store fault.
+pub async fn reserve_tokens<S: Store + Clone>(
+    app: &App<S>,
+    user: &str,
+    req: ReserveRequest,
+) -> Result<Shadowed<ReserveResponse>, ApiError> {
+    check_id("invocation_id", &req.invocation_id)?;
+    let estimate = tokens("estimate", req.estimate)?;
+    let decision = if req.wait {
+        app.limiter()
+            .reserve_tokens_and_wait(user, &req.invocation_id, estimate)
+            .await?
+    } else {
+        app.limiter()
+            .reserve_tokens(user, &req.invocation_id, estimate)
+            .await?
+    };
+    observe(app, "reserve", user, &decision);
+    match decision {
+        Decision::Allowed {
+            grant,
+            shadow_denied,
+        } => {
+            let waited = grant.wait_ms + grant.waited_ms;
+            app.metrics().wait.observe(waited as f64 / 1_000.0);
+            Ok(Shadowed {
+                value: ReserveResponse {
+                    reservation_id: grant.id.to_string(),
+                    wait_ms: grant.wait_ms,
+                },
+                shadow_denied: shadow_denied.map(|d| d.limit()),
+            })
+        }
+        Decision::Denied(d) => Err(ApiError::Denied(d)),
+    }
+}
+
+/// Settles a reservation at the tokens the call really used (a repeat
+/// changes nothing).
+///
+/// # Errors
+///
+/// `unknown_reservation`, invalid input, a store fault.
+pub async fn settle<S: Store + Clone>(
+    app: &App<S>,
+    user: &str,
+    req: SettleRequest,
+) -> Result<BalanceResponse, ApiError> {
+    let id = reservation(&req.reservation_id)?;
+    let actual = tokens("actual", req.actual)?;
+    let s = app.limiter().settle(user, &id, actual).await?;
+    Ok(BalanceResponse { balance: s.balance })
+}
+
+/// Refunds a reservation whose call never happened (a repeat changes
+/// nothing).
+///
+/// # Errors
+///
+/// `unknown_reservation`, invalid input, a store fault.
+pub async fn refund<S: Store + Clone>(
+    app: &App<S>,
+    user: &str,
+    req: RefundRequest,
+) -> Result<BalanceResponse, ApiError> {
+    let id = reservation(&req.reservation_id)?;
+    let s = app.limiter().refund(user, &id).await?;
+    Ok(BalanceResponse { balance: s.balance })
+}
+
+/// Acquires the session lease of `session_id` for `req.holder` (SPEC §4),
+/// with a new fence.
+///
+/// # Errors
+///
+/// `session_busy` (with the holder's remaining TTL), invalid input, a
+/// store fault (session leases always fail closed).
+pub async fn acquire_session_lease<S: Store + Clone>(
+    app: &App<S>,
+    user: &str,
+    session_id: &str,
+    req: SessionLeaseRequest,
+) -> Result<SessionLeaseBody, ApiError> {
+    check_id("session_id", session_id)?;
+    check_id("holder", &req.holder)?;
+    let ttl = session_ttl("ttl_ms", req.ttl_ms)?;
+    match app
+        .store()
+        .session_acquire(&session_key(user, session_id), &req.holder, ttl)
+        .await?
+    {
+        SessionAcquire::Acquired(g) => Ok(SessionLeaseBody {
+            fence: g.fence,
+            expires_at_ms: g.expires_at_ms,
+        }),
+        SessionAcquire::Busy { retry_after_ms } => Err(ApiError::SessionBusy { retry_after_ms }),
+    }
+}
+
+/// Renews the session lease of `session_id` that `req.holder` holds.
+///
+/// # Errors
+///
+/// `not_holder`, invalid input, a store fault.
+pub async fn renew_session_lease<S: Store + Clone>(
+    app: &App<S>,
+    user: &str,
+    session_id: &str,
+    req: SessionLeaseRequest,
+) -> Result<SessionLeaseBody, ApiError> {
+    check_id("session_id", session_id)?;
+    check_id("holder", &req.holder)?;
+    let ttl = session_ttl("ttl_ms", req.ttl_ms)?;
+    match app
+        .store()
+        .session_renew(&session_key(user, session_id), &req.holder, ttl)
+        .await?
+    {
+        Some(g) => Ok(SessionLeaseBody {
+            fence: g.fence,
+            expires_at_ms: g.expires_at_ms,
+        }),
+        None => Err(ApiError::NotHolder),
+    }
+}
+
+/// Releases the session lease of `session_id` that `holder` holds.
+///
+/// # Errors
+///
+/// `not_holder`, invalid input, a store fault.
+pub async fn release_session_lease<S: Store + Clone>(
+    app: &App<S>,
+    user: &str,
+    session_id: &str,
+    holder: &str,
+) -> Result<ReleasedResponse, ApiError> {
+    check_id("session_id", session_id)?;
+    check_id("holder", holder)?;
+    if app
+        .store()
+        .session_release(&session_key(user, session_id), holder)
+        .await?
+    {
+        Ok(ReleasedResponse { released: true })
+    } else {
+        Err(ApiError::NotHolder)
+    }
+}
+
+/// Checks that `req.fence` is the latest fence of `session_id` (before a
+/// fenced write).
+///
+/// # Errors
+///
+/// `stale_fence` (with the latest fence), invalid input, a store fault.
+pub async fn check_fence<S: Store + Clone>(
+    app: &App<S>,
+    user: &str,
+    session_id: &str,
+    req: FenceRequest,
+) -> Result<FenceResponse, ApiError> {
+    check_id("session_id", session_id)?;
+    let check = app
+        .store()
+        .fence_check(&session_key(user, session_id), req.fence)
+        .await?;
+    if check.current {
+        Ok(FenceResponse { current: true })
+    } else {
+        app.metrics().fence_rejected.inc();
+        Err(ApiError::StaleFence {
+            latest: check.latest,
+        })
+    }
+}
+
+/// Asks for a permit to call `provider` (SPEC §5), waiting server-side
+/// first when `req.wait`.
+///
+/// # Errors
+///
+/// `provider_rate` / `provider_cooldown` ([`ApiError::ProviderDenied`]),
+/// `exceeds_capacity`, `provider_exhausted`, `unknown_provider`, invalid
+/// input, a store fault.
+pub async fn provider_permit<S: Store + Clone>(
+    app: &App<S>,
+    user: &str,
+    provider: &str,
+    req: PermitBody,
+) -> Result<PermitResponse, ApiError> {
+    check_id("provider", provider)?;
+    check_id("model", &req.model)?;
+    if let Some(t) = &req.tenant {
+        check_id("tenant", t)?;
+    }
+    let permit = PermitRequest {
+        provider,
+        model: &req.model,
+        tenant: req.tenant.as_deref(),
+        tokens: tokens("tokens", req.tokens)?,
+        input_tokens: optional_tokens("input_tokens", req.input_tokens)?,
+        output_tokens: optional_tokens("output_tokens", req.output_tokens)?,
+        max_wait_ms: req.max_wait_ms,
+    };
+    let governor = app.providers();
+    let clock = governor.clock();
+    let decision = match governor.permit(permit).await {
+        Ok(d) => d,
+        Err(e) => {
+            let err = ApiError::from_provider(e, clock.now_ms());
+            if let ApiError::ProviderExhausted { reason, .. } = &err {
+                // A configured key (exhaustion is only recorded for those).
+                app.metrics()
+                    .provider_permit(provider, &req.model, "refused");
+                tracing::info!(
+                    user,
+                    provider,
+                    model = req.model,
+                    reason,
+                    "provider permit refused: quota exhausted"
+                );
+            }
+            return Err(err);
+        }
+    };
+    match decision {
+        Decision::Allowed { grant, .. } => {
+            let outcome = if grant.wait_ms > 0 {
+                "waited"
+            } else {
+                "granted"
+            };
+            app.metrics().provider_permit(provider, &req.model, outcome);
+            app.metrics()
+                .provider_rate(provider, &req.model, grant.effective_permille);
+            let wait_ms = if req.wait && grant.wait_ms > 0 {
+                // A client that disconnects drops this future: the wait is
+                // abandoned, and the permit (a provider call that never
+                // happens) stays charged: nothing to refund.
+                let deadline = clock.now_ms().saturating_add(grant.wait_ms);
+                clock.sleep_until(deadline).await;
+                0
+            } else {
+                grant.wait_ms
+            };
+            Ok(PermitResponse {
+                wait_ms,
+                effective_permille: grant.effective_permille,
+            })
+        }
+        Decision::Denied(d) => {
+            app.metrics()
+                .provider_permit(provider, &req.model, "refused");
+            tracing::info!(
+                user,
+                provider,
+                model = req.model,
+                limit = crate::outcome::provider_limit_code(d.limit()),
+                "provider permit refused: {d}"
+            );
+            Err(ApiError::ProviderDenied(d))
+        }
+    }
+}
+
+/// Reports the provider's answer to a call: a 429 extends the provider
+/// key's cooldown and lowers its effective rate; a per-day or billing
+/// exhaustion makes permits fail fast.
+///
+/// # Errors
+///
+/// `unknown_provider`, invalid input, a store fault.
+pub async fn provider_feedback<S: Store + Clone>(
+    app: &App<S>,
+    user: &str,
+    provider: &str,
+    req: FeedbackBody,
+) -> Result<FeedbackResponse, ApiError> {
+    check_id("provider", provider)?;
+    check_id("model", &req.model)?;
+    let status = match u16::try_from(req.status) {
+        Ok(s) if (100..=599).contains(&s) => s,
+        _ => {
+            return Err(ApiError::invalid(
+                "status",
+                "must be an HTTP status, 100 to 599",
+            ));
+        }
+    };
+    let headers: Vec<(&str, &str)> = req
+        .headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let governor = app.providers();
+    let out = governor
+        .feedback(provider, &req.model, status, &headers, req.body.as_deref())
+        .await
+        .map_err(|e| ApiError::from_provider(e, governor.clock().now_ms()))?;
+    let class = out.feedback.class();
+    app.metrics().provider_response(provider, &req.model, class);
+    if let Some(p) = out.effective_permille {
+        app.metrics().provider_rate(provider, &req.model, p);
+    }
+    let reason = match &out.feedback {
+        Feedback::Exhausted { reason } => Some(reason.clone()),
+        _ => None,
+    };
+    if class != "success" {
+        tracing::info!(
+            user,
+            provider,
+            model = req.model,
+            status,
+            class,
+            cooldown_until_ms = out.cooldown_until_ms,
+            "provider answer reported"
+        );
+    }
+    Ok(FeedbackResponse {
+        class,
+        retryable: out.feedback.is_retryable(),
+        retry_after_ms: out.feedback.retry_after_ms(),
+        cooldown_until_ms: out.cooldown_until_ms,
+        effective_permille: out.effective_permille,
+        reason,
+    })
+}

@@ -1,0 +1,719 @@
+//! Envoy's rate-limit service (`envoy.service.ratelimit.v3`) over a real
+//! socket: each test serves [`RlsService`] with tonic on `127.0.0.1:0` and
+//! asks it with the generated `RateLimitServiceClient`, over a
+//! [`MemoryStore`] on a [`FakeClock`] at [`T0`] (and a real `redis-server`
+//! that the outage tests stop).
+//!
+//! Covered: `user_id` → the user's turn bucket with SPEC §7 example 1 to the
+//! number (and the budget shared with turn admission); `hits_addend` as the
+//! cost (request and descriptor level, 0, past the burst); generic
+//! descriptors → named buckets with their own rates, value-specific rules
+//! first; a descriptor of several entries; several descriptors with one
+//! over the limit; unmatched descriptors and other domains → OK; the
+//! `x-ratelimit-*` and `retry-after` headers; shadow mode (`[rls]` and a
+//! plan's) → OK while counting, nothing taken; swapping rules (reload); an
+//! unknown user; too many descriptors; a store outage → UNAVAILABLE under
+//! fail_closed (and local decisions under fail_open), and recovery.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt64Value};
+use serde::Deserialize;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tollgate_core::{FakeClock, MemoryStore, Store};
+use tollgate_redis::{Failover, FailurePolicy, RedisConfig, RedisStore};
+use tollgate_server::App;
+use tollgate_server::config::Config;
+use tollgate_server::grpc::rls::RlsService;
+use tollgate_server::rls::{RlsConfig, RlsRules, validate_rls};
+use tollgate_testkit::T0;
+use tollgate_testkit::redis::{RedisServer, unique_prefix, wait_until};
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Channel, Server};
+
+// ---------------------------------------------------------------------------
+// Helpers
+
+/// SPEC §7 plan "support" for everyone; user `trial` is on a plan in shadow
+/// mode with a burst of 2.
+const PLANS: &str = r#"
+listen = "127.0.0.1:0"
+default_plan = "support"
+
+[identity]
+mode = "dev"
+
+[plans.support]
+turns = { amount = 20, period_ms = 60000, burst = 5 }
+tokens = { amount = 60000, period_ms = 60000, burst = 60000 }
+concurrent_runs = 2
+max_wait_ms = 2000
+
+[plans.trial]
+turns = { amount = 20, period_ms = 60000, burst = 2 }
+tokens = { amount = 60000, period_ms = 60000, burst = 60000 }
+concurrent_runs = 2
+shadow = true
+
+[users]
+trial = "trial"
+"#;
+
+const RULES: &str = r#"
+[rls]
+domain = "agents"
+
+[[rls.descriptors]]
+key = "user_id"
+limit = "user_turns"
+
+[[rls.descriptors]]
+key = "generic_key"
+value = "search"
+rate = { amount = 2, period_ms = 1000, burst = 4 }
+name = "search"
+
+[[rls.descriptors]]
+key = "generic_key"
+rate = { amount = 1, period_ms = 1000, burst = 1 }
+
+[[rls.descriptors]]
+key = "user_id"
+with = { generic_key = "chat" }
+rate = { amount = 30, period_ms = 60000, burst = 3 }
+"#;
+
+fn rules(text: &str) -> RlsRules {
+    #[derive(Deserialize)]
+    struct File {
+        rls: RlsConfig,
+    }
+    let file: File = toml::from_str(text).expect("rls toml");
+    validate_rls(&file.rls).expect("valid rls rules")
+}
+
+/// A running rate-limit service and a client of it.
+struct Rls<S: Store + Clone> {
+    client: RateLimitServiceClient<Channel>,
+    app: App<S>,
+    service: RlsService<S>,
+    clock: FakeClock,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl<S: Store + Clone> Rls<S> {
+    async fn start(store: S, clock: FakeClock, plans: &str, rls: &str) -> Self {
+        let config = Config::parse(plans, "the test config", Path::new(".")).expect("config");
+        let app = tollgate_server::app(&config, store, Arc::new(clock.clone())).expect("app");
+        let service = RlsService::new(app.clone(), rules(rls));
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let server = Server::builder()
+            .add_service(RateLimitServiceServer::new(service.clone()))
+            .serve_with_incoming_shutdown(TcpIncoming::from(listener), async {
+                let _ = stopped.await;
+            });
+        let task = tokio::spawn(async move { server.await.expect("serve") });
+        let client = RateLimitServiceClient::connect(format!("http://{addr}"))
+            .await
+            .expect("connect");
+        Self {
+            client,
+            app,
+            service,
+            clock,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    async fn ask(
+        &mut self,
+        domain: &str,
+        descriptors: Vec<RateLimitDescriptor>,
+        hits_addend: u32,
+    ) -> Result<RateLimitResponse, tonic::Status> {
+        self.client
+            .should_rate_limit(RateLimitRequest {
+                domain: domain.to_owned(),
+                descriptors,
+                hits_addend,
+            })
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    /// Asks for one descriptor in domain `agents`.
+    async fn one(&mut self, entries: &[(&str, &str)], hits_addend: u32) -> RateLimitResponse {
+        self.ask("agents", vec![desc(entries)], hits_addend)
+            .await
+            .expect("answer")
+    }
+
+    /// `tollgate_decisions_total` of `op="rls"` with these labels.
+    fn decisions(&self, limit: &str, outcome: &str, plan: &str) -> u64 {
+        let want = format!(
+            "tollgate_decisions_total{{op=\"rls\",limit=\"{limit}\",outcome=\"{outcome}\",plan=\"{plan}\"}} "
+        );
+        metric(&self.app.metrics().encode(), &want)
+    }
+
+    async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
+    }
+}
+
+fn metric(text: &str, prefix: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .map_or(0, |v| v.trim().parse().expect("a counter"))
+}
+
+fn desc(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).to_owned(),
+                value: (*v).to_owned(),
+            })
+            .collect(),
+        ..RateLimitDescriptor::default()
+    }
+}
+
+fn desc_hits(entries: &[(&str, &str)], hits: u64) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        hits_addend: Some(UInt64Value { value: hits }),
+        ..desc(entries)
+    }
+}
+
+fn memory() -> (MemoryStore, FakeClock) {
+    let clock = FakeClock::new(T0);
+    (MemoryStore::new(clock.clone()), clock)
+}
+
+fn ms(ms: u64) -> Option<PbDuration> {
+    Some(PbDuration {
+        seconds: (ms / 1_000) as i64,
+        nanos: ((ms % 1_000) * 1_000_000) as i32,
+    })
+}
+
+fn limit(requests_per_unit: u32, unit: Unit, name: &str) -> Option<RateLimit> {
+    Some(RateLimit {
+        name: name.to_owned(),
+        requests_per_unit,
+        unit: unit as i32,
+    })
+}
+
+fn status(
+    code: Code,
+    current_limit: Option<RateLimit>,
+    limit_remaining: u32,
+    reset: Option<PbDuration>,
+) -> DescriptorStatus {
+    DescriptorStatus {
+        code: code as i32,
+        current_limit,
+        limit_remaining,
+        duration_until_reset: reset,
+        quota: None,
+    }
+}
+
+/// The user-turns limit of plan "support": 20 per MINUTE.
+fn turns() -> Option<RateLimit> {
+    limit(20, Unit::Minute, "user_id")
+}
+
+fn headers(r: &RateLimitResponse) -> Vec<(String, String)> {
+    r.response_headers_to_add
+        .iter()
+        .map(|h| (h.key.clone(), h.value.clone()))
+        .collect()
+}
+
+fn h(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+fn code(r: &RateLimitResponse) -> Code {
+    Code::try_from(r.overall_code).expect("a known code")
+}
+
+// ---------------------------------------------------------------------------
+// The user's turn bucket
+
+/// SPEC §7 example 1 through Envoy: 5 allowed at t = 0, the 6th to 10th at
+/// t = 1,000 OVER_LIMIT with 2 s until the same hit fits (`retry-after: 2`),
+/// allowed again at t = 3,000; the budget is the one turn admission uses.
+#[tokio::test]
+async fn user_id_draws_on_the_turn_bucket_spec_example_1() {
+    let (store, clock) = memory();
+    let mut rls = Rls::start(store, clock, PLANS, RULES).await;
+    for i in 1..=5u32 {
+        let r = rls.one(&[("user_id", "u1")], 0).await;
+        assert_eq!(code(&r), Code::Ok, "turn {i}");
+        // Each turn is refilled in 3,000 ms (20 per minute).
+        let left = 5 - i;
+        assert_eq!(
+            r.statuses,
+            [status(Code::Ok, turns(), left, ms(3_000 * u64::from(i)))]
+        );
+        assert_eq!(
+            headers(&r),
+            h(&[
+                ("x-ratelimit-limit", "20, 20;w=60;name=\"user_id\""),
+                ("x-ratelimit-remaining", &left.to_string()),
+                ("x-ratelimit-reset", &(3 * i).to_string()),
+            ])
+        );
+    }
+    rls.clock.advance(1_000);
+    for i in 6..=10 {
+        let r = rls.one(&[("user_id", "u1")], 0).await;
+        assert_eq!(code(&r), Code::OverLimit, "turn {i}");
+        assert_eq!(r.statuses, [status(Code::OverLimit, turns(), 0, ms(2_000))]);
+        assert_eq!(
+            headers(&r),
+            h(&[
+                ("x-ratelimit-limit", "20, 20;w=60;name=\"user_id\""),
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset", "2"),
+                ("retry-after", "2"),
+            ])
+        );
+    }
+    // Turn admission sees the same bucket: refused with the same hint.
+    let d = rls.app.limiter().admit_turn("u1", "run-1").await.unwrap();
+    assert_eq!(d.denial().and_then(|d| d.retry_after_ms()), Some(2_000));
+    rls.clock.advance(2_000);
+    assert_eq!(code(&rls.one(&[("user_id", "u1")], 0).await), Code::Ok);
+
+    // And the other way round: two admitted turns leave 3, Envoy takes one.
+    let l = rls.app.limiter();
+    for inv in ["a", "b"] {
+        assert!(l.admit_turn("u2", inv).await.unwrap().is_allowed());
+    }
+    let r = rls.one(&[("user_id", "u2")], 0).await;
+    assert_eq!(r.statuses[0].limit_remaining, 2);
+    assert_eq!(rls.decisions("turn_rate", "allowed", "support"), 7);
+    assert_eq!(rls.decisions("turn_rate", "denied", "support"), 5);
+    rls.stop().await;
+}
+
+/// `hits_addend` is the cost: the request's (0 means 1), overridden by a
+/// descriptor's (where 0 takes nothing); past the burst it can never fit.
+#[tokio::test]
+async fn hits_addend_is_the_cost() {
+    let (store, clock) = memory();
+    let mut rls = Rls::start(store, clock, PLANS, RULES).await;
+    let r = rls.one(&[("user_id", "u1")], 3).await;
+    assert_eq!(r.statuses, [status(Code::Ok, turns(), 2, ms(9_000))]);
+    // 3 more need one more turn, refilled in 3,000 ms; nothing is taken.
+    let r = rls.one(&[("user_id", "u1")], 3).await;
+    assert_eq!(r.statuses, [status(Code::OverLimit, turns(), 0, ms(3_000))]);
+    assert!(headers(&r).contains(&("retry-after".to_owned(), "3".to_owned())));
+    // A descriptor's own hits_addend wins over the request's.
+    let r = rls
+        .ask("agents", vec![desc_hits(&[("user_id", "u1")], 2)], 3)
+        .await
+        .unwrap();
+    assert_eq!(r.statuses, [status(Code::Ok, turns(), 0, ms(15_000))]);
+    // 0 on a descriptor reports the bucket and takes nothing.
+    let r = rls
+        .ask("agents", vec![desc_hits(&[("user_id", "u1")], 0)], 0)
+        .await
+        .unwrap();
+    assert_eq!(r.statuses, [status(Code::Ok, turns(), 0, ms(15_000))]);
+    // So does a refund request (is_negative_hits): tollgate gives back only
+    // through settle and refund.
+    let refund = RateLimitDescriptor {
+        is_negative_hits: true,
+        ..desc_hits(&[("user_id", "u1")], 2)
+    };
+    let r = rls.ask("agents", vec![refund], 0).await.unwrap();
+    assert_eq!(r.statuses, [status(Code::Ok, turns(), 0, ms(15_000))]);
+    // More than the burst of 5: never grantable, no hint.
+    let r = rls.one(&[("user_id", "u2")], 6).await;
+    assert_eq!(r.statuses, [status(Code::OverLimit, turns(), 0, None)]);
+    assert!(!headers(&r).iter().any(|(k, _)| k == "retry-after"));
+    assert_eq!(code(&rls.one(&[("user_id", "u2")], 5).await), Code::Ok);
+    rls.stop().await;
+}
+
+// ---------------------------------------------------------------------------
+// Named buckets
+
+/// Generic descriptors go to named buckets with their own rates, one per
+/// value; a value-specific rule comes before the rule for every value.
+#[tokio::test]
+async fn generic_descriptors_use_named_buckets_with_their_own_rates() {
+    let (store, clock) = memory();
+    let mut rls = Rls::start(store, clock, PLANS, RULES).await;
+    let search = || limit(2, Unit::Second, "search");
+    // search: 2 per second, burst 4; each refilled in 500 ms.
+    for left in (0..4u32).rev() {
+        let r = rls.one(&[("generic_key", "search")], 0).await;
+        assert_eq!(
+            r.statuses,
+            [status(
+                Code::Ok,
+                search(),
+                left,
+                ms(500 * u64::from(4 - left))
+            )]
+        );
+    }
+    let r = rls.one(&[("generic_key", "search")], 0).await;
+    assert_eq!(r.statuses, [status(Code::OverLimit, search(), 0, ms(500))]);
+    assert_eq!(
+        headers(&r),
+        h(&[
+            ("x-ratelimit-limit", "2, 2;w=1;name=\"search\""),
+            ("x-ratelimit-remaining", "0"),
+            ("x-ratelimit-reset", "1"),
+            ("retry-after", "1"),
+        ])
+    );
+    // Every other value: its own bucket of 1 per second, burst 1.
+    let other = || limit(1, Unit::Second, "generic_key");
+    let r = rls.one(&[("generic_key", "index")], 0).await;
+    assert_eq!(r.statuses, [status(Code::Ok, other(), 0, ms(1_000))]);
+    let r = rls.one(&[("generic_key", "index")], 0).await;
+    assert_eq!(r.statuses, [status(Code::OverLimit, other(), 0, ms(1_000))]);
+    let r = rls.one(&[("generic_key", "upload")], 0).await;
+    assert_eq!(r.statuses, [status(Code::Ok, other(), 0, ms(1_000))]);
+    // The user's turns were not touched.
+    let r = rls.one(&[("user_id", "u1")], 0).await;
+    assert_eq!(r.statuses, [status(Code::Ok, turns(), 4, ms(3_000))]);
+    // 500 ms later search holds 1 again.
+    rls.clock.advance(500);
+    let r = rls.one(&[("generic_key", "search")], 0).await;
+    assert_eq!(r.statuses, [status(Code::Ok, search(), 0, ms(2_000))]);
+    assert_eq!(rls.decisions("bucket", "allowed", "search"), 5);
+    assert_eq!(rls.decisions("bucket", "denied", "search"), 1);
+    assert_eq!(rls.decisions("bucket", "denied", "generic_key"), 1);
+    rls.stop().await;
+}
+
+/// A descriptor of two entries matches the rule of exactly that shape, in
+/// any order, with its own bucket per user; it is not the user's turns.
+#[tokio::test]
+async fn descriptors_of_several_entries_match_whole() {
+    let (store, clock) = memory();
+    let mut rls = Rls::start(store, clock, PLANS, RULES).await;
+    let chat = || limit(30, Unit::Minute, "generic_key=chat,user_id");
+    for (i, entries) in [
+        [("generic_key", "chat"), ("user_id", "u1")],
+        [("user_id", "u1"), ("generic_key", "chat")],
+        [("generic_key", "chat"), ("user_id", "u1")],
+    ]
+    .iter()
+    .enumerate()
+    {
+        let r = rls.one(entries, 0).await;
+        let left = 2 - i as u32;
+        assert_eq!(
+            r.statuses,
+            [status(Code::Ok, chat(), left, ms(2_000 * (i as u64 + 1)))]
+        );
+    }
+    let r = rls
+        .one(&[("generic_key", "chat"), ("user_id", "u1")], 0)
+        .await;
+    assert_eq!(r.statuses, [status(Code::OverLimit, chat(), 0, ms(2_000))]);
+    // Another user has a bucket of their own; u1's turns are untouched.
+    let r = rls
+        .one(&[("generic_key", "chat"), ("user_id", "u2")], 0)
+        .await;
+    assert_eq!(code(&r), Code::Ok);
+    let r = rls.one(&[("user_id", "u1")], 0).await;
+    assert_eq!(r.statuses, [status(Code::Ok, turns(), 4, ms(3_000))]);
+    // Another shape (another value, an extra entry) matches no rule.
+    for entries in [
+        &[("generic_key", "mail"), ("user_id", "u1")][..],
+        &[("generic_key", "chat"), ("user_id", "u1"), ("x", "y")][..],
+    ] {
+        let r = rls.one(entries, 0).await;
+        assert_eq!(r.statuses, [status(Code::Ok, None, 0, None)]);
+    }
+    rls.stop().await;
+}
+
+/// Several descriptors: each is decided and reported on its own; one over
+/// the limit makes the answer OVER_LIMIT; the headers follow the one with
+/// the least remaining and list every limit.
+#[tokio::test]
+async fn one_descriptor_over_the_limit_refuses_the_request() {
+    let (store, clock) = memory();
+    let mut rls = Rls::start(store, clock, PLANS, RULES).await;
+    let other = || limit(1, Unit::Second, "generic_key");
+    assert_eq!(
+        code(&rls.one(&[("generic_key", "index")], 0).await),
+        Code::Ok
+    );
+    let r = rls
+        .ask(
+            "agents",
+            vec![
+                desc(&[("user_id", "u2")]),
+                desc(&[("generic_key", "index")]),
+                desc(&[("remote_address", "192.0.2.1")]),
+            ],
+            0,
+        )
+        .await
+        .unwrap();
+    assert_eq!(code(&r), Code::OverLimit);
+    assert_eq!(
+        r.statuses,
+        [
+            status(Code::Ok, turns(), 4, ms(3_000)),
+            status(Code::OverLimit, other(), 0, ms(1_000)),
+            status(Code::Ok, None, 0, None),
+        ]
+    );
+    assert_eq!(
+        headers(&r),
+        h(&[
+            (
+                "x-ratelimit-limit",
+                "1, 20;w=60;name=\"user_id\", 1;w=1;name=\"generic_key\""
+            ),
+            ("x-ratelimit-remaining", "0"),
+            ("x-ratelimit-reset", "1"),
+            ("retry-after", "1"),
+        ])
+    );
+    // The descriptor that granted was counted (as Envoy's reference
+    // service does): u2 has 4 turns left, then 3.
+    let r = rls.one(&[("user_id", "u2")], 0).await;
+    assert_eq!(r.statuses[0].limit_remaining, 3);
+    rls.stop().await;
+}
+
+/// Descriptors no rule matches, and requests for another domain, are OK with
+/// no limit and no headers, and charge nothing.
+#[tokio::test]
+async fn unmatched_descriptors_and_other_domains_are_ok() {
+    let (store, clock) = memory();
+    let mut rls = Rls::start(store, clock, PLANS, RULES).await;
+    let r = rls.one(&[("remote_address", "192.0.2.1")], 0).await;
+    assert_eq!(code(&r), Code::Ok);
+    assert_eq!(r.statuses, [status(Code::Ok, None, 0, None)]);
+    assert!(r.response_headers_to_add.is_empty());
+    for _ in 0..6 {
+        let r = rls
+            .ask("other", vec![desc(&[("user_id", "u1")])], 0)
+            .await
+            .unwrap();
+        assert_eq!(code(&r), Code::Ok);
+        assert_eq!(r.statuses, [status(Code::Ok, None, 0, None)]);
+    }
+    let r = rls.ask("agents", Vec::new(), 0).await.unwrap();
+    assert_eq!((code(&r), r.statuses.len()), (Code::Ok, 0));
+    // u1 still has a full bucket.
+    let r = rls.one(&[("user_id", "u1")], 0).await;
+    assert_eq!(r.statuses[0].limit_remaining, 4);
+    assert_eq!(rls.decisions("none", "allowed", "unmatched"), 7);
+    // Too many descriptors is a bad request, not a decision.
+    let many = (0..65).map(|_| desc(&[("a", "b")])).collect();
+    let e = rls.ask("agents", many, 0).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    rls.stop().await;
+}
+
+// ---------------------------------------------------------------------------
+// Shadow mode, reload, unknown users
+
+/// `[rls] shadow`: decided and counted as usual, a would-be refusal takes
+/// nothing and is counted shadow_denied, and Envoy is told OK with no
+/// headers. Swapping the rules (a reload) turns enforcement on.
+#[tokio::test]
+async fn shadow_mode_answers_ok_while_counting() {
+    let (store, clock) = memory();
+    let shadow = RULES.replace("domain = \"agents\"", "domain = \"agents\"\nshadow = true");
+    let mut rls = Rls::start(store, clock, PLANS, &shadow).await;
+    for _ in 0..5 {
+        assert_eq!(code(&rls.one(&[("user_id", "u1")], 0).await), Code::Ok);
+    }
+    for _ in 0..3 {
+        let r = rls.one(&[("user_id", "u1")], 0).await;
+        assert_eq!(code(&r), Code::Ok);
+        assert_eq!(r.statuses, [status(Code::Ok, turns(), 0, ms(3_000))]);
+        assert!(r.response_headers_to_add.is_empty());
+    }
+    assert_eq!(rls.decisions("turn_rate", "allowed", "support"), 5);
+    assert_eq!(rls.decisions("turn_rate", "shadow_denied", "support"), 3);
+    // Named buckets too.
+    assert_eq!(code(&rls.one(&[("generic_key", "x")], 0).await), Code::Ok);
+    assert_eq!(code(&rls.one(&[("generic_key", "x")], 0).await), Code::Ok);
+    assert_eq!(rls.decisions("bucket", "shadow_denied", "generic_key"), 1);
+
+    // Enforcing now (a reload through a handle): the shadow refusals took
+    // nothing, so after 3,000 ms exactly one turn is back.
+    rls.service.rules_handle().set(rules(RULES));
+    assert!(!rls.service.rules().shadow());
+    rls.clock.advance(3_000);
+    let r = rls.one(&[("user_id", "u1")], 0).await;
+    assert_eq!(r.statuses, [status(Code::Ok, turns(), 0, ms(15_000))]);
+    let r = rls.one(&[("user_id", "u1")], 0).await;
+    assert_eq!(code(&r), Code::OverLimit);
+    rls.stop().await;
+}
+
+/// A plan in shadow mode: its users' turns are answered OK while counted
+/// shadow_denied, and nothing is taken.
+#[tokio::test]
+async fn a_plan_in_shadow_mode_is_ok_while_counting() {
+    let (store, clock) = memory();
+    let mut rls = Rls::start(store, clock, PLANS, RULES).await;
+    let trial = || limit(20, Unit::Minute, "user_id");
+    for left in [1, 0] {
+        let r = rls.one(&[("user_id", "trial")], 0).await;
+        assert_eq!(r.statuses[0].limit_remaining, left);
+    }
+    let r = rls.one(&[("user_id", "trial")], 0).await;
+    assert_eq!(code(&r), Code::Ok);
+    assert_eq!(r.statuses, [status(Code::Ok, trial(), 0, ms(6_000))]);
+    assert!(!headers(&r).iter().any(|(k, _)| k == "retry-after"));
+    assert_eq!(rls.decisions("turn_rate", "shadow_denied", "trial"), 1);
+    assert_eq!(rls.decisions("turn_rate", "allowed", "trial"), 2);
+    rls.stop().await;
+}
+
+/// A user with no plan (and no default plan), or a value that is no user
+/// id, is refused on a `user_turns` rule.
+#[tokio::test]
+async fn users_without_a_plan_are_over_limit() {
+    let (store, clock) = memory();
+    let plans = PLANS.replace("default_plan = \"support\"\n", "");
+    let mut rls = Rls::start(store, clock, &plans, RULES).await;
+    let r = rls.one(&[("user_id", "stranger")], 0).await;
+    assert_eq!(code(&r), Code::OverLimit);
+    assert_eq!(r.statuses, [status(Code::OverLimit, None, 0, None)]);
+    assert!(r.response_headers_to_add.is_empty());
+    let long = "u".repeat(513);
+    let r = rls.one(&[("user_id", &long)], 0).await;
+    assert_eq!(code(&r), Code::OverLimit);
+    assert_eq!(rls.decisions("turn_rate", "denied", "unknown"), 2);
+    // A user with a plan is fine.
+    assert_eq!(code(&rls.one(&[("user_id", "trial")], 0).await), Code::Ok);
+    rls.stop().await;
+}
+
+// ---------------------------------------------------------------------------
+// Store outages
+
+async fn redis_store(url: String) -> RedisStore {
+    RedisStore::connect(
+        RedisConfig::standalone(url)
+            .with_key_prefix(unique_prefix())
+            .with_op_timeout(Duration::from_millis(500)),
+    )
+    .await
+    .expect("connect")
+}
+
+/// With Redis down under fail_closed the service answers UNAVAILABLE (so
+/// Envoy's `failure_mode_deny` decides), counted as a store error; once
+/// Redis is back it answers again without a restart.
+#[tokio::test]
+async fn store_down_answers_unavailable_then_recovers() {
+    let mut server = RedisServer::start().expect("redis-server");
+    let clock = FakeClock::new(T0);
+    let store = Failover::new(
+        redis_store(server.url()).await,
+        FailurePolicy::FailClosed,
+        clock.clone(),
+    )
+    .expect("policy");
+    let mut rls = Rls::start(store, clock, PLANS, RULES).await;
+    let r = rls.one(&[("user_id", "u1")], 0).await;
+    assert_eq!(r.statuses, [status(Code::Ok, turns(), 4, ms(3_000))]);
+    assert_eq!(code(&rls.one(&[("generic_key", "x")], 0).await), Code::Ok);
+
+    server.stop();
+    for entries in [&[("user_id", "u1")][..], &[("generic_key", "search")][..]] {
+        let e = rls
+            .ask("agents", vec![desc(entries)], 0)
+            .await
+            .expect_err("store down");
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{entries:?}: {e:?}");
+        assert!(!e.message().contains("redis"), "no detail leaks: {e:?}");
+    }
+    let errors = metric(&rls.app.metrics().encode(), "tollgate_store_errors_total ");
+    assert_eq!(errors, 2);
+    // Unmatched descriptors need no store: still OK.
+    let r = rls.one(&[("remote_address", "192.0.2.1")], 0).await;
+    assert_eq!(code(&r), Code::Ok);
+
+    server.restart().expect("restart");
+    rls.clock.advance(1_000); // past the failover's probe interval
+    let back = wait_until(10, || {
+        let mut client = rls.client.clone();
+        async move {
+            client
+                .should_rate_limit(RateLimitRequest {
+                    domain: "agents".into(),
+                    descriptors: vec![desc(&[("user_id", "u9")])],
+                    hits_addend: 0,
+                })
+                .await
+                .is_ok()
+        }
+    })
+    .await;
+    assert!(back, "answers again once Redis is back");
+    rls.stop().await;
+}
+
+/// Under fail_open the service keeps deciding from the local store while
+/// Redis is down.
+#[tokio::test]
+async fn store_down_under_fail_open_decides_locally() {
+    let mut server = RedisServer::start().expect("redis-server");
+    let clock = FakeClock::new(T0);
+    let store = Failover::new(
+        redis_store(server.url()).await,
+        FailurePolicy::FailOpen {
+            fallback_share: 1.0,
+        },
+        clock.clone(),
+    )
+    .expect("policy");
+    let mut rls = Rls::start(store, clock, PLANS, RULES).await;
+    server.stop();
+    for left in (0..5).rev() {
+        let r = rls.one(&[("user_id", "u1")], 0).await;
+        assert_eq!(r.statuses[0].limit_remaining, left);
+    }
+    let r = rls.one(&[("user_id", "u1")], 0).await;
+    assert_eq!(code(&r), Code::OverLimit);
+    rls.stop().await;
+}
