@@ -276,7 +276,7 @@ fn serve(config: Option<PathBuf>) -> ExitCode {
                 println!("  store:    {}", r.store);
                 println!("  identity: {}", r.identity);
                 if let Some(grpc) = r.grpc_addr {
-                    println!("  grpc:     {grpc} (tollgate.v1.Tollgate)");
+                    println!("  grpc:     {grpc} (tollgate.v1.Tollgate; Envoy rate-limit service v3)");
                 }
                 if dev {
                     println!(
