@@ -606,6 +606,18 @@ pub async fn refund<S: Store + Clone>(
     Ok(BalanceResponse { balance: s.balance })
 }
 
+/// The store key and TTL of a session lease request, its ids checked.
+fn lease_request(
+    user: &str,
+    session_id: &str,
+    req: &SessionLeaseRequest,
+) -> Result<(String, u64), ApiError> {
+    check_id("session_id", session_id)?;
+    check_id("holder", &req.holder)?;
+    let ttl = session_ttl("ttl_ms", req.ttl_ms)?;
+    Ok((session_key(user, session_id), ttl))
+}
+
 /// Acquires the session lease of `session_id` for `req.holder` (SPEC §4),
 /// with a new fence.
 ///
@@ -619,14 +631,8 @@ pub async fn acquire_session_lease<S: Store + Clone>(
     session_id: &str,
     req: SessionLeaseRequest,
 ) -> Result<SessionLeaseBody, ApiError> {
-    check_id("session_id", session_id)?;
-    check_id("holder", &req.holder)?;
-    let ttl = session_ttl("ttl_ms", req.ttl_ms)?;
-    match app
-        .store()
-        .session_acquire(&session_key(user, session_id), &req.holder, ttl)
-        .await?
-    {
+    let (key, ttl) = lease_request(user, session_id, &req)?;
+    match app.store().session_acquire(&key, &req.holder, ttl).await? {
         SessionAcquire::Acquired(g) => Ok(SessionLeaseBody {
             fence: g.fence,
             expires_at_ms: g.expires_at_ms,
@@ -646,14 +652,8 @@ pub async fn renew_session_lease<S: Store + Clone>(
     session_id: &str,
     req: SessionLeaseRequest,
 ) -> Result<SessionLeaseBody, ApiError> {
-    check_id("session_id", session_id)?;
-    check_id("holder", &req.holder)?;
-    let ttl = session_ttl("ttl_ms", req.ttl_ms)?;
-    match app
-        .store()
-        .session_renew(&session_key(user, session_id), &req.holder, ttl)
-        .await?
-    {
+    let (key, ttl) = lease_request(user, session_id, &req)?;
+    match app.store().session_renew(&key, &req.holder, ttl).await? {
         Some(g) => Ok(SessionLeaseBody {
             fence: g.fence,
             expires_at_ms: g.expires_at_ms,

@@ -239,10 +239,10 @@ async fn caller(
             .await
             .expect("permit");
         if permit.status() != reqwest::StatusCode::OK {
-            // Refused (the wait would pass max_wait): back off by the hint.
+            // Refused (the wait would pass max_wait_ms): ask again; with
+            // `wait: true` the server waits out the next grant itself.
             let body: Value = permit.json().await.expect("refusal body");
-            let ms = body["retry_after_ms"].as_u64().unwrap_or(100);
-            tokio::time::sleep(Duration::from_millis(ms)).await;
+            assert_eq!(body["error"], "provider_cooldown", "{body}");
             continue;
         }
         let answer = client
