@@ -131,7 +131,7 @@ impl<S: Store + Clone> Setup<S> {
 async fn texts<S: Store>(mut stream: TurnStream<S>) -> Vec<String> {
     let mut out = Vec::new();
     while let Some(event) = stream.next().await {
-        let Ok(event) = event else { break };
+        let Ok(event) = event else { continue };
         if let Some(content) = event.llm_response.content {
             for part in content.parts {
                 if let adk_core::Part::Text { text } = part {
@@ -327,9 +327,11 @@ async fn a_denied_turn_releases_its_session_lease<S: Store + Clone>(store: S, cl
     assert_eq!(s.executor.gate().in_flight(), 0);
 }
 
-/// Runs a turn to its end: its texts, and the error it ended with.
+/// Runs a turn to its end (past an error, so the stream's end releases its
+/// leases inline): its texts, and the first error it yielded.
 async fn outcome<S: Store>(mut stream: TurnStream<S>) -> (Vec<String>, Option<adk_core::AdkError>) {
     let mut out = Vec::new();
+    let mut error = None;
     while let Some(event) = stream.next().await {
         match event {
             Ok(event) => {
@@ -341,10 +343,12 @@ async fn outcome<S: Store>(mut stream: TurnStream<S>) -> (Vec<String>, Option<ad
                     }
                 }
             }
-            Err(e) => return (out, Some(e)),
+            Err(e) => {
+                error.get_or_insert(e);
+            }
         }
     }
-    (out, None)
+    (out, error)
 }
 
 /// Sessions in the store (`FencedSessionService`): turn A holds session s1
