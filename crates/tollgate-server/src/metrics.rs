@@ -1,6 +1,7 @@
 //! Prometheus metrics (SPEC §6). No label ever carries a user id: top users
 //! come from `/admin/top` and the logs.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -20,8 +21,8 @@ pub struct DecisionLabels {
     pub limit: &'static str,
     /// `allowed`, `waited`, `denied` or `shadow_denied`.
     pub outcome: &'static str,
-    /// The plan name.
-    pub plan: String,
+    /// The plan name (shared with the plan: no allocation per decision).
+    pub plan: Arc<str>,
 }
 
 /// Labels naming an operation.

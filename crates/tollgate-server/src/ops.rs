@@ -380,11 +380,10 @@ fn observe<S: Store + Clone, T: tollgate_core::decision::Waited>(
     user: &str,
     decision: &Decision<T>,
 ) {
-    let plan = app
-        .limiter()
-        .plan_for(user)
-        .map(|p| p.name.to_string())
-        .unwrap_or_default();
+    let plan = app.limiter().plan_for(user).map_or_else(
+        |_| std::sync::Arc::from(""),
+        |p| std::sync::Arc::clone(&p.name),
+    );
     let denial = decision.denial();
     let labels = DecisionLabels {
         op,

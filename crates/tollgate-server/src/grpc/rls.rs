@@ -232,7 +232,7 @@ impl<S: Store + Clone> RlsService<S> {
                 op: "rls",
                 limit: v.limit_label,
                 outcome: v.outcome(shadow).as_str(),
-                plan: v.plan_label.to_string(),
+                plan: Arc::clone(&v.plan_label),
             })
             .inc();
     }
