@@ -23,10 +23,8 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use jsonwebtoken::{EncodingKey, Header};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -37,17 +35,19 @@ use tollgate_server::config::Config;
 use tollgate_server::grpc::proto;
 use tollgate_server::grpc::proto::tollgate_client::TollgateClient;
 use tollgate_testkit::T0;
-use tollgate_testkit::redis::{RedisServer, unique_prefix, wait_until};
+use tollgate_testkit::redis::{RedisServer, wait_until};
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 use tonic_types::StatusExt;
+
+use common::{AUDIENCE, ISSUER, TempDir, fail_closed_store, token_with};
+
+mod common;
 
 // ---------------------------------------------------------------------------
 // Helpers
 
 const SECRET: &str = "tollgate-grpc-test-secret-0123456789abcdef";
-const ISSUER: &str = "https://issuer.test";
-const AUDIENCE: &str = "tollgate-test";
 const ADMIN: &str = "admin-token-0123456789abcdef";
 
 /// 1 minute of token refill at 60,000 tokens/min, exact: 1 token per ms.
@@ -130,22 +130,6 @@ fn token(user: &str) -> String {
     token_with(user, SECRET, T0 / 1_000 + 3_600)
 }
 
-fn token_with(user: &str, secret: &str, exp: u64) -> String {
-    let claims = json!({
-        "sub": user,
-        "iss": ISSUER,
-        "aud": AUDIENCE,
-        "iat": T0 / 1_000,
-        "exp": exp,
-    });
-    jsonwebtoken::encode(
-        &Header::default(),
-        &claims,
-        &EncodingKey::from_secret(secret.as_bytes()),
-    )
-    .expect("sign")
-}
-
 /// `message` as a call of `user` (`authorization: Bearer <JWT>`).
 fn req<T>(user: &str, message: T) -> Request<T> {
     with_auth(Some(&format!("Bearer {}", token(user))), message)
@@ -159,28 +143,6 @@ fn with_auth<T>(auth: Option<&str>, message: T) -> Request<T> {
             .insert("authorization", a.parse().expect("ascii"));
     }
     r
-}
-
-/// A temporary directory, removed when dropped.
-struct TempDir(std::path::PathBuf);
-
-impl TempDir {
-    fn new() -> Self {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "tollgate-grpc-test-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&p).expect("temp dir");
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// A running server (HTTP and gRPC) on a fake clock.
@@ -370,24 +332,12 @@ impl Server {
     /// Waits (real time: the call runs concurrently) until `n` sleeps are
     /// parked on the fake clock.
     async fn wait_for_sleepers(&self, n: usize) {
-        let clock = self.clock.clone();
-        let ok = wait_until(10, || {
-            let c = clock.clone();
-            async move { c.pending_sleeps() == n }
-        })
-        .await;
-        assert!(ok, "expected {n} sleeps parked on the fake clock");
+        common::wait_for_sleepers(&self.clock, n).await;
     }
 
-    async fn shutdown(mut self) {
+    async fn shutdown(self) {
         drop(self.grpc);
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let ended = tokio::time::timeout(Duration::from_secs(10), &mut self.task)
-            .await
-            .expect("the server stops within 10 s");
-        ended.expect("server task").expect("server ran cleanly");
+        common::shutdown(self.stop, self.task).await;
     }
 }
 
@@ -1199,16 +1149,7 @@ async fn the_trusted_header_identifies_the_user_over_grpc() {
 #[tokio::test]
 async fn fail_closed_is_unavailable_while_redis_is_down() {
     let mut redis = RedisServer::start().expect("redis-server");
-    let store = format!(
-        r#"[store]
-kind = "redis"
-url = "{}"
-failure = "fail_closed"
-op_timeout_ms = 1000
-key_prefix = "{}""#,
-        redis.url(),
-        unique_prefix()
-    );
+    let store = fail_closed_store(&redis.url());
     let srv = Server::start(&config_text(64, 2, &store)).await;
     let mut c = srv.client();
     srv.admit("alice", "r1")

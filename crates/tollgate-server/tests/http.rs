@@ -18,29 +18,27 @@
 //! `tollgate check-config`.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::path::Path;
 
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tollgate_core::FakeClock;
 use tollgate_server::config::Config;
 use tollgate_testkit::T0;
-use tollgate_testkit::redis::{RedisServer, shared_url, unique_prefix, wait_until};
+use tollgate_testkit::redis::{RedisServer, shared_url, wait_until};
+
+use common::{AUDIENCE, ISSUER, Resp, Spawned, TempDir, fail_closed_store, send_with};
+
+mod common;
 
 // ---------------------------------------------------------------------------
 // Helpers
 
 /// The HS256 secret of the test servers (at least 32 bytes).
 const SECRET: &str = "tollgate-http-test-secret-0123456789abcdef";
-const ISSUER: &str = "https://issuer.test";
-const AUDIENCE: &str = "tollgate-test";
 
 /// 1 minute of token refill at 60,000 tokens/min, exact: 1 token per ms.
 const CAPACITY: i64 = 60_000;
@@ -148,82 +146,7 @@ fn b64url(bytes: &[u8]) -> String {
     out
 }
 
-/// A temporary directory, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> Self {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "tollgate-http-test-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&p).expect("temp dir");
-        Self(p)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A response: status, headers and the JSON body (`Null` when not JSON).
-#[derive(Debug)]
-struct Resp {
-    status: StatusCode,
-    headers: reqwest::header::HeaderMap,
-    body: Value,
-}
-
 impl Resp {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .get(name)
-            .map(|v| v.to_str().expect("ascii header"))
-    }
-
-    #[track_caller]
-    fn ok(&self) -> &Value {
-        assert_eq!(self.status, StatusCode::OK, "{self:?}");
-        &self.body
-    }
-
-    /// Asserts a refusal: status, `error`, and the body carries a message.
-    #[track_caller]
-    fn refused(&self, status: u16, error: &str) -> &Value {
-        assert_eq!(self.status.as_u16(), status, "{self:?}");
-        assert_eq!(self.body["error"], error, "{self:?}");
-        assert!(
-            self.body["message"].as_str().is_some_and(|m| !m.is_empty()),
-            "a refusal has a message: {self:?}"
-        );
-        &self.body
-    }
-
-    /// Asserts a retryable limit refusal (429) with its exact hint and the
-    /// headers that go with it.
-    #[track_caller]
-    fn limited(&self, limit: &str, retry_after_ms: u64) {
-        self.refused(429, limit);
-        assert_eq!(self.body["limit"], limit, "{self:?}");
-        assert_eq!(self.body["retry_after_ms"], retry_after_ms, "{self:?}");
-        let secs = retry_after_ms.div_ceil(1_000).to_string();
-        assert_eq!(self.header("retry-after"), Some(secs.as_str()), "{self:?}");
-        assert_eq!(
-            self.header("ratelimit-reset"),
-            Some(secs.as_str()),
-            "{self:?}"
-        );
-        assert_eq!(self.header("ratelimit-remaining"), Some("0"), "{self:?}");
-    }
-
     /// Whether this is a 400 `invalid_request` naming `field`, with a
     /// message.
     fn is_invalid(&self, field: &str) -> bool {
@@ -247,28 +170,18 @@ impl Server {
     /// Serves `toml` (relative paths resolved against `base`).
     async fn start_in(toml: &str, base: &Path) -> Self {
         let config = Config::parse(toml, "test", base).expect("valid test config");
-        let clock = FakeClock::new(T0);
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(tollgate_server::serve(
-            config,
-            listener,
-            Some(Arc::new(clock.clone())),
-            |_| {},
-            async move {
-                let _ = stopped.await;
-            },
-        ));
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(30))
-            .build()
-            .expect("client");
+        let Spawned {
+            addr,
+            clock,
+            client,
+            stop,
+            task,
+        } = common::spawn(config).await;
         Self {
             addr,
             clock,
             client,
-            stop: Some(stop),
+            stop,
             task,
         }
     }
@@ -289,7 +202,7 @@ impl Server {
         auth: Option<&str>,
         body: Option<String>,
     ) -> Resp {
-        send_with(&self.client, method, &self.url(path), auth, body).await
+        send_with(&self.client, method, &self.url(path), auth, body.as_deref()).await
     }
 
     /// `POST path` as `user` with a JSON body.
@@ -352,56 +265,13 @@ impl Server {
     /// Waits (real time: the request runs concurrently) until `n` sleeps
     /// are parked on the fake clock.
     async fn wait_for_sleepers(&self, n: usize) {
-        let clock = self.clock.clone();
-        let ok = wait_until(10, || {
-            let c = clock.clone();
-            async move { c.pending_sleeps() == n }
-        })
-        .await;
-        assert!(ok, "expected {n} sleeps parked on the fake clock");
+        common::wait_for_sleepers(&self.clock, n).await;
     }
 
     /// Stops the server gracefully and checks it ended cleanly.
-    async fn shutdown(mut self) {
+    async fn shutdown(self) {
         drop(self.client);
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let ended = tokio::time::timeout(Duration::from_secs(10), &mut self.task)
-            .await
-            .expect("the server stops within 10 s");
-        ended.expect("server task").expect("server ran cleanly");
-    }
-}
-
-async fn send_with(
-    client: &reqwest::Client,
-    method: Method,
-    url: &str,
-    auth: Option<&str>,
-    body: Option<String>,
-) -> Resp {
-    let mut req = client.request(method, url);
-    if let Some(a) = auth {
-        req = req.header("authorization", a);
-    }
-    if let Some(b) = body {
-        req = req.header("content-type", "application/json").body(b);
-    }
-    let resp = req.send().await.expect("request");
-    let status = resp.status();
-    let headers = resp.headers().clone();
-    let text = resp.text().await.expect("body");
-    let body = serde_json::from_str(&text).unwrap_or(Value::Null);
-    assert_ne!(
-        status,
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "no input produces a 500: {text}"
-    );
-    Resp {
-        status,
-        headers,
-        body,
+        common::shutdown(self.stop, self.task).await;
     }
 }
 
@@ -1153,7 +1023,7 @@ async fn wait_true_waits_on_the_clock_and_a_disconnect_refunds() {
 }
 
 async fn send_with_owned(client: reqwest::Client, url: String, auth: String, body: String) -> Resp {
-    send_with(&client, Method::POST, &url, Some(&auth), Some(body)).await
+    send_with(&client, Method::POST, &url, Some(&auth), Some(&body)).await
 }
 
 #[tokio::test]
@@ -1210,16 +1080,7 @@ async fn over_the_in_flight_cap_is_429_overloaded() {
 #[tokio::test]
 async fn fail_closed_is_503_while_redis_is_down() {
     let mut redis = RedisServer::start().expect("redis-server");
-    let store = format!(
-        r#"[store]
-kind = "redis"
-url = "{}"
-failure = "fail_closed"
-op_timeout_ms = 1000
-key_prefix = "{}""#,
-        redis.url(),
-        unique_prefix()
-    );
+    let store = fail_closed_store(&redis.url());
     let srv = Server::start(&config_text(64, &store, &hs256_identity())).await;
     srv.admit("alice", "r1").await.ok();
     assert_eq!(srv.get("/readyz").await.ok()["status"], "ok");
@@ -1246,16 +1107,7 @@ key_prefix = "{}""#,
 
 #[tokio::test]
 async fn redis_store_takes_hostile_but_valid_input_without_a_500() {
-    let store = format!(
-        r#"[store]
-kind = "redis"
-url = "{}"
-failure = "fail_closed"
-op_timeout_ms = 1000
-key_prefix = "{}""#,
-        shared_url(),
-        unique_prefix()
-    );
+    let store = fail_closed_store(&shared_url());
     let srv = Server::start(&config_text(64, &store, &hs256_identity())).await;
     // Ids full of hash-tag and separator characters, at the length limit.
     let odd = "{a}:%/}{ü";

@@ -16,6 +16,10 @@ use tollgate_server::config::Config;
 use tollgate_testkit::T0;
 use tollgate_testkit::redis::wait_until;
 
+use common::metric;
+
+mod common;
+
 const ADMIN: &str = "admin-token-0123456789abcdef";
 
 fn config(burst: u32, shadow: bool) -> String {
@@ -135,13 +139,6 @@ impl Server {
         self.task.await.unwrap();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn metric(text: &str, line_prefix: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(line_prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
 }
 
 #[tokio::test]

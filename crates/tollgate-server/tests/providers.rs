@@ -22,27 +22,25 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tollgate_core::FakeClock;
 use tollgate_server::config::Config;
 use tollgate_testkit::T0;
-use tollgate_testkit::redis::{RedisServer, unique_prefix, wait_until};
+use tollgate_testkit::redis::RedisServer;
+
+use common::{AUDIENCE, ISSUER, Resp, Spawned, TempDir, fail_closed_store, metric, send_with};
+
+mod common;
 
 // ---------------------------------------------------------------------------
 // Helpers
 
 const SECRET: &str = "tollgate-providers-test-secret-0123456789";
-const ISSUER: &str = "https://issuer.test";
-const AUDIENCE: &str = "tollgate-test";
 const ADMIN: &str = "admin-token-0123456789abcdef";
 
 /// The permits route of `provider`.
@@ -117,97 +115,14 @@ fn config() -> String {
 
 /// A valid token for `user`, expiring an hour after the fake clock's start.
 fn token(user: &str) -> String {
-    let claims = json!({
-        "sub": user,
-        "iss": ISSUER,
-        "aud": AUDIENCE,
-        "iat": T0 / 1_000,
-        "exp": T0 / 1_000 + 3_600,
-    });
-    jsonwebtoken::encode(
-        &Header::new(Algorithm::HS256),
-        &claims,
-        &EncodingKey::from_secret(SECRET.as_bytes()),
-    )
-    .expect("sign")
-}
-
-/// A temporary directory, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> Self {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "tollgate-providers-test-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&p).expect("temp dir");
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A response: status, headers and the JSON body (`Null` when not JSON).
-#[derive(Debug)]
-struct Resp {
-    status: StatusCode,
-    headers: reqwest::header::HeaderMap,
-    body: Value,
+    common::valid_token(user, SECRET)
 }
 
 impl Resp {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .get(name)
-            .map(|v| v.to_str().expect("ascii header"))
-    }
-
-    #[track_caller]
-    fn ok(&self) -> &Value {
-        assert_eq!(self.status, StatusCode::OK, "{self:?}");
-        &self.body
-    }
-
     /// The `wait_ms` of a granted permit.
     #[track_caller]
     fn wait_ms(&self) -> u64 {
         self.ok()["wait_ms"].as_u64().expect("wait_ms")
-    }
-
-    /// Asserts a refusal: status, `error`, and a message.
-    #[track_caller]
-    fn refused(&self, status: u16, error: &str) -> &Value {
-        assert_eq!(self.status.as_u16(), status, "{self:?}");
-        assert_eq!(self.body["error"], error, "{self:?}");
-        assert!(
-            self.body["message"].as_str().is_some_and(|m| !m.is_empty()),
-            "a refusal has a message: {self:?}"
-        );
-        &self.body
-    }
-
-    /// Asserts a retryable 429 naming `limit`, with its exact hint and the
-    /// headers that go with it.
-    #[track_caller]
-    fn limited(&self, limit: &str, retry_after_ms: u64) {
-        self.refused(429, limit);
-        assert_eq!(self.body["limit"], limit, "{self:?}");
-        assert_eq!(self.body["retry_after_ms"], retry_after_ms, "{self:?}");
-        let secs = retry_after_ms.div_ceil(1_000).to_string();
-        assert_eq!(self.header("retry-after"), Some(secs.as_str()), "{self:?}");
-        assert_eq!(
-            self.header("ratelimit-reset"),
-            Some(secs.as_str()),
-            "{self:?}"
-        );
-        assert_eq!(self.header("ratelimit-remaining"), Some("0"), "{self:?}");
     }
 
     /// Asserts a 400 `invalid_request` naming `field`.
@@ -234,29 +149,19 @@ impl Server {
         let file = dir.0.join("tollgate.toml");
         std::fs::write(&file, text).expect("write config");
         let config = Config::load(&file).expect("valid test config");
-        let clock = FakeClock::new(T0);
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(tollgate_server::serve(
-            config,
-            listener,
-            Some(Arc::new(clock.clone())),
-            |_| {},
-            async move {
-                let _ = stopped.await;
-            },
-        ));
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(30))
-            .build()
-            .expect("client");
+        let Spawned {
+            addr,
+            clock,
+            client,
+            stop,
+            task,
+        } = common::spawn(config).await;
         Self {
             addr,
             clock,
             client,
             dir,
-            stop: Some(stop),
+            stop,
             task,
         }
     }
@@ -317,66 +222,13 @@ impl Server {
     /// Waits (real time: the request runs concurrently) until `n` sleeps
     /// are parked on the fake clock.
     async fn wait_for_sleepers(&self, n: usize) {
-        let clock = self.clock.clone();
-        let ok = wait_until(10, || {
-            let c = clock.clone();
-            async move { c.pending_sleeps() == n }
-        })
-        .await;
-        assert!(ok, "expected {n} sleeps parked on the fake clock");
+        common::wait_for_sleepers(&self.clock, n).await;
     }
 
-    async fn shutdown(mut self) {
+    async fn shutdown(self) {
         drop(self.client);
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let ended = tokio::time::timeout(Duration::from_secs(10), &mut self.task)
-            .await
-            .expect("the server stops within 10 s");
-        ended.expect("server task").expect("server ran cleanly");
+        common::shutdown(self.stop, self.task).await;
     }
-}
-
-async fn send_with(
-    client: &reqwest::Client,
-    method: Method,
-    url: &str,
-    auth: Option<&str>,
-    body: Option<&str>,
-) -> Resp {
-    let mut req = client.request(method, url);
-    if let Some(a) = auth {
-        req = req.header("authorization", a);
-    }
-    if let Some(b) = body {
-        req = req
-            .header("content-type", "application/json")
-            .body(b.to_owned());
-    }
-    let resp = req.send().await.expect("request");
-    let status = resp.status();
-    let headers = resp.headers().clone();
-    let text = resp.text().await.expect("body");
-    let body = serde_json::from_str(&text).unwrap_or(Value::Null);
-    assert_ne!(
-        status,
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "no input produces a 500: {text}"
-    );
-    Resp {
-        status,
-        headers,
-        body,
-    }
-}
-
-/// The value of the metric line starting with `line_prefix`.
-fn metric(text: &str, line_prefix: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(line_prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
 }
 
 /// The OpenAI answer to a call on an account out of credit.
@@ -1158,16 +1010,7 @@ policy = "reject"
 #[tokio::test]
 async fn fail_closed_is_503_while_redis_is_down() {
     let mut redis = RedisServer::start().expect("redis-server");
-    let store = format!(
-        r#"[store]
-kind = "redis"
-url = "{}"
-failure = "fail_closed"
-op_timeout_ms = 1000
-key_prefix = "{}""#,
-        redis.url(),
-        unique_prefix()
-    );
+    let store = fail_closed_store(&redis.url());
     let srv = Server::start(&config_on(&store, PROVIDERS)).await;
     // Redis decides on its own clock (TIME), which moves while the test
     // runs: the bucket refills a little between calls, so call 61 waits
