@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use tollgate_core::lease::SessionAcquire;
+use tollgate_core::lease::{SessionAcquire, SessionGrant};
 use tollgate_core::provider::{Feedback, PermitRequest};
 use tollgate_core::{Decision, Limit, ReplicaPermit, ReservationId, Store};
 use utoipa::ToSchema;
@@ -57,6 +57,15 @@ pub struct SessionLeaseBody {
     pub fence: u64,
     /// Lease expiry, ms since the Unix epoch.
     pub expires_at_ms: u64,
+}
+
+impl From<SessionGrant> for SessionLeaseBody {
+    fn from(g: SessionGrant) -> Self {
+        Self {
+            fence: g.fence,
+            expires_at_ms: g.expires_at_ms,
+        }
+    }
 }
 
 /// The answer to `POST /v1/runs`.
@@ -461,10 +470,7 @@ pub async fn admit_run<S: Store + Clone>(
             Ok(Shadowed {
                 value: AdmitResponse {
                     lease_expires_at_ms: grant.expires_at_ms,
-                    session: session.map(|(_, g)| SessionLeaseBody {
-                        fence: g.fence,
-                        expires_at_ms: g.expires_at_ms,
-                    }),
+                    session: session.map(|(_, g)| g.into()),
                 },
                 shadow_denied: shadow_denied.map(|d| d.limit()),
             })
@@ -632,10 +638,7 @@ pub async fn acquire_session_lease<S: Store + Clone>(
 ) -> Result<SessionLeaseBody, ApiError> {
     let (key, ttl) = lease_request(user, session_id, &req)?;
     match app.store().session_acquire(&key, &req.holder, ttl).await? {
-        SessionAcquire::Acquired(g) => Ok(SessionLeaseBody {
-            fence: g.fence,
-            expires_at_ms: g.expires_at_ms,
-        }),
+        SessionAcquire::Acquired(g) => Ok(g.into()),
         SessionAcquire::Busy { retry_after_ms } => Err(ApiError::SessionBusy { retry_after_ms }),
     }
 }
@@ -653,10 +656,7 @@ pub async fn renew_session_lease<S: Store + Clone>(
 ) -> Result<SessionLeaseBody, ApiError> {
     let (key, ttl) = lease_request(user, session_id, &req)?;
     match app.store().session_renew(&key, &req.holder, ttl).await? {
-        Some(g) => Ok(SessionLeaseBody {
-            fence: g.fence,
-            expires_at_ms: g.expires_at_ms,
-        }),
+        Some(g) => Ok(g.into()),
         None => Err(ApiError::NotHolder),
     }
 }
