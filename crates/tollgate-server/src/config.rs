@@ -31,6 +31,10 @@ pub struct FileConfig {
     /// server.
     #[serde(default)]
     pub grpc_listen: Option<String>,
+    /// Address of the operator's port: when set, `/metrics` and `/admin/*`
+    /// are served there and not on `listen`. None: they share `listen`.
+    #[serde(default)]
+    pub admin_listen: Option<String>,
     /// Bearer token for `/admin/*` endpoints; none: they are off.
     #[serde(default)]
     pub admin_token: Option<String>,
@@ -154,6 +158,8 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Where the gRPC API listens, if it is on.
     pub grpc_listen: Option<SocketAddr>,
+    /// The operator's port (`/metrics`, `/admin/*`), if apart from `listen`.
+    pub admin_listen: Option<SocketAddr>,
     /// Admin bearer token, if admin endpoints are on.
     pub admin_token: Option<String>,
     /// The replica's in-flight cap.
@@ -338,6 +344,45 @@ impl FileConfig {
                 }
             },
         };
+        let admin_listen = match self.admin_listen.as_deref() {
+            None => None,
+            Some(text) => {
+                match text.parse::<SocketAddr>() {
+                    Ok(a) if a.port() != 0 && (Some(a) == listen || Some(a) == grpc_listen) => {
+                        errors.push(err(
+                        "admin_listen",
+                        format!("{a} is also `listen` or `grpc_listen`: the operator's port is its own"),
+                    ));
+                        None
+                    }
+                    Ok(a) => Some(a),
+                    Err(_) => {
+                        errors.push(err(
+                            "admin_listen",
+                            format!("{text:?} is not an address like 127.0.0.1:9787"),
+                        ));
+                        None
+                    }
+                }
+            }
+        };
+        // Anyone can mint a dev token for anyone: dev mode serves this
+        // machine only.
+        if self.identity.mode == crate::identity::IdentityMode::Dev {
+            for (field, addr) in [("listen", listen), ("grpc_listen", grpc_listen)] {
+                if let Some(a) = addr
+                    && !a.ip().is_loopback()
+                {
+                    errors.push(err(
+                        field,
+                        format!(
+                            "{a} is not a loopback address: the dev identity mode (a well-known \
+                             secret) serves this machine only; use mode = \"jwt\" to serve others"
+                        ),
+                    ));
+                }
+            }
+        }
         if self.max_in_flight == 0 {
             errors.push(err("max_in_flight", "must be at least 1"));
         }
@@ -386,6 +431,7 @@ impl FileConfig {
                 Ok(Config {
                     listen,
                     grpc_listen,
+                    admin_listen,
                     admin_token: self.admin_token,
                     max_in_flight: self.max_in_flight,
                     store,

@@ -60,6 +60,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use axum::http::HeaderMap;
+use axum::http::HeaderValue;
 use axum::http::header::{AUTHORIZATION, HeaderName};
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::jwk::{
@@ -114,7 +115,7 @@ const RESERVED_CLAIMS: [&str; 5] = ["exp", "nbf", "iat", "iss", "aud"];
 /// `[identity]` in the TOML config.
 ///
 /// `Debug` redacts `secret`; `Serialize` writes it (it is the config).
-#[derive(Clone, Deserialize, Serialize)]
+#[derive(Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct IdentityConfig {
     /// `"jwt"`, `"dev"` or `"trusted_header"`.
@@ -158,6 +159,32 @@ pub struct IdentityConfig {
     /// `x-tollgate-user`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub header: Option<String>,
+    /// jwt mode: `false` accepts tokens for any audience (logged at start).
+    /// Default `true`: `audience` is then required.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audience_check: Option<bool>,
+    /// Where a credential's scopes are: the claim (jwt and dev modes, default
+    /// `scope`: a space-separated string or an array of strings) or, in
+    /// trusted_header mode, the header the proxy sets (default
+    /// `x-tollgate-scope`, space-separated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope_claim: Option<String>,
+    /// The scope a credential needs to report provider answers
+    /// (`POST /v1/providers/{provider}/feedback`), a fleet-wide write
+    /// (default `tollgate:feedback`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub feedback_scope: Option<String>,
+    /// Where a credential's tenant is (the claim, or in trusted_header mode
+    /// the header): when set, a provider permit's tenant is this verified
+    /// value, and a body `tenant` that differs is refused. Absent: the body's
+    /// `tenant` is taken as sent (trusted callers only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_claim: Option<String>,
+    /// trusted_header mode (required there): the peers whose header is
+    /// believed, as CIDRs (`10.0.0.0/8`) or addresses; a request from any
+    /// other peer is 401.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trusted_proxies: Option<Vec<String>>,
 }
 
 impl IdentityConfig {
@@ -175,6 +202,11 @@ impl IdentityConfig {
             leeway_s: None,
             user_claim: None,
             header: None,
+            audience_check: None,
+            scope_claim: None,
+            feedback_scope: None,
+            tenant_claim: None,
+            trusted_proxies: None,
         }
     }
 
@@ -198,6 +230,11 @@ impl fmt::Debug for IdentityConfig {
             .field("leeway_s", &self.leeway_s)
             .field("user_claim", &self.user_claim)
             .field("header", &self.header)
+            .field("audience_check", &self.audience_check)
+            .field("scope_claim", &self.scope_claim)
+            .field("feedback_scope", &self.feedback_scope)
+            .field("tenant_claim", &self.tenant_claim)
+            .field("trusted_proxies", &self.trusted_proxies)
             .finish()
     }
 }
@@ -280,6 +317,9 @@ pub enum AuthError {
     /// key the crypto backend refused); details are logged, not sent.
     #[error("the token could not be verified")]
     Unverifiable,
+    /// trusted_header mode: the request did not come from a trusted proxy.
+    #[error("this server takes identities only from its trusted proxies")]
+    UntrustedPeer,
 }
 
 impl AuthError {
@@ -306,6 +346,7 @@ impl AuthError {
             AuthError::InvalidUserId(_) => "invalid_user_id",
             AuthError::MissingTrustedHeader => "missing_trusted_header",
             AuthError::Unverifiable => "unverifiable_token",
+            AuthError::UntrustedPeer => "untrusted_peer",
         }
     }
 }
@@ -325,6 +366,32 @@ pub enum MintError {
     /// Signing failed.
     #[error("signing the token failed")]
     Signing(#[source] jsonwebtoken::errors::Error),
+    /// A tenant was asked for, but the config names no `tenant_claim`.
+    #[error("a tenant needs `tenant_claim` in [identity]")]
+    NoTenantClaim,
+}
+
+/// The default scope that lets a credential report provider answers.
+pub const DEFAULT_FEEDBACK_SCOPE: &str = "tollgate:feedback";
+
+/// The default scope claim (jwt and dev modes).
+pub const DEFAULT_SCOPE_CLAIM: &str = "scope";
+
+/// The default scope header (trusted_header mode).
+pub const DEFAULT_SCOPE_HEADER: &str = "x-tollgate-scope";
+
+/// Who a verified request is, and what its credential allows beyond
+/// spending the user's own limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// The user id every limit is keyed by.
+    pub user: String,
+    /// The credential carries the feedback scope: it may report provider
+    /// answers, which change the fleet's provider rates.
+    pub feedback: bool,
+    /// The verified tenant, when `tenant_claim` is configured and the
+    /// credential carries one.
+    pub tenant: Option<String>,
 }
 
 /// The longest lifetime [`Verifier::mint`] accepts, seconds (10 years).
@@ -339,7 +406,16 @@ pub struct Verifier {
 
 enum Kind {
     Jwt(Box<Jwt>),
-    TrustedHeader(HeaderName),
+    TrustedHeader(Box<Trusted>),
+}
+
+/// trusted_header mode: which headers, believed from which peers.
+struct Trusted {
+    user: HeaderName,
+    scope: HeaderName,
+    tenant: Option<HeaderName>,
+    feedback_scope: String,
+    proxies: Vec<ipnet::IpNet>,
 }
 
 struct Jwt {
@@ -370,11 +446,15 @@ struct ClaimRules {
     audience: Option<String>,
     leeway_s: u64,
     user_claim: String,
+    scope_claim: String,
+    feedback_scope: String,
+    tenant_claim: Option<String>,
 }
 
 impl Verifier {
     /// Validates the config and loads keys; relative file paths are resolved
-    /// against `base_dir` (the config file's directory).
+    /// against `base_dir` (the config file's directory). `clock` is the wall
+    /// clock `exp` and `nbf` are checked on (the system clock in production).
     ///
     /// # Errors
     ///
@@ -417,8 +497,23 @@ impl Verifier {
     /// Why the request has no verified identity; answer it with a 401 and
     /// [`AuthError::message`].
     pub fn verify(&self, headers: &HeaderMap) -> Result<String, AuthError> {
+        self.identify(headers, None).map(|id| id.user)
+    }
+
+    /// The verified [`Identity`] of a request from `peer` (the connection's
+    /// remote address; `None` when unknown, which no trusted proxy is).
+    ///
+    /// # Errors
+    ///
+    /// As [`verify`](Verifier::verify); in trusted_header mode also a peer
+    /// that is not a trusted proxy ([`AuthError::UntrustedPeer`]).
+    pub fn identify(
+        &self,
+        headers: &HeaderMap,
+        peer: Option<std::net::IpAddr>,
+    ) -> Result<Identity, AuthError> {
         match &self.kind {
-            Kind::TrustedHeader(name) => trusted_user(headers, name),
+            Kind::TrustedHeader(t) => t.identify(headers, peer),
             Kind::Jwt(jwt) => {
                 let token = bearer_token(headers)?;
                 self.verify_jwt(jwt, token)
@@ -432,9 +527,16 @@ impl Verifier {
     /// production; …)`. Never includes a secret.
     pub fn describe(&self) -> String {
         match &self.kind {
-            Kind::TrustedHeader(name) => format!(
-                "trusted_header (the user id is the `{name}` header, which the authenticating \
-                 proxy in front must set on every request and strip from clients)"
+            Kind::TrustedHeader(t) => format!(
+                "trusted_header (the user id is the `{}` header, which the authenticating \
+                 proxy in front must set on every request and strip from clients; believed only \
+                 from {})",
+                t.user,
+                t.proxies
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
             Kind::Jwt(jwt) => {
                 let rules = jwt.rules.describe();
@@ -454,6 +556,23 @@ impl Verifier {
                 };
                 format!("jwt ({keys}; {rules})")
             }
+        }
+    }
+
+    /// Whether the tenant comes from the credentials (`tenant_claim` is
+    /// configured).
+    pub fn verifies_tenant(&self) -> bool {
+        match &self.kind {
+            Kind::TrustedHeader(t) => t.tenant.is_some(),
+            Kind::Jwt(jwt) => jwt.rules.tenant_claim.is_some(),
+        }
+    }
+
+    /// The scope that lets a credential report provider answers.
+    pub fn feedback_scope(&self) -> &str {
+        match &self.kind {
+            Kind::TrustedHeader(t) => &t.feedback_scope,
+            Kind::Jwt(jwt) => &jwt.rules.feedback_scope,
         }
     }
 
@@ -481,6 +600,23 @@ impl Verifier {
     /// A mode that cannot mint (public keys, JWKS, trusted_header), an
     /// invalid user id, or a lifetime of 0 or over [`MAX_MINT_TTL_S`].
     pub fn mint(&self, user: &str, ttl_s: u64) -> Result<String, MintError> {
+        self.mint_with(user, ttl_s, &[], None)
+    }
+
+    /// As [`mint`](Verifier::mint), with `scopes` in the scope claim (space
+    /// separated) and `tenant` in the tenant claim (when one is configured).
+    ///
+    /// # Errors
+    ///
+    /// As [`mint`](Verifier::mint); also a tenant when no `tenant_claim` is
+    /// configured.
+    pub fn mint_with(
+        &self,
+        user: &str,
+        ttl_s: u64,
+        scopes: &[String],
+        tenant: Option<&str>,
+    ) -> Result<String, MintError> {
         let jwt = match &self.kind {
             Kind::Jwt(jwt) => jwt,
             Kind::TrustedHeader(_) => {
@@ -511,11 +647,20 @@ impl Verifier {
         if let Some(aud) = &jwt.rules.audience {
             claims.insert("aud".to_owned(), Value::from(aud.as_str()));
         }
+        if !scopes.is_empty() {
+            claims.insert(jwt.rules.scope_claim.clone(), Value::from(scopes.join(" ")));
+        }
+        if let Some(tenant) = tenant {
+            let Some(claim) = &jwt.rules.tenant_claim else {
+                return Err(MintError::NoTenantClaim);
+            };
+            claims.insert(claim.clone(), Value::from(tenant));
+        }
         jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, encoding)
             .map_err(MintError::Signing)
     }
 
-    fn verify_jwt(&self, jwt: &Jwt, token: &str) -> Result<String, AuthError> {
+    fn verify_jwt(&self, jwt: &Jwt, token: &str) -> Result<Identity, AuthError> {
         let head = TokenHead::read(token)?;
         let now_ms = self.clock.now_ms();
         let claims = match &jwt.source {
@@ -585,21 +730,64 @@ fn bearer_token(headers: &HeaderMap) -> Result<&str, AuthError> {
     Ok(token)
 }
 
-/// The user id of trusted_header mode.
-fn trusted_user(headers: &HeaderMap, name: &HeaderName) -> Result<String, AuthError> {
+impl Trusted {
+    /// The identity of trusted_header mode: the headers, if `peer` is a
+    /// trusted proxy.
+    fn identify(
+        &self,
+        headers: &HeaderMap,
+        peer: Option<std::net::IpAddr>,
+    ) -> Result<Identity, AuthError> {
+        let trusted = peer.is_some_and(|ip| {
+            let ip = ip.to_canonical();
+            self.proxies.iter().any(|net| net.contains(&ip))
+        });
+        if !trusted {
+            return Err(AuthError::UntrustedPeer);
+        }
+        let user = one_header(headers, &self.user)?.ok_or(AuthError::MissingTrustedHeader)?;
+        let user = std::str::from_utf8(user.as_bytes())
+            .map_err(|_| AuthError::InvalidUserId("it is not valid UTF-8"))?;
+        check_user_id(user).map_err(AuthError::InvalidUserId)?;
+        let feedback = match one_header(headers, &self.scope)? {
+            Some(v) => header_text(v)?.split(' ').any(|s| s == self.feedback_scope),
+            None => false,
+        };
+        let tenant = match &self.tenant {
+            None => None,
+            Some(name) => match one_header(headers, name)? {
+                Some(v) => Some(header_text(v)?.to_owned()),
+                None => None,
+            },
+        };
+        Ok(Identity {
+            user: user.to_owned(),
+            feedback,
+            tenant,
+        })
+    }
+}
+
+fn header_text(v: &HeaderValue) -> Result<&str, AuthError> {
+    std::str::from_utf8(v.as_bytes())
+        .map_err(|_| AuthError::Malformed("an identity header is not valid UTF-8"))
+}
+
+/// A header's one value; `None` when absent, an error when repeated.
+fn one_header<'h>(
+    headers: &'h HeaderMap,
+    name: &HeaderName,
+) -> Result<Option<&'h HeaderValue>, AuthError> {
     let mut values = headers.get_all(name).iter();
     let Some(value) = values.next() else {
-        return Err(AuthError::MissingTrustedHeader);
+        return Ok(None);
     };
     if values.next().is_some() {
         return Err(AuthError::Malformed(
-            "the identity header appears more than once",
+            "an identity header appears more than once",
         ));
     }
-    let user = std::str::from_utf8(value.as_bytes())
-        .map_err(|_| AuthError::InvalidUserId("it is not valid UTF-8"))?;
-    check_user_id(user).map_err(AuthError::InvalidUserId)?;
-    Ok(user.to_owned())
+    Ok(Some(value))
 }
 
 /// A user id is non-empty, at most [`MAX_USER_ID_BYTES`] bytes, and free of
@@ -727,7 +915,7 @@ fn numeric_date(value: &Value, round_up: bool) -> Option<u64> {
 }
 
 impl ClaimRules {
-    fn check(&self, claims: &Map<String, Value>, now_s: u64) -> Result<String, AuthError> {
+    fn check(&self, claims: &Map<String, Value>, now_s: u64) -> Result<Identity, AuthError> {
         let exp = match claims.get("exp") {
             None | Some(Value::Null) => return Err(AuthError::MissingExpiry),
             Some(v) => numeric_date(v, false).ok_or(AuthError::Malformed(
@@ -764,14 +952,33 @@ impl ClaimRules {
                 return Err(AuthError::WrongAudience);
             }
         }
-        match claims.get(&self.user_claim) {
-            None | Some(Value::Null) => Err(AuthError::MissingUserClaim(self.user_claim.clone())),
+        let user = match claims.get(&self.user_claim) {
+            None | Some(Value::Null) => {
+                return Err(AuthError::MissingUserClaim(self.user_claim.clone()));
+            }
             Some(Value::String(user)) => {
                 check_user_id(user).map_err(AuthError::InvalidUserId)?;
-                Ok(user.clone())
+                user.clone()
             }
-            Some(_) => Err(AuthError::InvalidUserId("the user claim is not a string")),
-        }
+            Some(_) => return Err(AuthError::InvalidUserId("the user claim is not a string")),
+        };
+        let feedback = match claims.get(&self.scope_claim) {
+            Some(Value::String(scopes)) => scopes.split(' ').any(|s| s == self.feedback_scope),
+            Some(Value::Array(scopes)) => scopes
+                .iter()
+                .any(|s| s.as_str() == Some(self.feedback_scope.as_str())),
+            _ => false,
+        };
+        let tenant = match self.tenant_claim.as_ref().and_then(|c| claims.get(c)) {
+            None | Some(Value::Null) => None,
+            Some(Value::String(t)) => Some(t.clone()),
+            Some(_) => return Err(AuthError::Malformed("the tenant claim is not a string")),
+        };
+        Ok(Identity {
+            user,
+            feedback,
+            tenant,
+        })
     }
 
     fn describe(&self) -> String {
@@ -1272,24 +1479,91 @@ fn trusted_header_kind(cfg: &IdentityConfig, p: &mut Problems) -> Option<Kind> {
             ("audience", cfg.audience.is_some()),
             ("leeway_s", cfg.leeway_s.is_some()),
             ("user_claim", cfg.user_claim.is_some()),
+            ("audience_check", cfg.audience_check.is_some()),
         ],
         "in trusted_header mode (the proxy in front verifies identity)",
     );
-    let name = cfg.header.as_deref().unwrap_or(DEFAULT_TRUSTED_HEADER);
-    if name.is_empty() {
-        p.add("header", "must not be empty");
-        return None;
-    }
-    match HeaderName::from_bytes(name.as_bytes()) {
-        Ok(header) => Some(Kind::TrustedHeader(header)),
-        Err(_) => {
-            p.add(
-                "header",
-                format!("{name:?} is not a valid HTTP header name"),
-            );
-            None
+    let header = |field: &str, name: &str, p: &mut Problems| {
+        if name.is_empty() {
+            p.add(field, "must not be empty");
+            return None;
+        }
+        match HeaderName::from_bytes(name.as_bytes()) {
+            Ok(header) => Some(header),
+            Err(_) => {
+                p.add(field, format!("{name:?} is not a valid HTTP header name"));
+                None
+            }
+        }
+    };
+    let user = header(
+        "header",
+        cfg.header.as_deref().unwrap_or(DEFAULT_TRUSTED_HEADER),
+        p,
+    );
+    let scope = header(
+        "scope_claim",
+        cfg.scope_claim.as_deref().unwrap_or(DEFAULT_SCOPE_HEADER),
+        p,
+    );
+    let tenant = cfg
+        .tenant_claim
+        .as_deref()
+        .map(|name| header("tenant_claim", name, p));
+    let feedback_scope = feedback_scope(cfg, p);
+    let mut proxies = Vec::new();
+    match &cfg.trusted_proxies {
+        None => p.add(
+            "trusted_proxies",
+            "required in trusted_header mode: the addresses (CIDRs) of the proxies that set the \
+             identity header; a request from any other peer is refused",
+        ),
+        Some(list) if list.is_empty() => p.add(
+            "trusted_proxies",
+            "must name at least one proxy address or CIDR",
+        ),
+        Some(list) => {
+            for (i, raw) in list.iter().enumerate() {
+                let parsed = raw.parse::<ipnet::IpNet>().or_else(|_| {
+                    raw.parse::<std::net::IpAddr>()
+                        .map(|ip| ipnet::IpNet::from(ip.to_canonical()))
+                });
+                match parsed {
+                    Ok(net) => proxies.push(net.trunc()),
+                    Err(_) => p.add(
+                        &format!("trusted_proxies[{i}]"),
+                        format!("{raw:?} is not an IP address or CIDR (e.g. 10.0.0.0/8)"),
+                    ),
+                }
+            }
         }
     }
+    let (user, scope) = (user?, scope?);
+    let tenant = match tenant {
+        None => None,
+        Some(t) => Some(t?),
+    };
+    Some(Kind::TrustedHeader(Box::new(Trusted {
+        user,
+        scope,
+        tenant,
+        feedback_scope,
+        proxies,
+    })))
+}
+
+fn feedback_scope(cfg: &IdentityConfig, p: &mut Problems) -> String {
+    let scope = cfg
+        .feedback_scope
+        .clone()
+        .unwrap_or_else(|| DEFAULT_FEEDBACK_SCOPE.to_owned());
+    if scope.is_empty() || scope.contains(' ') {
+        p.add(
+            "feedback_scope",
+            "must be one scope: non-empty, without spaces",
+        );
+    }
+    scope
 }
 
 fn dev_kind(cfg: &IdentityConfig, p: &mut Problems) -> Option<Kind> {
@@ -1303,8 +1577,15 @@ fn dev_kind(cfg: &IdentityConfig, p: &mut Problems) -> Option<Kind> {
         "in dev mode (it always uses the well-known dev secret; use mode = \"jwt\" for your own keys)",
     );
     p.unused(
-        &[("header", cfg.header.is_some())],
+        &[
+            ("header", cfg.header.is_some()),
+            ("trusted_proxies", cfg.trusted_proxies.is_some()),
+        ],
         "in dev mode (only in trusted_header mode)",
+    );
+    p.unused(
+        &[("audience_check", cfg.audience_check.is_some())],
+        "in dev mode (it checks the audience only when `audience` is set)",
     );
     match cfg.algorithm.as_deref() {
         None | Some("HS256") => {}
@@ -1366,11 +1647,32 @@ fn claim_rules(cfg: &IdentityConfig, p: &mut Problems) -> ClaimRules {
             format!("{user_claim:?} is a registered claim that cannot name the user"),
         );
     }
+    let scope_claim = cfg
+        .scope_claim
+        .clone()
+        .unwrap_or_else(|| DEFAULT_SCOPE_CLAIM.to_owned());
+    for (field, claim) in [
+        ("scope_claim", Some(&scope_claim)),
+        ("tenant_claim", cfg.tenant_claim.as_ref()),
+    ] {
+        let Some(claim) = claim else { continue };
+        if claim.is_empty() {
+            p.add(field, "must not be empty");
+        } else if RESERVED_CLAIMS.contains(&claim.as_str()) || *claim == user_claim {
+            p.add(
+                field,
+                format!("{claim:?} is the user claim or a registered claim"),
+            );
+        }
+    }
     ClaimRules {
         issuer: cfg.issuer.clone(),
         audience: cfg.audience.clone(),
         leeway_s,
         user_claim,
+        scope_claim,
+        feedback_scope: feedback_scope(cfg, p),
+        tenant_claim: cfg.tenant_claim.clone(),
     }
 }
 
@@ -1381,9 +1683,24 @@ fn jwt_kind(
     p: &mut Problems,
 ) -> Option<Kind> {
     p.unused(
-        &[("header", cfg.header.is_some())],
+        &[
+            ("header", cfg.header.is_some()),
+            ("trusted_proxies", cfg.trusted_proxies.is_some()),
+        ],
         "in jwt mode (only in trusted_header mode)",
     );
+    match (&cfg.audience, cfg.audience_check) {
+        (None, None | Some(true)) => p.add(
+            "audience",
+            "required in jwt mode: the `aud` your identity provider issues tokens for tollgate \
+             with (or set audience_check = false to accept tokens meant for any service)",
+        ),
+        (Some(_), Some(false)) => p.add(
+            "audience_check",
+            "false contradicts `audience`: remove one of them",
+        ),
+        _ => {}
+    }
     let rules = claim_rules(cfg, p);
     let has_secret = cfg.secret.is_some() || cfg.secret_file.is_some();
     let source = match cfg.algorithm.as_deref() {
@@ -1549,7 +1866,6 @@ fn load_jwks_source(
 mod tests {
     use std::time::Duration;
 
-    use axum::http::HeaderValue;
     use jsonwebtoken::jwk::JwkSet;
     use serde_json::json;
     use tollgate_core::FakeClock;
@@ -2054,16 +2370,96 @@ Ji9YF+U2Y4eLQi7F4x1G89R/3SZLShCg
     }
 
     #[test]
-    fn audience_unset_is_not_checked() {
-        let clock = FakeClock::new(NOW_MS);
+    fn audience_is_required_unless_the_operator_turns_its_check_off() {
+        let dir = TempDir::new("audience");
         let cfg = IdentityConfig {
             audience: None,
             ..hs256_config()
         };
-        let v = build(&cfg, Path::new("."), &clock);
+        let e = config_errors(&cfg, &dir.0);
+        assert!(
+            has_error(&e, "identity.audience", "required in jwt mode"),
+            "{e:?}"
+        );
+        let off = IdentityConfig {
+            audience_check: Some(false),
+            ..cfg.clone()
+        };
+        let v = build(&off, Path::new("."), &FakeClock::new(NOW_MS));
         let mut c = claims(60);
         c["aud"] = json!("anything");
         assert!(v.verify(&bearer(&hs(&c))).is_ok());
+        assert!(v.describe().contains("audience not checked"));
+        let both = IdentityConfig {
+            audience_check: Some(false),
+            ..hs256_config()
+        };
+        let e = config_errors(&both, &dir.0);
+        assert!(
+            has_error(&e, "identity.audience_check", "contradicts"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn scopes_and_tenant_come_from_the_verified_claims() {
+        let clock = FakeClock::new(NOW_MS);
+        let cfg = IdentityConfig {
+            tenant_claim: Some("org".into()),
+            ..hs256_config()
+        };
+        let v = build(&cfg, Path::new("."), &clock);
+        assert!(v.verifies_tenant());
+        let id = |c: &Value| v.identify(&bearer(&hs(c)), None);
+        let plain = id(&claims(60)).unwrap();
+        assert_eq!((plain.feedback, plain.tenant.as_deref()), (false, None));
+        let mut c = claims(60);
+        c["scope"] = json!("read tollgate:feedback write");
+        c["org"] = json!("acme");
+        let svc = id(&c).unwrap();
+        assert_eq!((svc.feedback, svc.tenant.as_deref()), (true, Some("acme")));
+        c["scope"] = json!(["read", "tollgate:feedback"]);
+        assert!(id(&c).unwrap().feedback);
+        // Near misses are not the scope.
+        for near in [
+            json!("tollgate:feedbackx"),
+            json!("Tollgate:feedback"),
+            json!(7),
+        ] {
+            c["scope"] = near;
+            assert!(!id(&c).unwrap().feedback);
+        }
+        c["org"] = json!(1);
+        assert!(matches!(id(&c), Err(AuthError::Malformed(_))));
+        // Minted tokens carry them.
+        let token = v
+            .mint_with("svc", 60, &["tollgate:feedback".to_owned()], Some("acme"))
+            .unwrap();
+        let minted = v.identify(&bearer(&token), None).unwrap();
+        assert_eq!(
+            minted,
+            Identity {
+                user: "svc".into(),
+                feedback: true,
+                tenant: Some("acme".into())
+            }
+        );
+        let (plain_v, _) = hs_verifier();
+        assert!(matches!(
+            plain_v.mint_with("svc", 60, &[], Some("acme")),
+            Err(MintError::NoTenantClaim)
+        ));
+    }
+
+    #[test]
+    fn expiry_is_read_on_the_injected_wall_clock() {
+        // The verifier's clock is the one it was given (the system clock in
+        // production): a token valid now expires when that clock passes it.
+        let (v, clock) = hs_verifier();
+        let token = hs(&claims(60));
+        assert!(v.verify(&bearer(&token)).is_ok());
+        clock.advance((60 + DEFAULT_LEEWAY_S) * 1_000);
+        assert_eq!(v.verify(&bearer(&token)), Err(AuthError::Expired));
     }
 
     #[test]
@@ -2413,12 +2809,9 @@ Ji9YF+U2Y4eLQi7F4x1G89R/3SZLShCg
     #[test]
     fn trusted_header_mode() {
         let clock = FakeClock::new(NOW_MS);
-        let v = build(
-            &IdentityConfig::new(IdentityMode::TrustedHeader),
-            Path::new("."),
-            &clock,
-        );
+        let v = build(&trusted_config(), Path::new("."), &clock);
         assert_eq!(v.mode(), IdentityMode::TrustedHeader);
+        let v = Proxied(v);
         let mut headers = HeaderMap::new();
         assert_eq!(v.verify(&headers), Err(AuthError::MissingTrustedHeader));
         // A bearer token is not an identity in this mode.
@@ -2458,14 +2851,115 @@ Ji9YF+U2Y4eLQi7F4x1G89R/3SZLShCg
         ));
     }
 
+    /// trusted_header mode believing 10.0.0.0/8 and ::1.
+    fn trusted_config() -> IdentityConfig {
+        IdentityConfig {
+            trusted_proxies: Some(vec!["10.0.0.0/8".into(), "::1".into()]),
+            ..IdentityConfig::new(IdentityMode::TrustedHeader)
+        }
+    }
+
+    /// A verifier whose requests come from the trusted proxy 10.1.2.3.
+    struct Proxied(Verifier);
+
+    impl Proxied {
+        fn verify(&self, headers: &HeaderMap) -> Result<String, AuthError> {
+            self.0
+                .identify(headers, Some("10.1.2.3".parse().unwrap()))
+                .map(|id| id.user)
+        }
+        fn describe(&self) -> String {
+            self.0.describe()
+        }
+        fn mint(&self, user: &str, ttl_s: u64) -> Result<String, MintError> {
+            self.0.mint(user, ttl_s)
+        }
+    }
+
+    #[test]
+    fn trusted_header_is_believed_only_from_trusted_proxies() {
+        let clock = FakeClock::new(NOW_MS);
+        let v = build(&trusted_config(), Path::new("."), &clock);
+        let mut headers = HeaderMap::new();
+        headers.insert(DEFAULT_TRUSTED_HEADER, HeaderValue::from_static("carol"));
+        for peer in ["10.255.0.1", "::1", "::ffff:10.0.0.7"] {
+            assert_eq!(
+                v.identify(&headers, Some(peer.parse().unwrap()))
+                    .map(|i| i.user),
+                Ok("carol".to_owned()),
+                "{peer}"
+            );
+        }
+        for peer in [Some("11.0.0.1"), Some("127.0.0.1"), Some("::2"), None] {
+            assert_eq!(
+                v.identify(&headers, peer.map(|p| p.parse().unwrap())),
+                Err(AuthError::UntrustedPeer),
+                "{peer:?}"
+            );
+        }
+        assert!(v.describe().contains("10.0.0.0/8"));
+        // The scope and tenant headers, when the proxy sets them.
+        let cfg = IdentityConfig {
+            tenant_claim: Some("x-tenant".into()),
+            ..trusted_config()
+        };
+        let v = build(&cfg, Path::new("."), &clock);
+        headers.insert(
+            DEFAULT_SCOPE_HEADER,
+            HeaderValue::from_static("tollgate:feedback"),
+        );
+        headers.insert("x-tenant", HeaderValue::from_static("acme"));
+        let id = v
+            .identify(&headers, Some("10.0.0.1".parse().unwrap()))
+            .unwrap();
+        assert_eq!((id.feedback, id.tenant.as_deref()), (true, Some("acme")));
+    }
+
+    #[test]
+    fn trusted_header_mode_requires_its_proxies() {
+        let dir = TempDir::new("proxies");
+        let e = config_errors(&IdentityConfig::new(IdentityMode::TrustedHeader), &dir.0);
+        assert!(
+            has_error(&e, "identity.trusted_proxies", "required"),
+            "{e:?}"
+        );
+        let cfg = IdentityConfig {
+            trusted_proxies: Some(vec![]),
+            ..IdentityConfig::new(IdentityMode::TrustedHeader)
+        };
+        let e = config_errors(&cfg, &dir.0);
+        assert!(
+            has_error(&e, "identity.trusted_proxies", "at least one"),
+            "{e:?}"
+        );
+        let cfg = IdentityConfig {
+            trusted_proxies: Some(vec!["10.0.0.0/8".into(), "proxy.local".into()]),
+            ..IdentityConfig::new(IdentityMode::TrustedHeader)
+        };
+        let e = config_errors(&cfg, &dir.0);
+        assert!(
+            has_error(&e, "identity.trusted_proxies[1]", "not an IP"),
+            "{e:?}"
+        );
+        let cfg = IdentityConfig {
+            trusted_proxies: Some(vec!["10.0.0.1".into()]),
+            ..IdentityConfig::dev()
+        };
+        let e = config_errors(&cfg, &dir.0);
+        assert!(
+            has_error(&e, "identity.trusted_proxies", "not used"),
+            "{e:?}"
+        );
+    }
+
     #[test]
     fn trusted_header_custom_name() {
         let clock = FakeClock::new(NOW_MS);
         let cfg = IdentityConfig {
             header: Some("X-Forwarded-User".into()),
-            ..IdentityConfig::new(IdentityMode::TrustedHeader)
+            ..trusted_config()
         };
-        let v = build(&cfg, Path::new("."), &clock);
+        let v = Proxied(build(&cfg, Path::new("."), &clock));
         let mut headers = HeaderMap::new();
         headers.insert(DEFAULT_TRUSTED_HEADER, HeaderValue::from_static("carol"));
         assert_eq!(v.verify(&headers), Err(AuthError::MissingTrustedHeader));
@@ -2616,6 +3110,7 @@ Ji9YF+U2Y4eLQi7F4x1G89R/3SZLShCg
         let cfg = IdentityConfig {
             algorithm: Some("RS256".into()),
             public_key_file: Some("missing.pem".into()),
+            audience: Some(AUDIENCE.into()),
             ..jwt()
         };
         let e = config_errors(&cfg, &dir.0);
@@ -2625,7 +3120,8 @@ Ji9YF+U2Y4eLQi7F4x1G89R/3SZLShCg
         );
         assert!(
             e[0].reason
-                .contains(&dir.0.join("missing.pem").display().to_string())
+                .contains(&dir.0.join("missing.pem").display().to_string()),
+            "{e:?}"
         );
 
         dir.write("garbage.pem", "not a key");

@@ -17,7 +17,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
-use tollgate_core::{Clock, Limiter, MemoryStore, MonotonicClock, Store};
+use tollgate_core::{Clock, Limiter, MemoryStore, MonotonicClock, Store, SystemClock};
 use tollgate_redis::{Failover, RedisStore};
 
 pub mod config;
@@ -52,9 +52,12 @@ pub enum StartError {
     /// Binding or serving failed.
     #[error("listen: {0}")]
     Io(#[from] std::io::Error),
-    /// The gRPC address (`grpc_listen`) could not be bound.
-    #[error("grpc_listen {addr}: {source}")]
-    GrpcListen {
+    /// A configured address (`grpc_listen`, `admin_listen`) could not be
+    /// bound.
+    #[error("{field} {addr}: {source}")]
+    Listen {
+        /// The config field.
+        field: &'static str,
         /// The configured address.
         addr: std::net::SocketAddr,
         /// Why.
@@ -88,16 +91,17 @@ pub fn app<S: Store + Clone>(
     store: S,
     clock: Arc<dyn Clock>,
 ) -> Result<App<S>, ConfigError> {
-    app_with_metrics(config, store, clock, Arc::default())
+    app_with_metrics(config, store, clock.clone(), clock, Arc::default())
 }
 
 fn app_with_metrics<S: Store + Clone>(
     config: &Config,
     store: S,
     clock: Arc<dyn Clock>,
+    wall: Arc<dyn Clock>,
     metrics: Arc<metrics::Metrics>,
 ) -> Result<App<S>, ConfigError> {
-    let verifier = verifier(config, clock.clone())?;
+    let verifier = verifier(config, wall)?;
     let limiter = Limiter::new(store, clock, config.plans.clone());
     Ok(App::with_metrics(
         limiter,
@@ -117,6 +121,8 @@ pub struct Running {
     pub addr: std::net::SocketAddr,
     /// The address of the gRPC API, when it is on.
     pub grpc_addr: Option<std::net::SocketAddr>,
+    /// The operator's port (`/metrics`, `/admin/*`), when apart.
+    pub admin_addr: Option<std::net::SocketAddr>,
     /// The store, in words.
     pub store: String,
     /// The identity mode, in words.
@@ -128,12 +134,17 @@ pub struct Running {
 pub struct Listeners {
     http: TcpListener,
     grpc: Option<TcpListener>,
+    admin: Option<TcpListener>,
 }
 
 impl Listeners {
     /// The HTTP/JSON API on `http`, and nothing else.
     pub fn new(http: TcpListener) -> Self {
-        Self { http, grpc: None }
+        Self {
+            http,
+            grpc: None,
+            admin: None,
+        }
     }
 
     /// Also the gRPC API (`tollgate.v1.Tollgate`) on `grpc`.
@@ -141,6 +152,24 @@ impl Listeners {
         self.grpc = Some(grpc);
         self
     }
+
+    /// The operator's routes (`/metrics`, `/admin/*`) on `admin`, and no
+    /// longer on the API's port.
+    pub fn with_admin(mut self, admin: TcpListener) -> Self {
+        self.admin = Some(admin);
+        self
+    }
+}
+
+/// Binds `addr` for the config field `field`.
+async fn bind(field: &'static str, addr: std::net::SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Listen {
+            field,
+            addr,
+            source,
+        })
 }
 
 /// Serves `config` on `listener`, and the gRPC API on `grpc_listen` when
@@ -160,10 +189,10 @@ pub async fn serve(
 ) -> Result<(), StartError> {
     let mut listeners = Listeners::new(listener);
     if let Some(addr) = config.grpc_listen {
-        let grpc = TcpListener::bind(addr)
-            .await
-            .map_err(|source| StartError::GrpcListen { addr, source })?;
-        listeners = listeners.with_grpc(grpc);
+        listeners = listeners.with_grpc(bind("grpc_listen", addr).await?);
+    }
+    if let Some(addr) = config.admin_listen {
+        listeners = listeners.with_admin(bind("admin_listen", addr).await?);
     }
     serve_with(config, listeners, clock, on_start, shutdown).await
 }
@@ -181,7 +210,12 @@ pub async fn serve_with(
     on_start: impl FnOnce(&Running),
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
-    let clock: Arc<dyn Clock> = clock.unwrap_or_else(|| Arc::new(MonotonicClock::new()));
+    // Decisions run on a monotonic clock; token expiry (`exp`, `nbf`) is
+    // wall time. A test's clock drives both.
+    let (clock, wall): (Arc<dyn Clock>, Arc<dyn Clock>) = match clock {
+        Some(c) => (c.clone(), c),
+        None => (Arc::new(MonotonicClock::new()), Arc::new(SystemClock)),
+    };
     let metrics = Arc::new(metrics::Metrics::new());
     match &config.store {
         StoreSettings::Memory {
@@ -192,6 +226,7 @@ pub async fn serve_with(
                 &config,
                 store,
                 clock,
+                wall,
                 metrics,
                 listeners,
                 "memory (this process only)".into(),
@@ -223,7 +258,7 @@ pub async fn serve_with(
                 counted.fallbacks.get_or_create(&labels).inc();
             });
             run(
-                &config, store, clock, metrics, listeners, desc, on_start, shutdown,
+                &config, store, clock, wall, metrics, listeners, desc, on_start, shutdown,
             )
             .await
         }
@@ -243,18 +278,25 @@ async fn run<S: Store + Clone>(
     config: &Config,
     store: S,
     clock: Arc<dyn Clock>,
+    wall: Arc<dyn Clock>,
     metrics: Arc<metrics::Metrics>,
     listeners: Listeners,
     store_desc: String,
     on_start: impl FnOnce(&Running),
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
-    let app = app_with_metrics(config, store, clock, metrics)?;
+    let app = app_with_metrics(config, store, clock, wall, metrics)?;
+    if config.identity.audience_check == Some(false) {
+        tracing::warn!(
+            "identity.audience_check = false: tokens issued for any service are accepted"
+        );
+    }
     let reloaders = reload::spawn(app.clone());
-    let Listeners { http, grpc } = listeners;
+    let Listeners { http, grpc, admin } = listeners;
     let running = Running {
         addr: http.local_addr()?,
         grpc_addr: grpc.as_ref().map(TcpListener::local_addr).transpose()?,
+        admin_addr: admin.as_ref().map(TcpListener::local_addr).transpose()?,
         store: store_desc,
         identity: app.verifier().describe(),
     };
@@ -269,13 +311,33 @@ async fn run<S: Store + Clone>(
         // An error: the sender is gone, which only happens at the end.
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    let router = http::routes::router(app.clone());
+    let router = if admin.is_some() {
+        http::routes::public_router(app.clone())
+    } else {
+        http::routes::router(app.clone())
+    };
     let http_stopped = stopped(stopping.clone());
-    let http = async {
-        axum::serve(http, router)
-            .with_graceful_shutdown(http_stopped)
+    let admin_stopped = stopped(stopping.clone());
+    let operator_routes = admin
+        .as_ref()
+        .map(|_| http::routes::operator_router(app.clone()));
+    let operator = async {
+        let (Some(listener), Some(routes)) = (admin, operator_routes) else {
+            return Ok(());
+        };
+        axum::serve(listener, routes)
+            .with_graceful_shutdown(admin_stopped)
             .await
             .map_err(StartError::from)
+    };
+    let http = async {
+        axum::serve(
+            http,
+            router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .with_graceful_shutdown(http_stopped)
+        .await
+        .map_err(StartError::from)
     };
     let grpc = async {
         let Some(listener) = grpc else {
@@ -292,7 +354,7 @@ async fn run<S: Store + Clone>(
             .await
             .map_err(StartError::from)
     };
-    let served = tokio::try_join!(http, grpc);
+    let served = tokio::try_join!(http, grpc, operator);
     signal.abort();
     for task in reloaders {
         task.abort();

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use tollgate_core::{Clock, MonotonicClock};
+use tollgate_core::{Clock, SystemClock};
 use tollgate_planner::capacity::{CapacityInput, capacity};
 use tollgate_planner::derive::derive_file;
 use tollgate_planner::simulate::{SimulateOptions, simulate};
@@ -46,6 +46,13 @@ enum Command {
         /// Validity, seconds.
         #[arg(long, default_value_t = 3600)]
         ttl: u64,
+        /// A scope to grant (repeatable), e.g. `tollgate:feedback` for a
+        /// service that reports provider answers.
+        #[arg(long = "scope")]
+        scopes: Vec<String>,
+        /// The tenant claim's value (needs `tenant_claim` in [identity]).
+        #[arg(long)]
+        tenant: Option<String>,
     },
     /// Replay a traffic trace (JSON lines) through the real limiter on a
     /// fake clock and report what was allowed, waited or denied
@@ -168,7 +175,13 @@ fn main() -> ExitCode {
                 ExitCode::from(EX_USAGE)
             }
         },
-        Command::Token { user, config, ttl } => {
+        Command::Token {
+            user,
+            config,
+            ttl,
+            scopes,
+            tenant,
+        } => {
             let cfg = match tollgate_server::load_config(config.as_deref()) {
                 Ok(c) => c,
                 Err(e) => {
@@ -176,8 +189,10 @@ fn main() -> ExitCode {
                     return ExitCode::from(EX_USAGE);
                 }
             };
-            let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
-            match tollgate_server::verifier(&cfg, clock).map(|v| v.mint(&user, ttl)) {
+            let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+            match tollgate_server::verifier(&cfg, clock)
+                .map(|v| v.mint_with(&user, ttl, &scopes, tenant.as_deref()))
+            {
                 Ok(Ok(token)) => {
                     println!("{token}");
                     ExitCode::SUCCESS
@@ -277,6 +292,9 @@ fn serve(config: Option<PathBuf>) -> ExitCode {
                 println!("  identity: {}", r.identity);
                 if let Some(grpc) = r.grpc_addr {
                     println!("  grpc:     {grpc} (tollgate.v1.Tollgate; Envoy rate-limit service v3)");
+                }
+                if let Some(admin) = r.admin_addr {
+                    println!("  operator: http://{admin} (/metrics, /admin/*)");
                 }
                 if dev {
                     println!(

@@ -18,6 +18,7 @@ use tollgate_core::provider::{Feedback, PermitRequest};
 use tollgate_core::{Decision, Limit, ReplicaPermit, ReservationId, Store};
 use utoipa::ToSchema;
 
+use crate::identity::Identity;
 use crate::metrics::DecisionLabels;
 use crate::outcome::ApiError;
 use crate::state::App;
@@ -298,12 +299,13 @@ impl<S: Store + Clone> Drop for InFlight<'_, S> {
 /// # Errors
 ///
 /// [`ApiError::Unauthorized`]: no verified identity.
-pub fn verify_user<S: Store + Clone>(
+pub fn verify_caller<S: Store + Clone>(
     app: &App<S>,
     headers: &axum::http::HeaderMap,
-) -> Result<String, ApiError> {
+    peer: Option<std::net::IpAddr>,
+) -> Result<Identity, ApiError> {
     app.verifier()
-        .verify(headers)
+        .identify(headers, peer)
         .map_err(|e| ApiError::Unauthorized(e.message()))
 }
 
@@ -722,19 +724,35 @@ pub async fn check_fence<S: Store + Clone>(
 /// input, a store fault.
 pub async fn provider_permit<S: Store + Clone>(
     app: &App<S>,
-    user: &str,
+    caller: &Identity,
     provider: &str,
     req: PermitBody,
 ) -> Result<PermitResponse, ApiError> {
+    let user = caller.user.as_str();
     check_id("provider", provider)?;
     check_id("model", &req.model)?;
     if let Some(t) = &req.tenant {
         check_id("tenant", t)?;
     }
+    // With `tenant_claim`, the tenant is the verified one; a body naming
+    // another would spend another tenant's share.
+    let tenant = if app.verifier().verifies_tenant() {
+        if req.tenant.is_some() && req.tenant != caller.tenant {
+            return Err(ApiError::Forbidden(
+                "the tenant is taken from your credentials; send none, or your own".to_owned(),
+            ));
+        }
+        caller.tenant.as_deref()
+    } else {
+        req.tenant.as_deref()
+    };
+    if let Some(t) = tenant {
+        check_id("tenant", t)?;
+    }
     let permit = PermitRequest {
         provider,
         model: &req.model,
-        tenant: req.tenant.as_deref(),
+        tenant,
         tokens: tokens("tokens", req.tokens)?,
         input_tokens: optional_tokens("input_tokens", req.input_tokens)?,
         output_tokens: optional_tokens("output_tokens", req.output_tokens)?,
@@ -807,13 +825,24 @@ pub async fn provider_permit<S: Store + Clone>(
 ///
 /// # Errors
 ///
-/// `unknown_provider`, invalid input, a store fault.
+/// `forbidden` without the feedback scope, `unknown_provider`, invalid
+/// input, a store fault.
 pub async fn provider_feedback<S: Store + Clone>(
     app: &App<S>,
-    user: &str,
+    caller: &Identity,
     provider: &str,
     req: FeedbackBody,
 ) -> Result<FeedbackResponse, ApiError> {
+    let user = caller.user.as_str();
+    // A provider's answer changes the rate of the whole fleet: only the
+    // services that call providers (a credential with the feedback scope)
+    // may report one.
+    if !caller.feedback {
+        return Err(ApiError::Forbidden(format!(
+            "reporting provider answers needs the `{}` scope",
+            app.verifier().feedback_scope()
+        )));
+    }
     check_id("provider", provider)?;
     check_id("model", &req.model)?;
     let status = match u16::try_from(req.status) {

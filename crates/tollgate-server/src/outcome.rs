@@ -17,6 +17,7 @@
 //! | `lease_lost`, `not_holder`, `unknown_reservation`, `unknown_provider` | 404 | `NOT_FOUND` | no |
 //! | `invalid_request` | 400 | `INVALID_ARGUMENT` (+ `BadRequest` naming the field) | no |
 //! | `unauthorized` | 401 | `UNAUTHENTICATED` | no |
+//! | `forbidden` (the credential lacks a privilege) | 403 | `PERMISSION_DENIED` | no |
 //! | `store_unavailable` (fail_closed) | 503 | `UNAVAILABLE` | no |
 //! | `internal` | 500 | `INTERNAL` | no |
 //!
@@ -99,6 +100,10 @@ pub enum ApiError {
     /// No verified identity.
     #[error("unauthorized: {0}")]
     Unauthorized(String),
+    /// Verified, but the credential does not allow this (a fleet-wide write
+    /// without its scope, another tenant's share).
+    #[error("forbidden: {0}")]
+    Forbidden(String),
     /// The store failed (fail closed).
     #[error("store unavailable: {0}")]
     StoreUnavailable(String),
@@ -183,8 +188,8 @@ pub struct ErrorBody {
     /// `max_llm_calls`, `exceeds_capacity`, `session_busy`, `lease_lost`,
     /// `not_holder`, `stale_fence`, `unknown_reservation`, `provider_rate`,
     /// `provider_cooldown`, `provider_exhausted`, `unknown_provider`,
-    /// `invalid_request`, `unauthorized`, `store_unavailable`, `overloaded`,
-    /// `internal`.
+    /// `invalid_request`, `unauthorized`, `forbidden`, `store_unavailable`,
+    /// `overloaded`, `internal`.
     pub error: &'static str,
     /// The limit that refused, for limit errors.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -432,6 +437,11 @@ impl ApiError {
                 H::UNAUTHORIZED,
                 G::Unauthenticated,
                 body("unauthorized", m.clone()),
+            ),
+            ApiError::Forbidden(m) => Row::new(
+                H::FORBIDDEN,
+                G::PermissionDenied,
+                body("forbidden", m.clone()),
             ),
             ApiError::StoreUnavailable(detail) => {
                 tracing::warn!(error = %detail, "store unavailable");

@@ -286,9 +286,10 @@ impl Server {
         headers: &[(&str, &str)],
         body: Option<&str>,
     ) -> Result<proto::ProviderFeedbackResponse, Status> {
+        let auth = format!("Bearer {}", common::service_token("gateway", SECRET));
         self.client()
-            .provider_feedback(req(
-                "alice",
+            .provider_feedback(with_auth(
+                Some(&auth),
                 proto::ProviderFeedbackRequest {
                     provider: provider.to_owned(),
                     model: model.to_owned(),
@@ -1086,7 +1087,7 @@ async fn the_trusted_header_identifies_the_user_over_grpc() {
         &format!(
             "mode = \"jwt\"\nalgorithm = \"HS256\"\nsecret = \"{SECRET}\"\nissuer = \"{ISSUER}\"\naudience = \"{AUDIENCE}\""
         ),
-        "mode = \"trusted_header\"\nheader = \"x-user\"",
+        "mode = \"trusted_header\"\nheader = \"x-user\"\ntrusted_proxies = [\"127.0.0.1\"]",
     );
     assert!(text.contains("trusted_header"), "{text}");
     let srv = Server::start(&text).await;

@@ -203,6 +203,7 @@ max_in_flight = 4096
 
 [identity]
 mode = "trusted_header"
+trusted_proxies = ["127.0.0.1"]
 
 [plans.p]
 turns = {{ amount = 1000, period_ms = 60000 }}
@@ -265,6 +266,7 @@ async fn caller(
         let fb = client
             .post(format!("http://{sidecar}/v1/providers/{p}/feedback"))
             .header("x-tollgate-user", "caller")
+            .header("x-tollgate-scope", "tollgate:feedback")
             .json(&json!({"model": "e2e", "status": status, "headers": headers, "body": body}))
             .send()
             .await

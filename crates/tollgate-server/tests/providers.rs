@@ -196,9 +196,17 @@ impl Server {
         self.post("alice", &permits(provider), body).await
     }
 
-    /// Feedback for `provider` with `body`.
+    /// Feedback for `provider` with `body`, from a service with the
+    /// feedback scope.
     async fn feedback(&self, provider: &str, body: Value) -> Resp {
-        self.post("alice", &feedback(provider), body).await
+        let auth = format!("Bearer {}", common::service_token("gateway", SECRET));
+        self.send(
+            Method::POST,
+            &feedback(provider),
+            Some(&auth),
+            Some(&body.to_string()),
+        )
+        .await
     }
 
     async fn metrics(&self) -> String {
@@ -764,17 +772,15 @@ async fn metrics_count_permits_answers_and_the_effective_rate() {
     let gauge = r#"tollgate_provider_effective_rate_permille{provider="openai",model="gpt-4o"}"#;
     assert_eq!(metric(&text, gauge), Some(1_000.0), "{text}");
     // A 429 halves it; the gauge follows.
-    srv.post(
-        user,
-        &feedback("openai"),
+    srv.feedback(
+        "openai",
         json!({"model": "gpt-4o", "status": 429, "headers": {}}),
     )
     .await
     .ok();
     // Exhaustion refusals are counted as refused.
-    srv.post(
-        user,
-        &feedback("openai"),
+    srv.feedback(
+        "openai",
         json!({"model": "gpt-4o", "status": 429, "headers": {}, "body": INSUFFICIENT_QUOTA}),
     )
     .await
@@ -824,7 +830,7 @@ async fn openapi_documents_the_provider_routes() {
         ),
         (
             "/v1/providers/{provider}/feedback",
-            &["200", "400", "401", "404", "503"][..],
+            &["200", "400", "401", "403", "404", "503"][..],
         ),
     ] {
         let op = &doc["paths"][path]["post"];

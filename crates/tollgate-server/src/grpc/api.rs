@@ -16,6 +16,7 @@ use tonic::{Code, Request, Response, Status};
 
 use super::proto;
 use super::proto::tollgate_server::{Tollgate, TollgateServer};
+use crate::identity::Identity;
 use crate::ops::{self, Shadowed};
 use crate::outcome::ApiError;
 use crate::state::App;
@@ -100,7 +101,7 @@ impl<S: Store + Clone> TollgateService<S> {
         &self,
         method: &'static str,
         request: Request<M>,
-        op: impl AsyncFnOnce(&App<S>, &str, M) -> Result<Reply<R>, ApiError>,
+        op: impl AsyncFnOnce(&App<S>, &Identity, M) -> Result<Reply<R>, ApiError>,
     ) -> Result<Response<R>, Status> {
         let app = &self.app;
         let mut counted = Counted {
@@ -110,8 +111,9 @@ impl<S: Store + Clone> TollgateService<S> {
         };
         let result = async {
             let _place = ops::enter(app)?;
-            let user = ops::verify_user(app, &request.metadata().clone().into_headers())?;
-            let result = op(app, &user, request.into_inner()).await;
+            let peer = request.remote_addr().map(|a| a.ip());
+            let caller = ops::verify_caller(app, &request.metadata().clone().into_headers(), peer)?;
+            let result = op(app, &caller, request.into_inner()).await;
             if let Err(e) = &result
                 && e.is_fault()
             {
@@ -148,7 +150,7 @@ impl<S: Store + Clone> Tollgate for TollgateService<S> {
         request: Request<proto::AdmitRunRequest>,
     ) -> Result<Response<proto::AdmitRunResponse>, Status> {
         self.call("AdmitRun", request, async |app, user, m| {
-            ops::admit_run(app, user, m.into())
+            ops::admit_run(app, &user.user, m.into())
                 .await
                 .map(Reply::shadowed)
         })
@@ -160,7 +162,7 @@ impl<S: Store + Clone> Tollgate for TollgateService<S> {
         request: Request<proto::ReleaseRunRequest>,
     ) -> Result<Response<proto::ReleaseRunResponse>, Status> {
         self.call("ReleaseRun", request, async |app, user, m| {
-            ops::release_run(app, user, &m.invocation_id, m.session_id.as_deref())
+            ops::release_run(app, &user.user, &m.invocation_id, m.session_id.as_deref())
                 .await
                 .map(Reply::new)
         })
@@ -172,7 +174,7 @@ impl<S: Store + Clone> Tollgate for TollgateService<S> {
         request: Request<proto::RenewRunRequest>,
     ) -> Result<Response<proto::RenewRunResponse>, Status> {
         self.call("RenewRun", request, async |app, user, m| {
-            ops::renew_run(app, user, &m.invocation_id)
+            ops::renew_run(app, &user.user, &m.invocation_id)
                 .await
                 .map(Reply::new)
         })
@@ -186,7 +188,7 @@ impl<S: Store + Clone> Tollgate for TollgateService<S> {
         // With `wait`, a cancelled call drops this future; the limiter then
         // refunds the reservation it was waiting on.
         self.call("ReserveTokens", request, async |app, user, m| {
-            ops::reserve_tokens(app, user, m.into())
+            ops::reserve_tokens(app, &user.user, m.into())
                 .await
                 .map(Reply::shadowed)
         })
@@ -198,7 +200,7 @@ impl<S: Store + Clone> Tollgate for TollgateService<S> {
         request: Request<proto::SettleRequest>,
     ) -> Result<Response<proto::SettleResponse>, Status> {
         self.call("Settle", request, async |app, user, m| {
-            ops::settle(app, user, m.into()).await.map(Reply::new)
+            ops::settle(app, &user.user, m.into()).await.map(Reply::new)
         })
         .await
     }
@@ -208,7 +210,7 @@ impl<S: Store + Clone> Tollgate for TollgateService<S> {
         request: Request<proto::RefundRequest>,
     ) -> Result<Response<proto::RefundResponse>, Status> {
         self.call("Refund", request, async |app, user, m| {
-            ops::refund(app, user, m.into()).await.map(Reply::new)
+            ops::refund(app, &user.user, m.into()).await.map(Reply::new)
         })
         .await
     }
@@ -222,7 +224,7 @@ impl<S: Store + Clone> Tollgate for TollgateService<S> {
                 holder: m.holder,
                 ttl_ms: m.ttl_ms,
             };
-            ops::acquire_session_lease(app, user, &m.session_id, req)
+            ops::acquire_session_lease(app, &user.user, &m.session_id, req)
                 .await
                 .map(Reply::new)
         })
@@ -238,7 +240,7 @@ impl<S: Store + Clone> Tollgate for TollgateService<S> {
                 holder: m.holder,
                 ttl_ms: m.ttl_ms,
             };
-            ops::renew_session_lease(app, user, &m.session_id, req)
+            ops::renew_session_lease(app, &user.user, &m.session_id, req)
                 .await
                 .map(Reply::new)
         })
@@ -250,7 +252,7 @@ impl<S: Store + Clone> Tollgate for TollgateService<S> {
         request: Request<proto::ReleaseSessionLeaseRequest>,
     ) -> Result<Response<proto::ReleaseSessionLeaseResponse>, Status> {
         self.call("ReleaseSessionLease", request, async |app, user, m| {
-            ops::release_session_lease(app, user, &m.session_id, &m.holder)
+            ops::release_session_lease(app, &user.user, &m.session_id, &m.holder)
                 .await
                 .map(Reply::new)
         })
@@ -263,7 +265,7 @@ impl<S: Store + Clone> Tollgate for TollgateService<S> {
     ) -> Result<Response<proto::CheckFenceResponse>, Status> {
         self.call("CheckFence", request, async |app, user, m| {
             let req = ops::FenceRequest { fence: m.fence };
-            ops::check_fence(app, user, &m.session_id, req)
+            ops::check_fence(app, &user.user, &m.session_id, req)
                 .await
                 .map(Reply::new)
         })

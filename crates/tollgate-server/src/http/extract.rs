@@ -1,12 +1,16 @@
 //! Extractors that turn every malformed input into a 400 naming the field,
 //! and a missing or invalid identity into a 401.
 
+use std::net::SocketAddr;
+
 use axum::body::Bytes;
+use axum::extract::ConnectInfo;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 use tollgate_core::Store;
 
+use crate::identity::Identity;
 use crate::outcome::ApiError;
 use crate::state::App;
 
@@ -17,7 +21,26 @@ impl<S: Store + Clone> FromRequestParts<App<S>> for User {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, app: &App<S>) -> Result<Self, ApiError> {
-        crate::ops::verify_user(app, &parts.headers).map(User)
+        Caller::from_request_parts(parts, app)
+            .await
+            .map(|c| User(c.0.user))
+    }
+}
+
+/// The verified identity of the request, with what its credential allows.
+pub(crate) struct Caller(pub(crate) Identity);
+
+impl<S: Store + Clone> FromRequestParts<App<S>> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &App<S>) -> Result<Self, ApiError> {
+        // The connection's peer (served with connect info); unknown in
+        // tests that call the router without a socket.
+        let peer = parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|c| c.0.ip());
+        crate::ops::verify_caller(app, &parts.headers, peer).map(Caller)
     }
 }
 

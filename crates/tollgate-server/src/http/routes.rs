@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use tollgate_core::Store;
 use utoipa::{OpenApi, ToSchema};
 
-use super::extract::{Body, User};
+use super::extract::{Body, Caller, User};
 use crate::ops::{self, Shadowed, check_id};
 pub use crate::ops::{
     AdmitRequest, AdmitResponse, BalanceResponse, DEFAULT_SESSION_TTL_MS, FeedbackBody,
@@ -205,35 +205,36 @@ async fn fence_check<S: Store + Clone>(
     params(("provider" = String, Path, description = "the provider, e.g. openai")),
     responses((status = 200, body = PermitResponse),
               (status = 429, body = ErrorBody, description = "provider_rate or provider_cooldown (Retry-After)"),
-              (status = 403, body = ErrorBody, description = "provider_exhausted: per-day or billing quota; not retryable (no Retry-After)"),
+              (status = 403, body = ErrorBody, description = "provider_exhausted: per-day or billing quota; not retryable (no Retry-After); or forbidden: a tenant other than the verified one"),
               (status = 404, body = ErrorBody, description = "unknown_provider"),
               (status = 400, body = ErrorBody, description = "exceeds_capacity or invalid_request"), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
 async fn provider_permit<S: Store + Clone>(
     State(app): State<App<S>>,
-    User(user): User,
+    Caller(caller): Caller,
     provider: Result<Path<String>, axum::extract::rejection::PathRejection>,
     Body(req): Body<PermitBody>,
 ) -> ApiResult<PermitResponse> {
     let provider = path_id(provider, "provider")?;
     Ok(Json(
-        ops::provider_permit(&app, &user, &provider, req).await?,
+        ops::provider_permit(&app, &caller, &provider, req).await?,
     ))
 }
 
 #[utoipa::path(post, path = "/v1/providers/{provider}/feedback", request_body = FeedbackBody,
     params(("provider" = String, Path, description = "the provider, e.g. openai")),
     responses((status = 200, body = FeedbackResponse),
+              (status = 403, body = ErrorBody, description = "forbidden: the credential lacks the feedback scope"),
               (status = 404, body = ErrorBody, description = "unknown_provider"),
               (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
 async fn provider_feedback<S: Store + Clone>(
     State(app): State<App<S>>,
-    User(user): User,
+    Caller(caller): Caller,
     provider: Result<Path<String>, axum::extract::rejection::PathRejection>,
     Body(req): Body<FeedbackBody>,
 ) -> ApiResult<FeedbackResponse> {
     let provider = path_id(provider, "provider")?;
     Ok(Json(
-        ops::provider_feedback(&app, &user, &provider, req).await?,
+        ops::provider_feedback(&app, &caller, &provider, req).await?,
     ))
 }
 
@@ -345,8 +346,37 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/readyz"),
 ];
 
-/// The router of the whole API over `app`.
+/// The router of the whole API over `app`, the operator's routes
+/// (`/metrics`, `/admin/*`) included: one port for everything.
 pub fn router<S: Store + Clone>(app: App<S>) -> Router {
+    finish(public_routes(&app).merge(operator_routes::<S>()), app)
+}
+
+/// The public port's router when the operator's routes have their own
+/// port (`admin_listen`): the API, health, readiness and `/openapi.json`.
+pub fn public_router<S: Store + Clone>(app: App<S>) -> Router {
+    finish(public_routes(&app), app)
+}
+
+/// The operator's port (`admin_listen`): `/metrics` and `/admin/*`.
+pub fn operator_router<S: Store + Clone>(app: App<S>) -> Router {
+    finish(operator_routes::<S>(), app)
+}
+
+fn operator_routes<S: Store + Clone>() -> Router<App<S>> {
+    Router::new()
+        .route("/metrics", get(metrics_text::<S>))
+        .merge(super::admin::router::<S>())
+}
+
+fn finish<S: Store + Clone>(routes: Router<App<S>>, app: App<S>) -> Router {
+    routes
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(64 * 1024))
+        .with_state(app)
+}
+
+fn public_routes<S: Store + Clone>(app: &App<S>) -> Router<App<S>> {
     let v1 = Router::new()
         .route("/v1/runs", post(admit_run::<S>))
         .route("/v1/runs/{invocation_id}", delete(release_run::<S>))
@@ -377,9 +407,4 @@ pub fn router<S: Store + Clone>(app: App<S>) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz::<S>))
         .route("/openapi.json", get(openapi))
-        .route("/metrics", get(metrics_text::<S>))
-        .merge(super::admin::router::<S>())
-        .fallback(not_found)
-        .layer(DefaultBodyLimit::max(64 * 1024))
-        .with_state(app)
 }

@@ -49,6 +49,26 @@ pub fn token_with(user: &str, secret: &str, exp: u64) -> String {
     .expect("sign")
 }
 
+/// A valid HS256 token of a service that reports provider answers: `user`
+/// with the `tollgate:feedback` scope, signed with `secret`, expiring an
+/// hour after the fake clock's start.
+pub fn service_token(user: &str, secret: &str) -> String {
+    let claims = json!({
+        "sub": user,
+        "iss": ISSUER,
+        "aud": AUDIENCE,
+        "iat": T0 / 1_000,
+        "exp": T0 / 1_000 + 3_600,
+        "scope": "tollgate:feedback",
+    });
+    jsonwebtoken::encode(
+        &Header::new(Algorithm::HS256),
+        &claims,
+        &EncodingKey::from_secret(secret.as_bytes()),
+    )
+    .expect("sign")
+}
+
 /// A valid HS256 token for `user` signed with `secret`, expiring an hour
 /// after the fake clock's start.
 pub fn valid_token(user: &str, secret: &str) -> String {
