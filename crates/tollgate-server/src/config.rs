@@ -174,11 +174,53 @@ pub struct Config {
     pub providers: ProviderBook,
     /// Envoy's rate-limit service rules (`[rls]`).
     pub rls: crate::rls::RlsRules,
+    /// The settings a running server cannot change, as written: a reload
+    /// compares them ([`RestartOnly::changed`]).
+    pub restart_only: RestartOnly,
     /// Directory relative paths in the config are resolved against.
     pub base_dir: PathBuf,
     /// The file it was loaded from (none: the embedded default); reloads
     /// reread it.
     pub source: Option<PathBuf>,
+}
+
+/// The settings that take effect only at start (listeners, store, identity,
+/// caps, admin token), as written in the file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RestartOnly {
+    fields: Vec<(&'static str, serde_json::Value)>,
+}
+
+impl RestartOnly {
+    fn of(file: &FileConfig) -> Self {
+        Self {
+            fields: vec![
+                ("listen", written(&file.listen)),
+                ("grpc_listen", written(&file.grpc_listen)),
+                ("admin_listen", written(&file.admin_listen)),
+                ("admin_token", written(&file.admin_token)),
+                ("max_in_flight", written(&file.max_in_flight)),
+                ("store", written(&file.store)),
+                ("identity", written(&file.identity)),
+            ],
+        }
+    }
+
+    /// The fields whose value in `new` differs from this one's: what a
+    /// reload to `new` cannot apply without a restart.
+    pub fn changed(&self, new: &RestartOnly) -> Vec<&'static str> {
+        self.fields
+            .iter()
+            .zip(&new.fields)
+            .filter(|(a, b)| a != b)
+            .map(|(a, _)| a.0)
+            .collect()
+    }
+}
+
+/// A setting as JSON, for comparing what was written.
+fn written<T: Serialize>(x: &T) -> serde_json::Value {
+    serde_json::to_value(x).unwrap_or(serde_json::Value::Null)
 }
 
 /// A config that cannot be used: every problem, each with its field path.
@@ -313,6 +355,7 @@ impl FileConfig {
     ///
     /// Each problem with its field path.
     pub fn validate(self, base_dir: &Path) -> Result<Config, Vec<FieldError>> {
+        let restart_only = RestartOnly::of(&self);
         let mut errors = Vec::new();
         let listen = match self.listen.parse::<SocketAddr>() {
             Ok(a) => Some(a),
@@ -439,6 +482,7 @@ impl FileConfig {
                     plans,
                     providers,
                     rls,
+                    restart_only,
                     base_dir: base_dir.to_path_buf(),
                     source: None,
                 })

@@ -110,7 +110,10 @@ fn app_with_metrics<S: Store + Clone>(
         config.max_in_flight,
         config.admin_token.clone(),
         metrics,
-        config.source.clone(),
+        config
+            .source
+            .clone()
+            .map(|path| (path, config.restart_only.clone())),
     ))
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tollgate_core::provider::{ProviderBook, ProviderGovernor};
 use tollgate_core::{Clock, Limiter, ReplicaGate, Store};
 
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, RestartOnly};
 use crate::identity::Verifier;
 use crate::metrics::{Metrics, ReloadLabels};
 
@@ -14,6 +14,15 @@ use crate::metrics::{Metrics, ReloadLabels};
 /// Cloning shares it.
 pub struct App<S> {
     inner: Arc<Inner<S>>,
+}
+
+/// What a reload applied.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reloaded {
+    /// Changed settings that take effect only after a restart (config
+    /// field names: `listen`, `store`, `identity`, …); their running values
+    /// stay.
+    pub needs_restart: Vec<&'static str>,
 }
 
 impl<S> Clone for App<S> {
@@ -32,6 +41,9 @@ struct Inner<S> {
     admin_token: Option<String>,
     metrics: Arc<Metrics>,
     config_path: Option<PathBuf>,
+    /// The restart-only settings the server started with (none: not from
+    /// a file).
+    restart_only: Option<RestartOnly>,
     reload_lock: tokio::sync::Mutex<()>,
     /// The Envoy rate-limit services' rule holders, swapped on reload.
     rls_rules: parking_lot::Mutex<Vec<crate::grpc::rls::RulesHandle>>,
@@ -60,8 +72,9 @@ impl<S: Store + Clone> App<S> {
 
     /// The same with the provider quotas of `providers` (governed on the
     /// limiter's store and clock), reporting to `metrics` and reloading
-    /// plans and providers from `config_path` (none: the embedded default,
-    /// nothing to reload).
+    /// plans and providers from `source`'s file (none: the embedded
+    /// default, nothing to reload), whose restart-only settings the running
+    /// server keeps.
     pub fn with_metrics(
         limiter: Limiter<S>,
         providers: ProviderBook,
@@ -69,8 +82,9 @@ impl<S: Store + Clone> App<S> {
         max_in_flight: usize,
         admin_token: Option<String>,
         metrics: Arc<Metrics>,
-        config_path: Option<PathBuf>,
+        source: Option<(PathBuf, RestartOnly)>,
     ) -> Self {
+        let (config_path, restart_only) = source.unzip();
         let providers = Arc::new(ProviderGovernor::new(
             limiter.store().clone(),
             limiter.clock().clone(),
@@ -85,6 +99,7 @@ impl<S: Store + Clone> App<S> {
                 admin_token,
                 metrics,
                 config_path,
+                restart_only,
                 reload_lock: tokio::sync::Mutex::new(()),
                 rls_rules: parking_lot::Mutex::new(Vec::new()),
             }),
@@ -106,27 +121,39 @@ impl<S: Store + Clone> App<S> {
     /// then its provider quotas (likewise atomic: a permit sees the old
     /// provider keys or the new). An invalid file is rejected with every
     /// reason, counted and logged, and the old config keeps serving. Other
-    /// settings (listen, store, identity, caps, admin token) need a
-    /// restart.
+    /// settings (listeners, store, identity, caps, admin token) need a
+    /// restart: the answer names those changed since start (and the log
+    /// warns), while the rest still applies.
     ///
     /// # Errors
     ///
     /// The file is unreadable or invalid.
-    pub async fn reload(&self) -> Result<(), ConfigError> {
+    pub async fn reload(&self) -> Result<Reloaded, ConfigError> {
         let _one_at_a_time = self.inner.reload_lock.lock().await;
         let Some(path) = &self.inner.config_path else {
             tracing::info!("reload: serving the embedded default config; nothing to reload");
-            return Ok(());
+            return Ok(Reloaded::default());
         };
         let result = match Config::load(path) {
             Ok(cfg) => {
+                let needs_restart = match &self.inner.restart_only {
+                    Some(running) => running.changed(&cfg.restart_only),
+                    None => Vec::new(),
+                };
                 self.inner.limiter.set_plans(cfg.plans);
                 self.inner.providers.set_book(cfg.providers);
                 for rules in self.inner.rls_rules.lock().iter() {
                     rules.set(cfg.rls.clone());
                 }
                 tracing::info!(path = %path.display(), "config reloaded: plans, users, overrides, providers and rate-limit service rules swapped in");
-                Ok(())
+                if !needs_restart.is_empty() {
+                    tracing::warn!(
+                        path = %path.display(),
+                        fields = ?needs_restart,
+                        "config reload: these settings changed but apply only after a restart; the running values stay"
+                    );
+                }
+                Ok(Reloaded { needs_restart })
             }
             Err(e) => {
                 tracing::error!(error = %e, "config reload rejected; the old config keeps serving");

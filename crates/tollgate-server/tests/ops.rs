@@ -331,9 +331,38 @@ async fn admin_reload_rejects_an_invalid_file_and_keeps_serving() {
     write_atomically(&s.file(), &config(3, false));
     let (st, v) = s.admin(Method::POST, "/admin/reload", Some(ADMIN)).await;
     assert_eq!((st, v["reloaded"].clone()), (StatusCode::OK, json!(true)));
+    assert_eq!(v["needs_restart"], json!([]), "{v}");
     assert_eq!(plan_burst(&s).await, 3);
     let (st, _) = s.admin(Method::POST, "/admin/reload", None).await;
     assert_eq!(st, StatusCode::UNAUTHORIZED);
+    s.stop().await;
+}
+
+/// A reload tells the truth: settings it cannot apply are named, the rest
+/// still applies, and the running values stay.
+#[tokio::test]
+async fn reload_names_the_changes_that_need_a_restart() {
+    let s = Server::start("restart", &config(5, false)).await;
+    use reqwest::Method;
+    let changed = config(2, false)
+        .replace(ADMIN, "another-admin-token-0123456789")
+        .replace("mode = \"dev\"", "mode = \"dev\"\nleeway_s = 10")
+        .replace("default_plan", "max_in_flight = 7\ndefault_plan");
+    write_atomically(&s.file(), &changed);
+    let (st, v) = s.admin(Method::POST, "/admin/reload", Some(ADMIN)).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["reloaded"], json!(true));
+    assert_eq!(
+        v["needs_restart"],
+        json!(["admin_token", "max_in_flight", "identity"]),
+        "{v}"
+    );
+    // The plan change applied; the old admin token still works.
+    assert_eq!(plan_burst(&s).await, 2);
+    // Back to the running values: nothing needs a restart.
+    write_atomically(&s.file(), &config(5, false));
+    let (_, v) = s.admin(Method::POST, "/admin/reload", Some(ADMIN)).await;
+    assert_eq!(v["needs_restart"], json!([]), "{v}");
     s.stop().await;
 }
 

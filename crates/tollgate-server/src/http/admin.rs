@@ -147,7 +147,11 @@ async fn release<S: Store + Clone>(
 
 async fn reload<S: Store + Clone>(_: Admin, State(app): State<App<S>>) -> Response {
     match app.reload().await {
-        Ok(()) => Json(serde_json::json!({ "reloaded": true })).into_response(),
+        Ok(done) => Json(serde_json::json!({
+            "reloaded": true,
+            "needs_restart": done.needs_restart,
+        }))
+        .into_response(),
         Err(e) => (
             StatusCode::BAD_REQUEST,
             Json(serde_json::json!({
