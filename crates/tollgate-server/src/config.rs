@@ -31,6 +31,11 @@ pub struct FileConfig {
     /// server.
     #[serde(default)]
     pub grpc_listen: Option<String>,
+    /// Address of Envoy's rate-limit service (its own listener, never
+    /// `listen` or `grpc_listen`); none: the service is off. Not loopback:
+    /// `[rls] key` or `key_file` is required.
+    #[serde(default)]
+    pub rls_listen: Option<String>,
     /// Bearer token for `/admin/*` endpoints; none: they are off.
     #[serde(default)]
     pub admin_token: Option<String>,
@@ -154,6 +159,12 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Where the gRPC API listens, if it is on.
     pub grpc_listen: Option<SocketAddr>,
+    /// Where Envoy's rate-limit service listens, if it is on. Read at
+    /// startup only.
+    pub rls_listen: Option<SocketAddr>,
+    /// The rate-limit service's key (`[rls] key`, `key_file`). Read at
+    /// startup only: a reload does not apply a change (restart).
+    pub rls_server: crate::rls::RlsServer,
     /// Admin bearer token, if admin endpoints are on.
     pub admin_token: Option<String>,
     /// The replica's in-flight cap.
@@ -166,7 +177,7 @@ pub struct Config {
     pub plans: PlanBook,
     /// The provider quotas (`[providers."<provider>:<model>"]`).
     pub providers: ProviderBook,
-    /// Envoy's rate-limit service rules (`[rls]`).
+    /// Envoy's rate-limit service rules (`[rls]`); they reload.
     pub rls: crate::rls::RlsRules,
     /// Directory relative paths in the config are resolved against.
     pub base_dir: PathBuf,
@@ -338,6 +349,68 @@ impl FileConfig {
                 }
             },
         };
+        let rls_listen = match self.rls_listen.as_deref() {
+            None => None,
+            Some(text) => match text.parse::<SocketAddr>() {
+                Ok(a) if a.port() != 0 && (Some(a) == listen || Some(a) == grpc_listen) => {
+                    let other = if Some(a) == listen {
+                        "listen"
+                    } else {
+                        "grpc_listen"
+                    };
+                    errors.push(err(
+                        "rls_listen",
+                        format!(
+                            "{a} is also `{other}`: Envoy's rate-limit service needs its own port"
+                        ),
+                    ));
+                    None
+                }
+                Ok(a) => Some(a),
+                Err(_) => {
+                    errors.push(err(
+                        "rls_listen",
+                        format!("{text:?} is not an address like 127.0.0.1:8789"),
+                    ));
+                    None
+                }
+            },
+        };
+        let has_key = self.rls.key.is_some() || self.rls.key_file.is_some();
+        match (&self.rls_listen, rls_listen) {
+            (Some(_), Some(a)) if !a.ip().is_loopback() && !has_key => errors.push(err(
+                "rls_listen",
+                "a non-loopback address needs [rls] key or key_file",
+            )),
+            (None, _) => {
+                for (set, name) in [
+                    (self.rls.key.is_some(), "key"),
+                    (self.rls.key_file.is_some(), "key_file"),
+                ] {
+                    if set {
+                        errors.push(err(
+                            format!("rls.{name}"),
+                            "only applies when rls_listen is set",
+                        ));
+                    }
+                }
+                if !self.rls.descriptors.is_empty() {
+                    errors.push(err(
+                        "rls.descriptors",
+                        "Envoy's rate-limit service is off without rls_listen (it is no longer \
+                         served on grpc_listen): set rls_listen and point Envoy at it",
+                    ));
+                }
+            }
+            _ => {}
+        }
+        let rls_server = match crate::rls::validate_rls_server(&self.rls, base_dir) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                errors.extend(e);
+                None
+            }
+        };
         if self.max_in_flight == 0 {
             errors.push(err("max_in_flight", "must be at least 1"));
         }
@@ -379,24 +452,29 @@ impl FileConfig {
                 None
             }
         };
-        match (listen, store, plans, providers, rls) {
-            (Some(listen), Some(store), Some(plans), Some(providers), Some(rls))
-                if errors.is_empty() =>
-            {
-                Ok(Config {
-                    listen,
-                    grpc_listen,
-                    admin_token: self.admin_token,
-                    max_in_flight: self.max_in_flight,
-                    store,
-                    identity: self.identity,
-                    plans,
-                    providers,
-                    rls,
-                    base_dir: base_dir.to_path_buf(),
-                    source: None,
-                })
-            }
+        match (listen, store, plans, providers, rls, rls_server) {
+            (
+                Some(listen),
+                Some(store),
+                Some(plans),
+                Some(providers),
+                Some(rls),
+                Some(rls_server),
+            ) if errors.is_empty() => Ok(Config {
+                listen,
+                grpc_listen,
+                rls_listen,
+                rls_server,
+                admin_token: self.admin_token,
+                max_in_flight: self.max_in_flight,
+                store,
+                identity: self.identity,
+                plans,
+                providers,
+                rls,
+                base_dir: base_dir.to_path_buf(),
+                source: None,
+            }),
             _ => Err(errors),
         }
     }

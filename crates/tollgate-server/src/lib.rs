@@ -4,9 +4,11 @@
 //! language. It speaks the HTTP/JSON wire contract of SPEC §8 (documented
 //! at `/openapi.json`), and the same operations over gRPC on their own port
 //! ([`grpc`], `proto/tollgate/v1/tollgate.proto`); both call [`ops`], so
-//! they answer alike. It identifies users from a verified JWT (or a trusted
-//! upstream header) and decides with the `tollgate-core` limiter and
-//! provider quota governor on the in-memory store or Redis.
+//! they answer alike. Envoy's rate-limit service has a listener of its own
+//! (`rls_listen`, [`grpc::rls`]), guarded by a shared key. It identifies
+//! users from a verified JWT (or a trusted upstream header) and decides
+//! with the `tollgate-core` limiter and provider quota governor on the
+//! in-memory store or Redis.
 //!
 //! [`app`] builds the application from a config so tests can run it on any
 //! listener and clock; [`serve`] runs it until a shutdown signal, and
@@ -60,6 +62,22 @@ pub enum StartError {
         /// Why.
         #[source]
         source: std::io::Error,
+    },
+    /// The rate-limit service's address (`rls_listen`) could not be bound.
+    #[error("rls_listen {addr}: {source}")]
+    RlsListen {
+        /// The configured address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A rate-limit service listener on an address other than loopback,
+    /// and no `[rls] key` to guard it.
+    #[error("rls_listen {addr}: a non-loopback address needs [rls] key or key_file")]
+    RlsKeyRequired {
+        /// The listener's address.
+        addr: std::net::SocketAddr,
     },
     /// The gRPC server failed.
     #[error("grpc: {0}")]
@@ -117,6 +135,10 @@ pub struct Running {
     pub addr: std::net::SocketAddr,
     /// The address of the gRPC API, when it is on.
     pub grpc_addr: Option<std::net::SocketAddr>,
+    /// The address of Envoy's rate-limit service, when it is on.
+    pub rls_addr: Option<std::net::SocketAddr>,
+    /// Whether rate-limit service calls must carry the key.
+    pub rls_key: bool,
     /// The store, in words.
     pub store: String,
     /// The identity mode, in words.
@@ -128,12 +150,17 @@ pub struct Running {
 pub struct Listeners {
     http: TcpListener,
     grpc: Option<TcpListener>,
+    rls: Option<TcpListener>,
 }
 
 impl Listeners {
     /// The HTTP/JSON API on `http`, and nothing else.
     pub fn new(http: TcpListener) -> Self {
-        Self { http, grpc: None }
+        Self {
+            http,
+            grpc: None,
+            rls: None,
+        }
     }
 
     /// Also the gRPC API (`tollgate.v1.Tollgate`) on `grpc`.
@@ -141,12 +168,20 @@ impl Listeners {
         self.grpc = Some(grpc);
         self
     }
+
+    /// Also Envoy's rate-limit service on `rls` (guarded by the config's
+    /// `[rls] key` and `max_in_flight`).
+    pub fn with_rls(mut self, rls: TcpListener) -> Self {
+        self.rls = Some(rls);
+        self
+    }
 }
 
-/// Serves `config` on `listener`, and the gRPC API on `grpc_listen` when
-/// the config sets it, until `shutdown` completes, then drains requests in
-/// flight. `clock`: `None` for production time (Redis `TIME` for Redis; a
-/// monotonic clock in memory). `on_start` is called once listening.
+/// Serves `config` on `listener`, the gRPC API on `grpc_listen` and Envoy's
+/// rate-limit service on `rls_listen` when the config sets them, until
+/// `shutdown` completes, then drains requests in flight. `clock`: `None`
+/// for production time (Redis `TIME` for Redis; a monotonic clock in
+/// memory). `on_start` is called once listening.
 ///
 /// # Errors
 ///
@@ -165,15 +200,24 @@ pub async fn serve(
             .map_err(|source| StartError::GrpcListen { addr, source })?;
         listeners = listeners.with_grpc(grpc);
     }
+    if let Some(addr) = config.rls_listen {
+        let rls = TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::RlsListen { addr, source })?;
+        listeners = listeners.with_rls(rls);
+    }
     serve_with(config, listeners, clock, on_start, shutdown).await
 }
 
-/// As [`serve`], on listeners the caller bound (`grpc_listen` is not read:
-/// the gRPC API is served when `listeners` has a gRPC listener).
+/// As [`serve`], on listeners the caller bound (`grpc_listen` and
+/// `rls_listen` are not read: the gRPC API is served when `listeners` has a
+/// gRPC listener, the rate-limit service when it has an RLS listener, with
+/// the config's `[rls]` key and cap).
 ///
 /// # Errors
 ///
-/// As [`serve`].
+/// As [`serve`]; also [`StartError::RlsKeyRequired`] for an RLS listener
+/// on an address other than loopback when the config has no `[rls] key`.
 pub async fn serve_with(
     config: Config,
     listeners: Listeners,
@@ -249,12 +293,28 @@ async fn run<S: Store + Clone>(
     on_start: impl FnOnce(&Running),
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
+    let Listeners { http, grpc, rls } = listeners;
+    let rls_addr = rls.as_ref().map(TcpListener::local_addr).transpose()?;
+    if let Some(addr) = rls_addr
+        && !addr.ip().is_loopback()
+        && config.rls_server.key.is_none()
+    {
+        return Err(StartError::RlsKeyRequired { addr });
+    }
     let app = app_with_metrics(config, store, clock, metrics)?;
+    // The rate-limit service's rules are swapped on every reload from now.
+    let rls = rls.map(|listener| {
+        let service = grpc::rls::RlsService::new(app.clone(), config.rls.clone())
+            .with_server(config.rls_server.clone());
+        app.reload_rls_rules(service.rules_handle());
+        (listener, service)
+    });
     let reloaders = reload::spawn(app.clone());
-    let Listeners { http, grpc } = listeners;
     let running = Running {
         addr: http.local_addr()?,
         grpc_addr: grpc.as_ref().map(TcpListener::local_addr).transpose()?,
+        rls_addr,
+        rls_key: config.rls_server.key.is_some(),
         store: store_desc,
         identity: app.verifier().describe(),
     };
@@ -277,22 +337,34 @@ async fn run<S: Store + Clone>(
             .await
             .map_err(StartError::from)
     };
+    let grpc_stopped = stopped(stopping.clone());
     let grpc = async {
         let Some(listener) = grpc else {
             return Ok(());
         };
         let incoming =
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-        let rls = grpc::rls::RlsService::new(app.clone(), config.rls.clone());
-        app.reload_rls_rules(rls.rules_handle());
+        // The API only: Envoy's rate-limit service has a listener of its
+        // own, so ShouldRateLimit here is UNIMPLEMENTED.
         tonic::transport::Server::builder()
-            .add_service(grpc::api::TollgateService::new(app).into_server())
-            .add_service(rls.into_server())
+            .add_service(grpc::api::TollgateService::new(app.clone()).into_server())
+            .serve_with_incoming_shutdown(incoming, grpc_stopped)
+            .await
+            .map_err(StartError::from)
+    };
+    let rls = async {
+        let Some((listener, service)) = rls else {
+            return Ok(());
+        };
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        tonic::transport::Server::builder()
+            .add_service(service.into_server())
             .serve_with_incoming_shutdown(incoming, stopped(stopping))
             .await
             .map_err(StartError::from)
     };
-    let served = tokio::try_join!(http, grpc);
+    let served = tokio::try_join!(http, grpc, rls);
     signal.abort();
     for task in reloaders {
         task.abort();

@@ -1,6 +1,13 @@
 //! Envoy's rate-limit service, `envoy.service.ratelimit.v3.RateLimitService`
 //! (`ShouldRateLimit`), answered from tollgate's limits as `[rls]` maps them
-//! ([`crate::rls`]).
+//! ([`crate::rls`]), on a listener of its own (`rls_listen`): never on the
+//! API's gRPC port.
+//!
+//! # The key
+//!
+//! With `[rls] key` (or `key_file`) set, a call whose `x-tollgate-rls-key`
+//! metadata is missing or is not the key (compared in constant time) is
+//! `UNAUTHENTICATED`, before its message is read, and nothing is taken.
 //!
 //! # Answers
 //!
@@ -65,14 +72,20 @@ use parking_lot::RwLock;
 use tollgate_core::bucket::Take;
 use tollgate_core::store::{BucketRef, TakeRequest};
 use tollgate_core::{BucketSpec, Decision, LimiterError, Outcome, Store, StoreError};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
 use crate::metrics::DecisionLabels;
-use crate::rls::{MAX_VALUE_LEN, RlsRules, Target};
+use crate::outcome::ApiError;
+use crate::rls::{KEY_METADATA, MAX_VALUE_LEN, RlsKey, RlsRules, RlsServer, Target};
 use crate::state::App;
 
 /// Most descriptors one request may carry; more is `INVALID_ARGUMENT`.
 pub const MAX_DESCRIPTORS: usize = 64;
+
+/// The method's name in `tollgate_grpc_requests_total`.
+const METHOD: &str = "ShouldRateLimit";
 
 /// Envoy's rate-limit service over an [`App`]'s limiter and store.
 /// Cloning shares it; [`set_rules`](Self::set_rules) swaps the rules for
@@ -80,6 +93,7 @@ pub const MAX_DESCRIPTORS: usize = 64;
 pub struct RlsService<S> {
     app: App<S>,
     rules: Arc<RwLock<Arc<RlsRules>>>,
+    key: Option<RlsKey>,
 }
 
 impl<S> Clone for RlsService<S> {
@@ -87,6 +101,7 @@ impl<S> Clone for RlsService<S> {
         Self {
             app: self.app.clone(),
             rules: self.rules.clone(),
+            key: self.key.clone(),
         }
     }
 }
@@ -95,9 +110,66 @@ impl<S> std::fmt::Debug for RlsService<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RlsService")
             .field("rules", &*self.rules.read())
+            .field("key", &self.key)
             .finish_non_exhaustive()
     }
 }
+
+/// Refuses a call without the service's key (`x-tollgate-rls-key`) before
+/// its message is read: `UNAUTHENTICATED`, counted in
+/// `tollgate_grpc_requests_total`. With no key configured every call
+/// passes.
+pub struct KeyCheck<S> {
+    app: App<S>,
+    key: Option<RlsKey>,
+}
+
+impl<S> Clone for KeyCheck<S> {
+    fn clone(&self) -> Self {
+        Self {
+            app: self.app.clone(),
+            key: self.key.clone(),
+        }
+    }
+}
+
+impl<S> std::fmt::Debug for KeyCheck<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyCheck")
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store + Clone> Interceptor for KeyCheck<S> {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        let Some(key) = &self.key else {
+            return Ok(request);
+        };
+        match request.metadata().get(KEY_METADATA) {
+            Some(v) if key.matches(v.as_bytes()) => {
+                // Checked: the key goes no further than here.
+                request.metadata_mut().remove(KEY_METADATA);
+                Ok(request)
+            }
+            presented => {
+                tracing::debug!(
+                    key_sent = presented.is_some(),
+                    "rate-limit service: call refused, no valid {KEY_METADATA}"
+                );
+                let status = ApiError::Unauthorized(format!(
+                    "the rate-limit service needs the {KEY_METADATA} metadata"
+                ))
+                .to_status();
+                self.app.metrics().grpc_request(METHOD, status.code());
+                Err(status)
+            }
+        }
+    }
+}
+
+/// The tonic server of [`RlsService`] behind its key check.
+pub type RlsGrpcServer<S> = InterceptedService<RateLimitServiceServer<RlsService<S>>, KeyCheck<S>>;
 
 /// Swaps the rules of the [`RlsService`] it came from and of all its
 /// clones, without keeping the service alive: for a config reload hook.
@@ -168,11 +240,21 @@ impl Verdict {
 
 impl<S: Store + Clone> RlsService<S> {
     /// A service deciding with `app`'s limiter (the users' plans) and store
-    /// (named buckets) as `rules` say.
+    /// (named buckets) as `rules` say, with no key; see
+    /// [`with_server`](Self::with_server).
     pub fn new(app: App<S>, rules: RlsRules) -> Self {
         Self {
             app,
             rules: Arc::new(RwLock::new(Arc::new(rules))),
+            key: None,
+        }
+    }
+
+    /// The same guarded as `server` says: its key, required of every call.
+    pub fn with_server(self, server: RlsServer) -> Self {
+        Self {
+            key: server.key,
+            ..self
         }
     }
 
@@ -192,13 +274,18 @@ impl<S: Store + Clone> RlsService<S> {
         self.rules.read().clone()
     }
 
-    /// The tonic service to add to a server.
-    pub fn into_server(self) -> RateLimitServiceServer<Self> {
-        RateLimitServiceServer::new(self)
+    /// The tonic service to add to a server: the key check ([`KeyCheck`]),
+    /// then [`decide`](Self::decide).
+    pub fn into_server(self) -> RlsGrpcServer<S> {
+        let check = KeyCheck {
+            app: self.app.clone(),
+            key: self.key.clone(),
+        };
+        InterceptedService::new(RateLimitServiceServer::new(self), check)
     }
 
-    /// Answers one `ShouldRateLimit` request (the transport-free core of the
-    /// service).
+    /// Answers one `ShouldRateLimit` request once its key was checked (the
+    /// transport-free core of the service).
     ///
     /// # Errors
     ///
@@ -365,7 +452,7 @@ impl<S: Store + Clone> RateLimitService for RlsService<S> {
         let code = answer
             .as_ref()
             .map_or_else(Status::code, |_| tonic::Code::Ok);
-        self.app.metrics().grpc_request("ShouldRateLimit", code);
+        self.app.metrics().grpc_request(METHOD, code);
         answer.map(Response::new)
     }
 }
