@@ -162,8 +162,9 @@ pub struct Config {
     /// Where Envoy's rate-limit service listens, if it is on. Read at
     /// startup only.
     pub rls_listen: Option<SocketAddr>,
-    /// The rate-limit service's key (`[rls] key`, `key_file`). Read at
-    /// startup only: a reload does not apply a change (restart).
+    /// The rate-limit service's key and in-flight cap (`[rls] key`,
+    /// `key_file`, `max_in_flight`). Read at startup only: a reload does
+    /// not apply a change (restart).
     pub rls_server: crate::rls::RlsServer,
     /// Admin bearer token, if admin endpoints are on.
     pub admin_token: Option<String>,
@@ -386,6 +387,7 @@ impl FileConfig {
                 for (set, name) in [
                     (self.rls.key.is_some(), "key"),
                     (self.rls.key_file.is_some(), "key_file"),
+                    (self.rls.max_in_flight.is_some(), "max_in_flight"),
                 ] {
                     if set {
                         errors.push(err(

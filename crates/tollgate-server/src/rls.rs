@@ -9,6 +9,7 @@
 //!
 //! [rls]
 //! key_file = "rls.key"       # Envoy sends it as `x-tollgate-rls-key` metadata
+//! max_in_flight = 1024       # calls answered at once; past it RESOURCE_EXHAUSTED
 //! domain = "agents"          # Envoy's `domain`; other domains are answered OK
 //! shadow = false             # true: answer OK while counting
 //!
@@ -71,7 +72,8 @@
 //! and with a `key` (or `key_file`) every call must carry it in the
 //! `x-tollgate-rls-key` metadata ([`KEY_METADATA`]), compared in constant
 //! time. A listener on an address other than loopback needs a key (config
-//! validation refuses it otherwise).
+//! validation refuses it otherwise). `max_in_flight` caps the calls it
+//! answers at once.
 
 use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
@@ -91,10 +93,6 @@ pub const DEFAULT_DOMAIN: &str = "tollgate";
 /// the config, bytes.
 pub const MAX_CONFIG_STR: usize = 256;
 
-/// Longest descriptor entry value a matching rule accepts from a request,
-/// bytes (as user ids); a longer one is answered OVER_LIMIT.
-pub const MAX_VALUE_LEN: usize = 512;
-
 /// The metadata every `ShouldRateLimit` carries the key in, when a key is
 /// configured.
 pub const KEY_METADATA: &str = "x-tollgate-rls-key";
@@ -104,6 +102,13 @@ pub const MIN_KEY_BYTES: usize = 32;
 
 /// Most bytes a key may have.
 pub const MAX_KEY_BYTES: usize = 1_024;
+
+/// Calls the rate-limit service answers at once when `[rls] max_in_flight`
+/// is not set.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 1_024;
+
+/// Largest `[rls] max_in_flight` accepted.
+pub const MAX_MAX_IN_FLIGHT: usize = 1_000_000;
 
 /// Largest `key_file` read, bytes.
 const MAX_KEY_FILE_BYTES: u64 = 64 * 1024;
@@ -122,6 +127,11 @@ pub struct RlsConfig {
     /// the config file's directory. Instead of `key`.
     #[serde(default)]
     pub key_file: Option<PathBuf>,
+    /// Calls the service answers at once (default
+    /// [`DEFAULT_MAX_IN_FLIGHT`]); past it a call is answered
+    /// `RESOURCE_EXHAUSTED` at once. Read at startup only.
+    #[serde(default)]
+    pub max_in_flight: Option<usize>,
     /// The rate-limit domain answered (Envoy's ratelimit filter `domain`);
     /// requests for another domain are answered OK with no limits. Default
     /// `tollgate`.
@@ -157,6 +167,7 @@ impl fmt::Debug for RlsConfig {
         f.debug_struct("RlsConfig")
             .field("key", &self.key.as_ref().map(|_| "[redacted]"))
             .field("key_file", &self.key_file)
+            .field("max_in_flight", &self.max_in_flight)
             .field("domain", &self.domain)
             .field("shadow", &self.shadow)
             .field("rate_limit_headers", &self.rate_limit_headers)
@@ -170,6 +181,7 @@ impl Default for RlsConfig {
         Self {
             key: None,
             key_file: None,
+            max_in_flight: None,
             domain: default_domain(),
             shadow: false,
             rate_limit_headers: true,
@@ -439,17 +451,30 @@ impl fmt::Debug for RlsKey {
     }
 }
 
-/// How the rate-limit service's listener is guarded: its key (`[rls] key`
-/// / `key_file`). Read at startup; a reload does not change it (restart to
-/// apply).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// How the rate-limit service's listener is guarded: its key and its
+/// in-flight cap (`[rls] key` / `key_file`, `[rls] max_in_flight`). Read
+/// at startup; a reload does not change them (restart to apply).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RlsServer {
     /// The key every call must carry in [`KEY_METADATA`]; none: calls are
     /// not authenticated (allowed on a loopback `rls_listen` only).
     pub key: Option<RlsKey>,
+    /// Calls answered at once; past it `RESOURCE_EXHAUSTED`.
+    pub max_in_flight: usize,
 }
 
-/// Validates the listener settings of `[rls]` (`key`, `key_file`), reading `key_file` relative to `base_dir`; every
+impl Default for RlsServer {
+    /// No key, [`DEFAULT_MAX_IN_FLIGHT`].
+    fn default() -> Self {
+        Self {
+            key: None,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+        }
+    }
+}
+
+/// Validates the listener settings of `[rls]` (`key`, `key_file`,
+/// `max_in_flight`), reading `key_file` relative to `base_dir`; every
 /// problem with its field path under `rls.`.
 ///
 /// Whether a key is required (a non-loopback `rls_listen`) is checked
@@ -458,7 +483,8 @@ pub struct RlsServer {
 /// # Errors
 ///
 /// Both `key` and `key_file`; a key file that cannot be read; a key that
-/// is too short or too long or not printable ASCII.
+/// is too short or too long or not printable ASCII; `max_in_flight` 0 or
+/// above [`MAX_MAX_IN_FLIGHT`].
 pub fn validate_rls_server(cfg: &RlsConfig, base_dir: &Path) -> Result<RlsServer, Vec<FieldError>> {
     let mut c = Check { errors: Vec::new() };
     let key = match (&cfg.key, &cfg.key_file) {
@@ -485,8 +511,15 @@ pub fn validate_rls_server(cfg: &RlsConfig, base_dir: &Path) -> Result<RlsServer
         }
         (None, None) => None,
     };
+    let max_in_flight = cfg.max_in_flight.unwrap_or(DEFAULT_MAX_IN_FLIGHT);
+    if !(1..=MAX_MAX_IN_FLIGHT).contains(&max_in_flight) {
+        c.err(
+            "rls.max_in_flight",
+            format!("must be between 1 and {MAX_MAX_IN_FLIGHT} (got {max_in_flight})"),
+        );
+    }
     if c.errors.is_empty() {
-        Ok(RlsServer { key })
+        Ok(RlsServer { key, max_in_flight })
     } else {
         Err(c.errors)
     }
@@ -912,11 +945,13 @@ mod tests {
 
         let cfg = RlsConfig {
             key: Some(KEY.to_owned()),
+            max_in_flight: Some(3),
             ..RlsConfig::default()
         };
         assert!(!format!("{cfg:?}").contains(KEY));
         let server = validate_rls_server(&cfg, Path::new(".")).unwrap();
         assert!(!format!("{server:?}").contains(KEY));
+        assert_eq!(server.max_in_flight, 3);
         assert_eq!(
             validate_rls_server(&RlsConfig::default(), Path::new(".")).unwrap(),
             RlsServer::default()

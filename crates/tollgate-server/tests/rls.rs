@@ -1,8 +1,8 @@
 //! Envoy's rate-limit service (`envoy.service.ratelimit.v3`) over real
 //! sockets, asked with the generated `RateLimitServiceClient` on a
 //! [`FakeClock`] at [`T0`]. The decision tests serve the service as
-//! `RlsService::into_server` builds it (the key check) with tonic on
-//! `127.0.0.1:0`, over a
+//! `RlsService::into_server` builds it (key check, 64 KiB decode limit,
+//! bounds, in-flight cap) with tonic on `127.0.0.1:0`, over a
 //! [`MemoryStore`] (and a real `redis-server` that the outage tests stop);
 //! the listener tests run `tollgate_server::serve_with` on loopback
 //! listeners for HTTP, the gRPC API and `rls_listen`, and `tollgate
@@ -11,8 +11,11 @@
 //! The listener: ShouldRateLimit on `grpc_listen` is UNIMPLEMENTED and
 //! takes nothing; on `rls_listen` without the key or with a wrong one it is
 //! UNAUTHENTICATED and the user's turn bucket is untouched (POST /v1/runs
-//! still admits the whole burst); with the key it decides; rules reload on
-//! the new listener; config validation (a non-loopback `rls_listen`
+//! still admits the whole burst); with the key it decides; more than 16
+//! descriptors or 16 entries, or an entry that is not an id, is
+//! INVALID_ARGUMENT naming the field, and nothing is taken; a message over
+//! 64 KiB is refused; the in-flight cap is RESOURCE_EXHAUSTED; rules reload
+//! on the new listener; config validation (a non-loopback `rls_listen`
 //! needs a key, its own port, the key's rules, `Debug` redacts it).
 //!
 //! Covered: `user_id` → the user's turn bucket with SPEC §7 example 1 to the
@@ -23,7 +26,7 @@
 //! over the limit; unmatched descriptors and other domains → OK; the
 //! `x-ratelimit-*` and `retry-after` headers; shadow mode (`[rls]` and a
 //! plan's) → OK while counting, nothing taken; swapping rules (reload); an
-//! unknown user; too many descriptors; a store outage → UNAVAILABLE under fail_closed (and local
+//! unknown user; a store outage → UNAVAILABLE under fail_closed (and local
 //! decisions under fail_open), and recovery.
 
 use std::path::Path;
@@ -558,10 +561,6 @@ async fn unmatched_descriptors_and_other_domains_are_ok() {
     let r = rls.one(&[("user_id", "u1")], 0).await;
     assert_eq!(r.statuses[0].limit_remaining, 4);
     assert_eq!(rls.decisions("none", "allowed", "unmatched"), 7);
-    // Too many descriptors is a bad request, not a decision.
-    let many = (0..65).map(|_| desc(&[("a", "b")])).collect();
-    let e = rls.ask("agents", many, 0).await.unwrap_err();
-    assert_eq!(e.code(), tonic::Code::InvalidArgument);
     rls.stop().await;
 }
 
@@ -624,20 +623,20 @@ async fn a_plan_in_shadow_mode_is_ok_while_counting() {
     rls.stop().await;
 }
 
-/// A user with no plan (and no default plan), or a value that is no user
-/// id, is refused on a `user_turns` rule.
+/// A user with no plan (and no default plan) is refused on a `user_turns`
+/// rule; a value that is no id never gets that far (see
+/// `bounds_are_invalid_argument_and_take_nothing`).
 #[tokio::test]
 async fn users_without_a_plan_are_over_limit() {
     let (store, clock) = memory();
     let plans = PLANS.replace("default_plan = \"support\"\n", "");
     let mut rls = Rls::start(store, clock, &plans, RULES).await;
-    let r = rls.one(&[("user_id", "stranger")], 0).await;
-    assert_eq!(code(&r), Code::OverLimit);
-    assert_eq!(r.statuses, [status(Code::OverLimit, None, 0, None)]);
-    assert!(r.response_headers_to_add.is_empty());
-    let long = "u".repeat(513);
-    let r = rls.one(&[("user_id", &long)], 0).await;
-    assert_eq!(code(&r), Code::OverLimit);
+    for _ in 0..2 {
+        let r = rls.one(&[("user_id", "stranger")], 0).await;
+        assert_eq!(code(&r), Code::OverLimit);
+        assert_eq!(r.statuses, [status(Code::OverLimit, None, 0, None)]);
+        assert!(r.response_headers_to_add.is_empty());
+    }
     assert_eq!(rls.decisions("turn_rate", "denied", "unknown"), 2);
     // A user with a plan is fine.
     assert_eq!(code(&rls.one(&[("user_id", "trial")], 0).await), Code::Ok);
@@ -749,7 +748,10 @@ fn sidecar_config(keyed: bool) -> String {
         "listen = \"127.0.0.1:0\"\ngrpc_listen = \"127.0.0.1:0\"\nrls_listen = \"127.0.0.1:0\"\n",
     );
     let rules = if keyed {
-        RULES.replace("[rls]\n", &format!("[rls]\nkey = \"{KEY}\"\n"))
+        RULES.replace(
+            "[rls]\n",
+            &format!("[rls]\nkey = \"{KEY}\"\nmax_in_flight = 64\n"),
+        )
     } else {
         RULES.to_owned()
     };
@@ -894,6 +896,18 @@ async fn turns_left(c: &mut RateLimitServiceClient<Channel>, user: &str) -> u32 
     r.statuses[0].limit_remaining
 }
 
+/// The field a status's `google.rpc.BadRequest` names.
+fn bad_field(s: &tonic::Status) -> String {
+    use tonic_types::StatusExt as _;
+    let details = s.get_error_details();
+    let v = &details
+        .bad_request()
+        .expect("a BadRequest")
+        .field_violations;
+    assert_eq!(v.len(), 1, "{s:?}");
+    v[0].field.clone()
+}
+
 /// The API's gRPC port no longer answers Envoy's rate-limit service: an
 /// anonymous ShouldRateLimit there is UNIMPLEMENTED however often it is
 /// sent, and the user's turns are untouched.
@@ -992,6 +1006,164 @@ async fn without_the_key_nothing_is_taken() {
         "only keyed calls were decided: {text}"
     );
     srv.shutdown().await;
+}
+
+/// More than 16 descriptors, more than 16 entries in one, or an entry key
+/// or value that is not an id (empty, over 512 bytes, a control character)
+/// is INVALID_ARGUMENT naming the field, and nothing of the request is
+/// taken (a valid descriptor beside the bad one included); 16 and 16 are
+/// fine; a message over 64 KiB is refused unread.
+#[tokio::test]
+async fn bounds_are_invalid_argument_and_take_nothing() {
+    let srv = Sidecar::keyed().await;
+    let mut c = Sidecar::client(srv.rls).await;
+    let u1 = || desc(&[("user_id", "u1")]);
+    let long = "v".repeat(513);
+    let seventeen: Vec<(String, String)> =
+        (0..17).map(|i| (format!("k{i}"), "v".to_owned())).collect();
+    let entries = |n: usize| -> Vec<(&str, &str)> {
+        seventeen[..n]
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect()
+    };
+    let cases: Vec<(Vec<RateLimitDescriptor>, &str)> = vec![
+        ((0..17).map(|_| u1()).collect(), "descriptors"),
+        (vec![u1(), desc(&entries(17))], "descriptors[1].entries"),
+        (
+            vec![u1(), desc(&[("user_id", "u1\t")])],
+            "descriptors[1].entries[0].value",
+        ),
+        (
+            vec![u1(), desc(&[("user_id", "u1\u{7f}")])],
+            "descriptors[1].entries[0].value",
+        ),
+        (
+            vec![desc(&[("generic_key", "search"), ("x\ny", "1")])],
+            "descriptors[0].entries[1].key",
+        ),
+        (
+            vec![u1(), desc(&[("user_id", "")])],
+            "descriptors[1].entries[0].value",
+        ),
+        (vec![desc(&[("", "u1")])], "descriptors[0].entries[0].key"),
+        (
+            vec![u1(), desc(&[("user_id", &long)])],
+            "descriptors[1].entries[0].value",
+        ),
+    ];
+    for (descriptors, field) in cases {
+        let e = c
+            .should_rate_limit(keyed_request(Some(KEY), descriptors))
+            .await
+            .expect_err("invalid");
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{field}: {e:?}");
+        assert_eq!(bad_field(&e), field, "{e:?}");
+    }
+    // Nothing was taken: u1 and the search bucket are full.
+    assert_eq!(turns_left(&mut c, "u1").await, 5);
+    let r = c
+        .should_rate_limit(keyed_request(
+            Some(KEY),
+            vec![desc_hits(&[("generic_key", "search")], 0)],
+        ))
+        .await
+        .expect("keyed")
+        .into_inner();
+    assert_eq!(r.statuses[0].limit_remaining, 4);
+
+    // At the bounds: 16 descriptors (the first five of u1 granted, the rest
+    // over the limit), one of 16 entries (no rule: OK), a 512-byte value.
+    let r = c
+        .should_rate_limit(keyed_request(Some(KEY), (0..16).map(|_| u1()).collect()))
+        .await
+        .expect("16 descriptors")
+        .into_inner();
+    assert_eq!(code(&r), Code::OverLimit);
+    assert_eq!(r.statuses.len(), 16);
+    let r = c
+        .should_rate_limit(keyed_request(Some(KEY), vec![desc(&entries(16))]))
+        .await
+        .expect("16 entries")
+        .into_inner();
+    assert_eq!(r.statuses, [status(Code::Ok, None, 0, None)]);
+    let r = c
+        .should_rate_limit(keyed_request(
+            Some(KEY),
+            vec![desc(&[("user_id", &"u".repeat(512))])],
+        ))
+        .await
+        .expect("512 bytes")
+        .into_inner();
+    assert_eq!(code(&r), Code::Ok);
+
+    // Over 64 KiB: refused by the decoder, nothing taken.
+    let big = vec![u1(), desc(&[("generic_key", &"g".repeat(65 * 1024))])];
+    let e = c
+        .should_rate_limit(keyed_request(Some(KEY), big))
+        .await
+        .expect_err("too large");
+    assert_eq!(e.code(), tonic::Code::OutOfRange, "{e:?}");
+    srv.clock.advance(3_000);
+    assert_eq!(
+        turns_left(&mut c, "u1").await,
+        1,
+        "one turn refilled, none taken"
+    );
+    let text = srv.metrics().await;
+    assert_eq!(
+        common::metric(
+            &text,
+            r#"tollgate_grpc_requests_total{method="ShouldRateLimit",code="INVALID_ARGUMENT"}"#
+        ),
+        Some(8.0),
+        "{text}"
+    );
+    srv.shutdown().await;
+}
+
+/// The service's own in-flight cap: while its places are taken a call is
+/// RESOURCE_EXHAUSTED `overloaded` (retry after 1 s) at once, and nothing
+/// is taken; once a place is free it decides again. The API's cap is
+/// another one.
+#[tokio::test]
+async fn the_in_flight_cap_is_resource_exhausted() {
+    let (store, clock) = memory();
+    let config = Config::parse(PLANS, "the test config", Path::new(".")).expect("config");
+    let app = tollgate_server::app(&config, store, Arc::new(clock.clone())).expect("app");
+    let server = RlsServer {
+        max_in_flight: 2,
+        ..RlsServer::default()
+    };
+    let mut rls = Rls::start_with(app, clock, RULES, server).await;
+    let gate = rls.service.gate().clone();
+    assert_eq!(gate.capacity(), 2);
+    let held = [gate.try_acquire().unwrap(), gate.try_acquire().unwrap()];
+    for _ in 0..3 {
+        let e = rls
+            .ask("agents", vec![desc(&[("user_id", "u1")])], 0)
+            .await
+            .expect_err("over the cap");
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+        assert_eq!(
+            e.metadata()
+                .get("x-tollgate-error")
+                .map(|v| v.to_str().unwrap()),
+            Some("overloaded")
+        );
+        assert_eq!(
+            e.metadata()
+                .get("retry-after-ms")
+                .map(|v| v.to_str().unwrap()),
+            Some("1000")
+        );
+    }
+    assert_eq!(rls.app.gate().in_flight(), 0, "not the API's cap");
+    drop(held);
+    let r = rls.one(&[("user_id", "u1")], 0).await;
+    assert_eq!(r.statuses, [status(Code::Ok, turns(), 4, ms(3_000))]);
+    assert_eq!(gate.in_flight(), 0, "the place is freed after the answer");
+    rls.stop().await;
 }
 
 /// A reload swaps the rules of the service on `rls_listen` (the same
@@ -1157,10 +1329,14 @@ fn rls_listen_and_the_key_are_validated() {
         .expect("loopback needs no key");
         assert_eq!(c.rls_listen.map(|a| a.to_string()).as_deref(), Some(addr));
         assert_eq!(c.rls_server.key, None);
+        assert_eq!(c.rls_server.max_in_flight, 1_024);
     }
     // With a key, or a key file relative to the config's directory.
     let c = Config::parse(
-        &with_rls("rls_listen = \"0.0.0.0:8789\"", &format!("key = \"{KEY}\"")),
+        &with_rls(
+            "rls_listen = \"0.0.0.0:8789\"",
+            &format!("key = \"{KEY}\"\nmax_in_flight = 7"),
+        ),
         "t",
         base,
     )
@@ -1171,6 +1347,7 @@ fn rls_listen_and_the_key_are_validated() {
             .as_ref()
             .is_some_and(|k| k.matches(KEY.as_bytes()))
     );
+    assert_eq!(c.rls_server.max_in_flight, 7);
     assert!(!format!("{c:?}").contains(KEY), "Debug redacts the key");
     std::fs::write(base.join("rls.key"), format!("  {KEY}\n")).expect("write");
     let file = base.join("tollgate.toml");
@@ -1224,11 +1401,14 @@ fn rls_listen_and_the_key_are_validated() {
             vec!["rls.key_file: set either key or key_file, not both".into()],
         ),
         (
-            with_rls("", &format!("key = \"{KEY}\"\nkey_file = \"rls.key\"")),
+            with_rls("rls_listen = \"127.0.0.1:8789\"", "max_in_flight = 0"),
+            vec!["rls.max_in_flight: must be between 1 and 1000000 (got 0)".into()],
+        ),
+        (
+            with_rls("", &format!("key = \"{KEY}\"\nmax_in_flight = 8")),
             vec![
                 "rls.key: only applies when rls_listen is set".into(),
-                "rls.key_file: only applies when rls_listen is set".into(),
-                "rls.key_file: set either key or key_file, not both".into(),
+                "rls.max_in_flight: only applies when rls_listen is set".into(),
             ],
         ),
         (

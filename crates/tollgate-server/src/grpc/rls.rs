@@ -3,11 +3,26 @@
 //! ([`crate::rls`]), on a listener of its own (`rls_listen`): never on the
 //! API's gRPC port.
 //!
-//! # The key
+//! # Guards
 //!
-//! With `[rls] key` (or `key_file`) set, a call whose `x-tollgate-rls-key`
-//! metadata is missing or is not the key (compared in constant time) is
-//! `UNAUTHENTICATED`, before its message is read, and nothing is taken.
+//! Checked in this order, each before anything is taken:
+//!
+//! 1. **The key.** With `[rls] key` (or `key_file`) set, a call whose
+//!    `x-tollgate-rls-key` metadata is missing or is not the key (compared
+//!    in constant time) is `UNAUTHENTICATED`, before its message is read.
+//! 2. **The message**: at most [`MAX_MESSAGE_BYTES`] (64 KiB) decoded
+//!    (larger: tonic's `OUT_OF_RANGE`), at most [`MAX_DESCRIPTORS`]
+//!    descriptors of at most [`MAX_ENTRIES`] entries each, and every entry's
+//!    key and value an id (1–512 bytes, no control characters,
+//!    [`ops::check_id`]); otherwise `INVALID_ARGUMENT` naming the field
+//!    (`descriptors[i].entries[j].value`) and nothing is decided.
+//! 3. **The in-flight cap** (`[rls] max_in_flight`, its own, not the
+//!    API's): past it `RESOURCE_EXHAUSTED` (`overloaded`, retry after 1 s)
+//!    at once. Envoy's ratelimit filter treats every status other than OK
+//!    as a failed call, so `failure_mode_deny` decides the request as for
+//!    an outage; the code differs from the store outage's `UNAVAILABLE` so
+//!    the two are told apart in `tollgate_grpc_requests_total`, and it is
+//!    the code tollgate's own API answers for `overloaded`.
 //!
 //! # Answers
 //!
@@ -39,8 +54,8 @@
 //!   unless `rate_limit_headers = false`; and `retry-after` (whole seconds,
 //!   rounded up: the largest hint of the refusing descriptors) on OVER_LIMIT.
 //! - A `user_turns` descriptor whose user has no plan (and there is no
-//!   default plan), or whose value is not a valid user id, is OVER_LIMIT with
-//!   no limit and no hint: the sidecar refuses such users too (401).
+//!   default plan) is OVER_LIMIT with no limit and no hint: the sidecar
+//!   refuses such users too (401).
 //! - Shadow (`[rls] shadow = true`): every descriptor is decided and counted
 //!   as usual, a would-be refusal takes nothing and is counted
 //!   `shadow_denied`, and the answer is OK with no rate-limit headers (the
@@ -71,29 +86,36 @@ use envoy_types::pb::google::protobuf::Duration;
 use parking_lot::RwLock;
 use tollgate_core::bucket::Take;
 use tollgate_core::store::{BucketRef, TakeRequest};
-use tollgate_core::{BucketSpec, Decision, LimiterError, Outcome, Store, StoreError};
+use tollgate_core::{BucketSpec, Decision, LimiterError, Outcome, ReplicaGate, Store, StoreError};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
+pub use super::api::MAX_MESSAGE_BYTES;
 use crate::metrics::DecisionLabels;
+use crate::ops;
 use crate::outcome::ApiError;
-use crate::rls::{KEY_METADATA, MAX_VALUE_LEN, RlsKey, RlsRules, RlsServer, Target};
+use crate::rls::{KEY_METADATA, RlsKey, RlsRules, RlsServer, Target};
 use crate::state::App;
 
 /// Most descriptors one request may carry; more is `INVALID_ARGUMENT`.
-pub const MAX_DESCRIPTORS: usize = 64;
+pub const MAX_DESCRIPTORS: usize = 16;
+
+/// Most entries one descriptor may carry; more is `INVALID_ARGUMENT`.
+pub const MAX_ENTRIES: usize = 16;
 
 /// The method's name in `tollgate_grpc_requests_total`.
 const METHOD: &str = "ShouldRateLimit";
 
 /// Envoy's rate-limit service over an [`App`]'s limiter and store.
-/// Cloning shares it; [`set_rules`](Self::set_rules) swaps the rules for
-/// every clone (a config reload).
+/// Cloning shares it (its rules and its in-flight cap);
+/// [`set_rules`](Self::set_rules) swaps the rules for every clone (a config
+/// reload).
 pub struct RlsService<S> {
     app: App<S>,
     rules: Arc<RwLock<Arc<RlsRules>>>,
     key: Option<RlsKey>,
+    gate: ReplicaGate,
 }
 
 impl<S> Clone for RlsService<S> {
@@ -102,6 +124,7 @@ impl<S> Clone for RlsService<S> {
             app: self.app.clone(),
             rules: self.rules.clone(),
             key: self.key.clone(),
+            gate: self.gate.clone(),
         }
     }
 }
@@ -111,6 +134,7 @@ impl<S> std::fmt::Debug for RlsService<S> {
         f.debug_struct("RlsService")
             .field("rules", &*self.rules.read())
             .field("key", &self.key)
+            .field("gate", &self.gate)
             .finish_non_exhaustive()
     }
 }
@@ -168,8 +192,58 @@ impl<S: Store + Clone> Interceptor for KeyCheck<S> {
     }
 }
 
-/// The tonic server of [`RlsService`] behind its key check.
+/// The tonic server of [`RlsService`]: the key check, then messages of at
+/// most [`MAX_MESSAGE_BYTES`].
 pub type RlsGrpcServer<S> = InterceptedService<RateLimitServiceServer<RlsService<S>>, KeyCheck<S>>;
+
+/// Checks the bounds of a request (descriptors, entries, ids) before
+/// anything is decided.
+///
+/// # Errors
+///
+/// [`ApiError::Invalid`] naming the first field at fault: more than
+/// [`MAX_DESCRIPTORS`] descriptors, a descriptor of more than
+/// [`MAX_ENTRIES`] entries, an entry key or value that is not an id
+/// ([`ops::check_id`]).
+pub fn check_request(req: &RateLimitRequest) -> Result<(), ApiError> {
+    if req.descriptors.len() > MAX_DESCRIPTORS {
+        return Err(ApiError::invalid(
+            "descriptors",
+            format!(
+                "at most {MAX_DESCRIPTORS} descriptors per request (got {})",
+                req.descriptors.len()
+            ),
+        ));
+    }
+    for (i, d) in req.descriptors.iter().enumerate() {
+        if d.entries.len() > MAX_ENTRIES {
+            return Err(ApiError::invalid(
+                format!("descriptors[{i}].entries"),
+                format!(
+                    "at most {MAX_ENTRIES} entries per descriptor (got {})",
+                    d.entries.len()
+                ),
+            ));
+        }
+        for (j, e) in d.entries.iter().enumerate() {
+            for (part, v) in [("key", &e.key), ("value", &e.value)] {
+                // The field is named only on a refusal: no allocation per
+                // entry on the way through.
+                if let Err(e) = ops::check_id("", v) {
+                    let message = match e {
+                        ApiError::Invalid { message, .. } => message,
+                        _ => "is not a valid id".to_owned(),
+                    };
+                    return Err(ApiError::invalid(
+                        format!("descriptors[{i}].entries[{j}].{part}"),
+                        message,
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
 
 /// Swaps the rules of the [`RlsService`] it came from and of all its
 /// clones, without keeping the service alive: for a config reload hook.
@@ -240,22 +314,37 @@ impl Verdict {
 
 impl<S: Store + Clone> RlsService<S> {
     /// A service deciding with `app`'s limiter (the users' plans) and store
-    /// (named buckets) as `rules` say, with no key; see
+    /// (named buckets) as `rules` say, with no key and the default
+    /// in-flight cap ([`RlsServer::default`]); see
     /// [`with_server`](Self::with_server).
     pub fn new(app: App<S>, rules: RlsRules) -> Self {
         Self {
             app,
             rules: Arc::new(RwLock::new(Arc::new(rules))),
             key: None,
+            gate: ReplicaGate::new(RlsServer::default().max_in_flight),
         }
     }
 
-    /// The same guarded as `server` says: its key, required of every call.
+    /// The same guarded as `server` says: its key (required of every call)
+    /// and its in-flight cap (a fresh one, not shared with earlier clones).
+    ///
+    /// # Panics
+    ///
+    /// If `server.max_in_flight` exceeds tokio's semaphore limit (config
+    /// validation keeps it at most [`crate::rls::MAX_MAX_IN_FLIGHT`]).
+    #[track_caller]
     pub fn with_server(self, server: RlsServer) -> Self {
         Self {
             key: server.key,
+            gate: ReplicaGate::new(server.max_in_flight),
             ..self
         }
+    }
+
+    /// The service's in-flight cap (every clone shares it).
+    pub fn gate(&self) -> &ReplicaGate {
+        &self.gate
     }
 
     /// Swaps in new rules for every clone; requests in flight finish with
@@ -275,28 +364,35 @@ impl<S: Store + Clone> RlsService<S> {
     }
 
     /// The tonic service to add to a server: the key check ([`KeyCheck`]),
-    /// then [`decide`](Self::decide).
+    /// then messages of at most [`MAX_MESSAGE_BYTES`], then
+    /// [`decide`](Self::decide).
     pub fn into_server(self) -> RlsGrpcServer<S> {
         let check = KeyCheck {
             app: self.app.clone(),
             key: self.key.clone(),
         };
-        InterceptedService::new(RateLimitServiceServer::new(self), check)
+        InterceptedService::new(
+            RateLimitServiceServer::new(self).max_decoding_message_size(MAX_MESSAGE_BYTES),
+            check,
+        )
     }
 
     /// Answers one `ShouldRateLimit` request once its key was checked (the
-    /// transport-free core of the service).
+    /// transport-free core of the service): its bounds
+    /// ([`check_request`]), a place under the in-flight cap, then each
+    /// descriptor.
     ///
     /// # Errors
     ///
-    /// `UNAVAILABLE` when the store cannot be reached, `INTERNAL` on another
-    /// store fault, `INVALID_ARGUMENT` past [`MAX_DESCRIPTORS`].
+    /// `INVALID_ARGUMENT` past the bounds (nothing decided),
+    /// `RESOURCE_EXHAUSTED` over the in-flight cap, `UNAVAILABLE` when the
+    /// store cannot be reached, `INTERNAL` on another store fault.
     pub async fn decide(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
-        if req.descriptors.len() > MAX_DESCRIPTORS {
-            return Err(Status::invalid_argument(format!(
-                "at most {MAX_DESCRIPTORS} descriptors per request"
-            )));
-        }
+        check_request(req)?;
+        let _place = self.gate.try_acquire().map_err(|_| {
+            tracing::debug!("rate-limit service: at its in-flight cap");
+            ApiError::Overloaded.to_status()
+        })?;
         let rules = self.rules();
         let mut verdicts = Vec::with_capacity(req.descriptors.len());
         for d in &req.descriptors {
@@ -360,10 +456,6 @@ impl<S: Store + Clone> RlsService<S> {
         match (m.rule.target(), m.bucket_key) {
             (Target::UserTurns, _) => self.judge_turns(m.value, cost, name).await,
             (Target::Bucket(spec), Some(key)) => {
-                if m.value.len() > MAX_VALUE_LEN {
-                    tracing::debug!(rule = %name, "rate-limit service: descriptor value too long");
-                    return Ok(Verdict::refused("bucket", name));
-                }
                 let out = self
                     .app
                     .store()
