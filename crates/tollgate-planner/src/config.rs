@@ -3,10 +3,10 @@
 //! `simulate` reads the same TOML file as the server (docs/config.md) but
 //! only its limits: top-level `default_plan`, `[plans.<name>]`, `[users]`,
 //! `[overrides.<user>]` and `[providers."<provider>:<model>"]`. The
-//! server-only settings (`listen`, `grpc_listen`, `admin_token`,
-//! `max_in_flight`, `[store]`, `[identity]`, `[rls]`) are accepted and
-//! ignored; any other top-level
-//! key is an error, as in the server, so a typo is never silently dropped.
+//! server-only settings (`listen`, `grpc_listen`, `rls_listen`,
+//! `admin_token`, `max_in_flight`, `[store]`, `[identity]`, `[rls]`) are
+//! accepted and ignored; any other top-level key is an error, as in the
+//! server, so a typo is never silently dropped.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -57,6 +57,8 @@ struct LimitsFile {
     _identity: Option<toml::Value>,
     #[serde(default, rename = "grpc_listen")]
     _grpc_listen: Option<toml::Value>,
+    #[serde(default, rename = "rls_listen")]
+    _rls_listen: Option<toml::Value>,
     #[serde(default, rename = "rls")]
     _rls: Option<toml::Value>,
 }
@@ -186,6 +188,7 @@ mod tests {
     const SERVER_FILE: &str = r#"
 listen = "0.0.0.0:8787"
 grpc_listen = "0.0.0.0:8788"
+rls_listen = "0.0.0.0:8789"
 admin_token = "change-me-to-a-long-random-string"
 max_in_flight = 1024
 default_plan = "support"
@@ -213,6 +216,7 @@ max_wait_ms = 6000
 requests = { amount = 600, period_ms = 60000, burst = 60 }
 
 [rls]
+key_file = "rls.key"
 domain = "agents"
 
 [[rls.descriptors]]

@@ -14,7 +14,7 @@
 //! target/release/tollgate serve --config crates/tollgate-server/examples/bench-memory.toml &
 //! target/release/examples/loadgen --mode admit --duration 10 --warmup 2
 //! target/release/examples/loadgen --mode reserve --duration 10 --warmup 2
-//! target/release/examples/loadgen --mode rls --duration 10 --warmup 2   # gRPC, port 8789
+//! target/release/examples/loadgen --mode rls --duration 10 --warmup 2   # rls_listen, port 8790
 //! kill %1
 //!
 //! # Redis store: a fresh, throwaway redis-server (not the machine's 6379;
@@ -37,10 +37,13 @@
 //!     `POST /v1/tokens/settle {reservation_id, actual}` (reserve + settle).
 //!
 //!   * `rls`: one gRPC `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`
-//!     to `--grpc-url` (default `http://127.0.0.1:8789`) for `--domain`
-//!     (default `tollgate`) with one descriptor `{--descriptor-key: u<n>}`
-//!     (default key `user_id`), `hits_addend` 1: OK counts as 2xx,
-//!     OVER_LIMIT as 429. Up to 8 HTTP/2 connections are shared by the tasks.
+//!     to the server's `rls_listen`, `--rls-url` (default
+//!     `http://127.0.0.1:8790`, the bench configs' `rls_listen`) for
+//!     `--domain` (default `tollgate`) with one descriptor
+//!     `{--descriptor-key: u<n>}` (default key `user_id`), `hits_addend` 1:
+//!     OK counts as 2xx, OVER_LIMIT as 429. `--rls-key KEY` sends the
+//!     server's `[rls] key` as `x-tollgate-rls-key` metadata (needed when the
+//!     server has one). Up to 8 HTTP/2 connections are shared by the tasks.
 //!
 //!   The second call is made only when the first answered 2xx. Every
 //!   operation is for a uniformly random user and a fresh invocation id.
@@ -118,6 +121,7 @@ use parking_lot::Mutex;
 use serde::Deserialize;
 use tollgate_core::{Clock, MonotonicClock};
 use tollgate_server::identity::DEV_SECRET;
+use tonic::metadata::AsciiMetadataValue;
 use tonic::transport::Channel;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,7 +159,8 @@ struct Args {
     server_pid: Option<u32>,
     redis_pid: Option<u32>,
     redis_port: Option<u16>,
-    grpc_url: String,
+    rls_url: String,
+    rls_key: Option<String>,
     domain: String,
     descriptor_key: String,
 }
@@ -183,7 +188,8 @@ fn parse_args() -> Args {
         server_pid: None,
         redis_pid: None,
         redis_port: None,
-        grpc_url: "http://127.0.0.1:8789".to_owned(),
+        rls_url: "http://127.0.0.1:8790".to_owned(),
+        rls_key: None,
         domain: "tollgate".to_owned(),
         descriptor_key: "user_id".to_owned(),
     };
@@ -224,8 +230,9 @@ fn parse_args() -> Args {
             "--server-pid" => a.server_pid = Some(num(&flag, it.next())),
             "--redis-pid" => a.redis_pid = Some(num(&flag, it.next())),
             "--redis-port" => a.redis_port = Some(num(&flag, it.next())),
-            "--grpc-url" => {
-                a.grpc_url = it.next().unwrap_or_else(|| usage("--grpc-url needs a URL"))
+            "--rls-url" => a.rls_url = it.next().unwrap_or_else(|| usage("--rls-url needs a URL")),
+            "--rls-key" => {
+                a.rls_key = Some(it.next().unwrap_or_else(|| usage("--rls-key needs a key")))
             }
             "--domain" => a.domain = it.next().unwrap_or_else(|| usage("--domain needs a name")),
             "--descriptor-key" => {
@@ -332,6 +339,8 @@ struct TaskStats {
 struct Ctx {
     /// Envoy RLS clients (rls mode), spread over a few HTTP/2 connections.
     rls: Vec<RateLimitServiceClient<Channel>>,
+    /// The `x-tollgate-rls-key` metadata of every RLS call, if any.
+    rls_key: Option<AsciiMetadataValue>,
     domain: String,
     descriptor_key: String,
     client: Client<HttpConnector, Full<Bytes>>,
@@ -433,6 +442,11 @@ impl Ctx {
             hits_addend: 1,
         };
         let mut client = self.rls[user % self.rls.len()].clone();
+        let mut req = tonic::Request::new(req);
+        if let Some(key) = &self.rls_key {
+            req.metadata_mut()
+                .insert(tollgate_server::rls::KEY_METADATA, key.clone());
+        }
         let class = match client.should_rate_limit(req).await {
             Ok(resp) => match Code::try_from(resp.get_ref().overall_code) {
                 Ok(Code::Ok) => Class::Ok,
@@ -775,18 +789,26 @@ async fn run(a: Args) -> Result<(), String> {
     let mut rls = Vec::new();
     if a.mode == Mode::Rls {
         for _ in 0..a.concurrency.div_ceil(16).clamp(1, 8) {
-            let channel = Channel::from_shared(a.grpc_url.clone())
-                .map_err(|e| format!("--grpc-url {}: {e}", a.grpc_url))?
+            let channel = Channel::from_shared(a.rls_url.clone())
+                .map_err(|e| format!("--rls-url {}: {e}", a.rls_url))?
                 .tcp_nodelay(true)
                 .connect()
                 .await
-                .map_err(|e| format!("{} does not answer: {e}", a.grpc_url))?;
+                .map_err(|e| format!("{} does not answer: {e}", a.rls_url))?;
             rls.push(RateLimitServiceClient::new(channel));
         }
     }
     let now = Instant::now();
+    let rls_key = match &a.rls_key {
+        Some(k) => Some(
+            k.parse::<AsciiMetadataValue>()
+                .map_err(|_| "--rls-key must be printable ASCII".to_owned())?,
+        ),
+        None => None,
+    };
     let mut ctx = Ctx {
         rls,
+        rls_key,
         domain: a.domain.clone(),
         descriptor_key: a.descriptor_key.clone(),
         client,

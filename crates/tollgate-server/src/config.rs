@@ -35,6 +35,11 @@ pub struct FileConfig {
     /// are served there and not on `listen`. None: they share `listen`.
     #[serde(default)]
     pub admin_listen: Option<String>,
+    /// Address of Envoy's rate-limit service (its own listener, never
+    /// `listen` or `grpc_listen`); none: the service is off. Not loopback:
+    /// `[rls] key` or `key_file` is required.
+    #[serde(default)]
+    pub rls_listen: Option<String>,
     /// Bearer token for `/admin/*` endpoints; none: they are off.
     #[serde(default)]
     pub admin_token: Option<String>,
@@ -160,6 +165,13 @@ pub struct Config {
     pub grpc_listen: Option<SocketAddr>,
     /// The operator's port (`/metrics`, `/admin/*`), if apart from `listen`.
     pub admin_listen: Option<SocketAddr>,
+    /// Where Envoy's rate-limit service listens, if it is on. Read at
+    /// startup only.
+    pub rls_listen: Option<SocketAddr>,
+    /// The rate-limit service's key and in-flight cap (`[rls] key`,
+    /// `key_file`, `max_in_flight`). Read at startup only: a reload does
+    /// not apply a change (restart).
+    pub rls_server: crate::rls::RlsServer,
     /// Admin bearer token, if admin endpoints are on.
     pub admin_token: Option<String>,
     /// The replica's in-flight cap.
@@ -172,7 +184,7 @@ pub struct Config {
     pub plans: PlanBook,
     /// The provider quotas (`[providers."<provider>:<model>"]`).
     pub providers: ProviderBook,
-    /// Envoy's rate-limit service rules (`[rls]`).
+    /// Envoy's rate-limit service rules (`[rls]`); they reload.
     pub rls: crate::rls::RlsRules,
     /// The settings a running server cannot change, as written: a reload
     /// compares them ([`RestartOnly::changed`]).
@@ -185,10 +197,19 @@ pub struct Config {
 }
 
 /// The settings that take effect only at start (listeners, store, identity,
-/// caps, admin token), as written in the file.
-#[derive(Debug, Clone, PartialEq)]
+/// caps, admin token, the rate-limit service's key), as written in the file.
+/// `Debug` names the fields only: their values hold secrets.
+#[derive(Clone, PartialEq)]
 pub struct RestartOnly {
     fields: Vec<(&'static str, serde_json::Value)>,
+}
+
+impl fmt::Debug for RestartOnly {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.fields.iter().map(|(name, _)| name))
+            .finish()
+    }
 }
 
 impl RestartOnly {
@@ -198,6 +219,10 @@ impl RestartOnly {
                 ("listen", written(&file.listen)),
                 ("grpc_listen", written(&file.grpc_listen)),
                 ("admin_listen", written(&file.admin_listen)),
+                ("rls_listen", written(&file.rls_listen)),
+                ("rls.key", written(&file.rls.key)),
+                ("rls.key_file", written(&file.rls.key_file)),
+                ("rls.max_in_flight", written(&file.rls.max_in_flight)),
                 ("admin_token", written(&file.admin_token)),
                 ("max_in_flight", written(&file.max_in_flight)),
                 ("store", written(&file.store)),
@@ -426,6 +451,78 @@ impl FileConfig {
                 }
             }
         }
+        let rls_listen = match self.rls_listen.as_deref() {
+            None => None,
+            Some(text) => match text.parse::<SocketAddr>() {
+                Ok(a) if a.port() != 0 && (Some(a) == listen || Some(a) == grpc_listen) => {
+                    let other = if Some(a) == listen {
+                        "listen"
+                    } else {
+                        "grpc_listen"
+                    };
+                    errors.push(err(
+                        "rls_listen",
+                        format!(
+                            "{a} is also `{other}`: Envoy's rate-limit service needs its own port"
+                        ),
+                    ));
+                    None
+                }
+                Ok(a) => Some(a),
+                Err(_) => {
+                    errors.push(err(
+                        "rls_listen",
+                        format!("{text:?} is not an address like 127.0.0.1:8789"),
+                    ));
+                    None
+                }
+            },
+        };
+        if let (Some(a), Some(r)) = (admin_listen, rls_listen)
+            && a == r
+            && a.port() != 0
+        {
+            errors.push(err(
+                "admin_listen",
+                format!("{a} is also `rls_listen`: the operator's port is its own"),
+            ));
+        }
+        let has_key = self.rls.key.is_some() || self.rls.key_file.is_some();
+        match (&self.rls_listen, rls_listen) {
+            (Some(_), Some(a)) if !a.ip().is_loopback() && !has_key => errors.push(err(
+                "rls_listen",
+                "a non-loopback address needs [rls] key or key_file",
+            )),
+            (None, _) => {
+                for (set, name) in [
+                    (self.rls.key.is_some(), "key"),
+                    (self.rls.key_file.is_some(), "key_file"),
+                    (self.rls.max_in_flight.is_some(), "max_in_flight"),
+                ] {
+                    if set {
+                        errors.push(err(
+                            format!("rls.{name}"),
+                            "only applies when rls_listen is set",
+                        ));
+                    }
+                }
+                if !self.rls.descriptors.is_empty() {
+                    errors.push(err(
+                        "rls.descriptors",
+                        "Envoy's rate-limit service is off without rls_listen (it is no longer \
+                         served on grpc_listen): set rls_listen and point Envoy at it",
+                    ));
+                }
+            }
+            _ => {}
+        }
+        let rls_server = match crate::rls::validate_rls_server(&self.rls, base_dir) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                errors.extend(e);
+                None
+            }
+        };
         if self.max_in_flight == 0 {
             errors.push(err("max_in_flight", "must be at least 1"));
         }
@@ -467,26 +564,31 @@ impl FileConfig {
                 None
             }
         };
-        match (listen, store, plans, providers, rls) {
-            (Some(listen), Some(store), Some(plans), Some(providers), Some(rls))
-                if errors.is_empty() =>
-            {
-                Ok(Config {
-                    listen,
-                    grpc_listen,
-                    admin_listen,
-                    admin_token: self.admin_token,
-                    max_in_flight: self.max_in_flight,
-                    store,
-                    identity: self.identity,
-                    plans,
-                    providers,
-                    rls,
-                    restart_only,
-                    base_dir: base_dir.to_path_buf(),
-                    source: None,
-                })
-            }
+        match (listen, store, plans, providers, rls, rls_server) {
+            (
+                Some(listen),
+                Some(store),
+                Some(plans),
+                Some(providers),
+                Some(rls),
+                Some(rls_server),
+            ) if errors.is_empty() => Ok(Config {
+                listen,
+                grpc_listen,
+                rls_listen,
+                rls_server,
+                admin_listen,
+                admin_token: self.admin_token,
+                max_in_flight: self.max_in_flight,
+                store,
+                identity: self.identity,
+                plans,
+                providers,
+                rls,
+                restart_only,
+                base_dir: base_dir.to_path_buf(),
+                source: None,
+            }),
             _ => Err(errors),
         }
     }

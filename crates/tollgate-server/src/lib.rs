@@ -4,9 +4,11 @@
 //! language. It speaks the HTTP/JSON wire contract of SPEC §8 (documented
 //! at `/openapi.json`), and the same operations over gRPC on their own port
 //! ([`grpc`], `proto/tollgate/v1/tollgate.proto`); both call [`ops`], so
-//! they answer alike. It identifies users from a verified JWT (or a trusted
-//! upstream header) and decides with the `tollgate-core` limiter and
-//! provider quota governor on the in-memory store or Redis.
+//! they answer alike. Envoy's rate-limit service has a listener of its own
+//! (`rls_listen`, [`grpc::rls`]), guarded by a shared key. It identifies
+//! users from a verified JWT (or a trusted upstream header) and decides
+//! with the `tollgate-core` limiter and provider quota governor on the
+//! in-memory store or Redis.
 //!
 //! [`app`] builds the application from a config so tests can run it on any
 //! listener and clock; [`serve`] runs it until a shutdown signal, and
@@ -52,7 +54,7 @@ pub enum StartError {
     /// Binding or serving failed.
     #[error("listen: {0}")]
     Io(#[from] std::io::Error),
-    /// A configured address (`grpc_listen`, `admin_listen`) could not be
+    /// A configured address (`grpc_listen`, `admin_listen`, `rls_listen`) could not be
     /// bound.
     #[error("{field} {addr}: {source}")]
     Listen {
@@ -63,6 +65,13 @@ pub enum StartError {
         /// Why.
         #[source]
         source: std::io::Error,
+    },
+    /// A rate-limit service listener on an address other than loopback,
+    /// and no `[rls] key` to guard it.
+    #[error("rls_listen {addr}: a non-loopback address needs [rls] key or key_file")]
+    RlsKeyRequired {
+        /// The listener's address.
+        addr: std::net::SocketAddr,
     },
     /// The gRPC server failed.
     #[error("grpc: {0}")]
@@ -126,6 +135,10 @@ pub struct Running {
     pub grpc_addr: Option<std::net::SocketAddr>,
     /// The operator's port (`/metrics`, `/admin/*`), when apart.
     pub admin_addr: Option<std::net::SocketAddr>,
+    /// The address of Envoy's rate-limit service, when it is on.
+    pub rls_addr: Option<std::net::SocketAddr>,
+    /// Whether rate-limit service calls must carry the key.
+    pub rls_key: bool,
     /// The store, in words.
     pub store: String,
     /// The identity mode, in words.
@@ -138,6 +151,7 @@ pub struct Listeners {
     http: TcpListener,
     grpc: Option<TcpListener>,
     admin: Option<TcpListener>,
+    rls: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -147,6 +161,7 @@ impl Listeners {
             http,
             grpc: None,
             admin: None,
+            rls: None,
         }
     }
 
@@ -162,6 +177,13 @@ impl Listeners {
         self.admin = Some(admin);
         self
     }
+
+    /// Also Envoy's rate-limit service on `rls` (guarded by the config's
+    /// `[rls] key` and `max_in_flight`).
+    pub fn with_rls(mut self, rls: TcpListener) -> Self {
+        self.rls = Some(rls);
+        self
+    }
 }
 
 /// Binds `addr` for the config field `field`.
@@ -175,10 +197,11 @@ async fn bind(field: &'static str, addr: std::net::SocketAddr) -> Result<TcpList
         })
 }
 
-/// Serves `config` on `listener`, and the gRPC API on `grpc_listen` when
-/// the config sets it, until `shutdown` completes, then drains requests in
-/// flight. `clock`: `None` for production time (Redis `TIME` for Redis; a
-/// monotonic clock in memory). `on_start` is called once listening.
+/// Serves `config` on `listener`, the gRPC API on `grpc_listen` and Envoy's
+/// rate-limit service on `rls_listen` when the config sets them, until
+/// `shutdown` completes, then drains requests in flight. `clock`: `None`
+/// for production time (Redis `TIME` for Redis; a monotonic clock in
+/// memory). `on_start` is called once listening.
 ///
 /// # Errors
 ///
@@ -197,15 +220,21 @@ pub async fn serve(
     if let Some(addr) = config.admin_listen {
         listeners = listeners.with_admin(bind("admin_listen", addr).await?);
     }
+    if let Some(addr) = config.rls_listen {
+        listeners = listeners.with_rls(bind("rls_listen", addr).await?);
+    }
     serve_with(config, listeners, clock, on_start, shutdown).await
 }
 
-/// As [`serve`], on listeners the caller bound (`grpc_listen` is not read:
-/// the gRPC API is served when `listeners` has a gRPC listener).
+/// As [`serve`], on listeners the caller bound (`grpc_listen` and
+/// `rls_listen` are not read: the gRPC API is served when `listeners` has a
+/// gRPC listener, the rate-limit service when it has an RLS listener, with
+/// the config's `[rls]` key and cap).
 ///
 /// # Errors
 ///
-/// As [`serve`].
+/// As [`serve`]; also [`StartError::RlsKeyRequired`] for an RLS listener
+/// on an address other than loopback when the config has no `[rls] key`.
 pub async fn serve_with(
     config: Config,
     listeners: Listeners,
@@ -288,18 +317,39 @@ async fn run<S: Store + Clone>(
     on_start: impl FnOnce(&Running),
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
+    let Listeners {
+        http,
+        grpc,
+        rls,
+        admin,
+    } = listeners;
+    let rls_addr = rls.as_ref().map(TcpListener::local_addr).transpose()?;
+    if let Some(addr) = rls_addr
+        && !addr.ip().is_loopback()
+        && config.rls_server.key.is_none()
+    {
+        return Err(StartError::RlsKeyRequired { addr });
+    }
     let app = app_with_metrics(config, store, clock, wall, metrics)?;
     if config.identity.audience_check == Some(false) {
         tracing::warn!(
             "identity.audience_check = false: tokens issued for any service are accepted"
         );
     }
+    // The rate-limit service's rules are swapped on every reload from now.
+    let rls = rls.map(|listener| {
+        let service = grpc::rls::RlsService::new(app.clone(), config.rls.clone())
+            .with_server(config.rls_server.clone());
+        app.reload_rls_rules(service.rules_handle());
+        (listener, service)
+    });
     let reloaders = reload::spawn(app.clone());
-    let Listeners { http, grpc, admin } = listeners;
     let running = Running {
         addr: http.local_addr()?,
         grpc_addr: grpc.as_ref().map(TcpListener::local_addr).transpose()?,
         admin_addr: admin.as_ref().map(TcpListener::local_addr).transpose()?,
+        rls_addr,
+        rls_key: config.rls_server.key.is_some(),
         store: store_desc,
         identity: app.verifier().describe(),
     };
@@ -342,22 +392,34 @@ async fn run<S: Store + Clone>(
         .await
         .map_err(StartError::from)
     };
+    let grpc_stopped = stopped(stopping.clone());
     let grpc = async {
         let Some(listener) = grpc else {
             return Ok(());
         };
         let incoming =
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-        let rls = grpc::rls::RlsService::new(app.clone(), config.rls.clone());
-        app.reload_rls_rules(rls.rules_handle());
+        // The API only: Envoy's rate-limit service has a listener of its
+        // own, so ShouldRateLimit here is UNIMPLEMENTED.
         tonic::transport::Server::builder()
-            .add_service(grpc::api::TollgateService::new(app).into_server())
-            .add_service(rls.into_server())
+            .add_service(grpc::api::TollgateService::new(app.clone()).into_server())
+            .serve_with_incoming_shutdown(incoming, grpc_stopped)
+            .await
+            .map_err(StartError::from)
+    };
+    let rls = async {
+        let Some((listener, service)) = rls else {
+            return Ok(());
+        };
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        tonic::transport::Server::builder()
+            .add_service(service.into_server())
             .serve_with_incoming_shutdown(incoming, stopped(stopping))
             .await
             .map_err(StartError::from)
     };
-    let served = tokio::try_join!(http, grpc, operator);
+    let served = tokio::try_join!(http, grpc, rls, operator);
     signal.abort();
     for task in reloaders {
         task.abort();

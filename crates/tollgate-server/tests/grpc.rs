@@ -148,7 +148,6 @@ fn with_auth<T>(auth: Option<&str>, message: T) -> Request<T> {
 /// A running server (HTTP and gRPC) on a fake clock.
 struct Server {
     http: SocketAddr,
-    grpc_addr: SocketAddr,
     clock: FakeClock,
     grpc: TollgateClient<Channel>,
     web: reqwest::Client,
@@ -183,7 +182,6 @@ impl Server {
             .expect("connect");
         Self {
             http: http_addr,
-            grpc_addr,
             clock,
             grpc,
             web: reqwest::Client::new(),
@@ -1454,86 +1452,6 @@ async fn a_reload_is_seen_over_grpc() {
     assert_eq!(resp.status().as_u16(), 200);
     srv.admit("alice", "r2").await.expect("two runs now");
     limited(srv.admit("alice", "r3").await, "concurrency", 1_000);
-    srv.shutdown().await;
-}
-
-/// Envoy's rate-limit service is served on the same gRPC port as the API,
-/// over the same App: the `user_id` descriptor takes the user's turn bucket
-/// (the 6th of a burst of 5 is OVER_LIMIT), and a reload swaps its rules.
-#[tokio::test]
-async fn the_rate_limit_service_is_served_beside_the_api_and_reloads() {
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code as RlsCode;
-    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-
-    let rls = |key: &str| {
-        format!(
-            "{}\n[rls]\ndomain = \"agents\"\n\n[[rls.descriptors]]\nkey = \"{key}\"\nlimit = \"user_turns\"\n",
-            config_text(64, 2, "")
-        )
-    };
-    let dir = TempDir::new();
-    let file = dir.0.join("tollgate.toml");
-    std::fs::write(&file, rls("user_id")).expect("write");
-    let srv = Server::start_config(Config::load(&file).expect("valid")).await;
-    let mut client = RateLimitServiceClient::connect(format!("http://{}", srv.grpc_addr))
-        .await
-        .expect("connect");
-    let ask = |key: &str, user: &str| RateLimitRequest {
-        domain: "agents".into(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: vec![Entry {
-                key: key.into(),
-                value: user.into(),
-            }],
-            ..RateLimitDescriptor::default()
-        }],
-        hits_addend: 1,
-    };
-    for n in 1..=6 {
-        let resp = client
-            .should_rate_limit(ask("user_id", "alice"))
-            .await
-            .expect("answer")
-            .into_inner();
-        let expect = if n <= 5 {
-            RlsCode::Ok
-        } else {
-            RlsCode::OverLimit
-        };
-        assert_eq!(resp.overall_code, expect as i32, "call {n}");
-    }
-    // The same bucket as turn admission: alice's turns are used up.
-    limited(srv.admit("alice", "r1").await, "turn_rate", 3_000);
-
-    // A reload moves the rule to another descriptor key.
-    std::fs::write(&file, rls("account")).expect("rewrite");
-    let resp = srv
-        .web
-        .post(format!("http://{}/admin/reload", srv.http))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .expect("reload");
-    assert_eq!(resp.status().as_u16(), 200);
-    let resp = client
-        .should_rate_limit(ask("user_id", "alice"))
-        .await
-        .expect("answer")
-        .into_inner();
-    assert_eq!(
-        resp.overall_code,
-        RlsCode::Ok as i32,
-        "user_id is no longer limited"
-    );
-    let resp = client
-        .should_rate_limit(ask("account", "alice"))
-        .await
-        .expect("answer")
-        .into_inner();
-    assert_eq!(resp.overall_code, RlsCode::OverLimit as i32, "account is");
     srv.shutdown().await;
 }
 

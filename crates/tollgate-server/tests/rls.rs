@@ -1,8 +1,22 @@
-//! Envoy's rate-limit service (`envoy.service.ratelimit.v3`) over a real
-//! socket: each test serves [`RlsService`] with tonic on `127.0.0.1:0` and
-//! asks it with the generated `RateLimitServiceClient`, over a
-//! [`MemoryStore`] on a [`FakeClock`] at [`T0`] (and a real `redis-server`
-//! that the outage tests stop).
+//! Envoy's rate-limit service (`envoy.service.ratelimit.v3`) over real
+//! sockets, asked with the generated `RateLimitServiceClient` on a
+//! [`FakeClock`] at [`T0`]. The decision tests serve the service as
+//! `RlsService::into_server` builds it (key check, 64 KiB decode limit,
+//! bounds, in-flight cap) with tonic on `127.0.0.1:0`, over a
+//! [`MemoryStore`] (and a real `redis-server` that the outage tests stop);
+//! the listener tests run `tollgate_server::serve_with` on loopback
+//! listeners for HTTP, the gRPC API and `rls_listen`, and `tollgate
+//! check-config`.
+//!
+//! The listener: ShouldRateLimit on `grpc_listen` is UNIMPLEMENTED and
+//! takes nothing; on `rls_listen` without the key or with a wrong one it is
+//! UNAUTHENTICATED and the user's turn bucket is untouched (POST /v1/runs
+//! still admits the whole burst); with the key it decides; more than 16
+//! descriptors or 16 entries, or an entry that is not an id, is
+//! INVALID_ARGUMENT naming the field, and nothing is taken; a message over
+//! 64 KiB is refused; the in-flight cap is RESOURCE_EXHAUSTED; rules reload
+//! on the new listener; config validation (a non-loopback `rls_listen`
+//! needs a key, its own port, the key's rules, `Debug` redacts it).
 //!
 //! Covered: `user_id` → the user's turn bucket with SPEC §7 example 1 to the
 //! number (and the budget shared with turn admission); `hits_addend` as the
@@ -12,8 +26,8 @@
 //! over the limit; unmatched descriptors and other domains → OK; the
 //! `x-ratelimit-*` and `retry-after` headers; shadow mode (`[rls]` and a
 //! plan's) → OK while counting, nothing taken; swapping rules (reload); an
-//! unknown user; too many descriptors; a store outage → UNAVAILABLE under
-//! fail_closed (and local decisions under fail_open), and recovery.
+//! unknown user; a store outage → UNAVAILABLE under fail_closed (and local
+//! decisions under fail_open), and recovery.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -26,7 +40,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt64Value};
 use serde::Deserialize;
@@ -35,14 +48,16 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tollgate_core::{FakeClock, MemoryStore, Store};
 use tollgate_redis::{Failover, FailurePolicy, RedisConfig, RedisStore};
-use tollgate_server::App;
 use tollgate_server::config::Config;
 use tollgate_server::grpc::rls::RlsService;
-use tollgate_server::rls::{RlsConfig, RlsRules, validate_rls};
+use tollgate_server::rls::{RlsConfig, RlsRules, RlsServer, validate_rls};
+use tollgate_server::{App, Listeners};
 use tollgate_testkit::T0;
 use tollgate_testkit::redis::{RedisServer, unique_prefix, wait_until};
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Server};
+
+mod common;
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -119,12 +134,17 @@ impl<S: Store + Clone> Rls<S> {
     async fn start(store: S, clock: FakeClock, plans: &str, rls: &str) -> Self {
         let config = Config::parse(plans, "the test config", Path::new(".")).expect("config");
         let app = tollgate_server::app(&config, store, Arc::new(clock.clone())).expect("app");
-        let service = RlsService::new(app.clone(), rules(rls));
+        Self::start_with(app, clock, rls, RlsServer::default()).await
+    }
+
+    /// Serves `app` as `rls` says, guarded as `server` says.
+    async fn start_with(app: App<S>, clock: FakeClock, rls: &str, server: RlsServer) -> Self {
+        let service = RlsService::new(app.clone(), rules(rls)).with_server(server);
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (stop, stopped) = oneshot::channel::<()>();
         let server = Server::builder()
-            .add_service(RateLimitServiceServer::new(service.clone()))
+            .add_service(service.clone().into_server())
             .serve_with_incoming_shutdown(TcpIncoming::from(listener), async {
                 let _ = stopped.await;
             });
@@ -541,10 +561,6 @@ async fn unmatched_descriptors_and_other_domains_are_ok() {
     let r = rls.one(&[("user_id", "u1")], 0).await;
     assert_eq!(r.statuses[0].limit_remaining, 4);
     assert_eq!(rls.decisions("none", "allowed", "unmatched"), 7);
-    // Too many descriptors is a bad request, not a decision.
-    let many = (0..65).map(|_| desc(&[("a", "b")])).collect();
-    let e = rls.ask("agents", many, 0).await.unwrap_err();
-    assert_eq!(e.code(), tonic::Code::InvalidArgument);
     rls.stop().await;
 }
 
@@ -607,20 +623,20 @@ async fn a_plan_in_shadow_mode_is_ok_while_counting() {
     rls.stop().await;
 }
 
-/// A user with no plan (and no default plan), or a value that is no user
-/// id, is refused on a `user_turns` rule.
+/// A user with no plan (and no default plan) is refused on a `user_turns`
+/// rule; a value that is no id never gets that far (see
+/// `bounds_are_invalid_argument_and_take_nothing`).
 #[tokio::test]
 async fn users_without_a_plan_are_over_limit() {
     let (store, clock) = memory();
     let plans = PLANS.replace("default_plan = \"support\"\n", "");
     let mut rls = Rls::start(store, clock, &plans, RULES).await;
-    let r = rls.one(&[("user_id", "stranger")], 0).await;
-    assert_eq!(code(&r), Code::OverLimit);
-    assert_eq!(r.statuses, [status(Code::OverLimit, None, 0, None)]);
-    assert!(r.response_headers_to_add.is_empty());
-    let long = "u".repeat(513);
-    let r = rls.one(&[("user_id", &long)], 0).await;
-    assert_eq!(code(&r), Code::OverLimit);
+    for _ in 0..2 {
+        let r = rls.one(&[("user_id", "stranger")], 0).await;
+        assert_eq!(code(&r), Code::OverLimit);
+        assert_eq!(r.statuses, [status(Code::OverLimit, None, 0, None)]);
+        assert!(r.response_headers_to_add.is_empty());
+    }
     assert_eq!(rls.decisions("turn_rate", "denied", "unknown"), 2);
     // A user with a plan is fine.
     assert_eq!(code(&rls.one(&[("user_id", "trial")], 0).await), Code::Ok);
@@ -716,4 +732,755 @@ async fn store_down_under_fail_open_decides_locally() {
     let r = rls.one(&[("user_id", "u1")], 0).await;
     assert_eq!(code(&r), Code::OverLimit);
     rls.stop().await;
+}
+
+// ---------------------------------------------------------------------------
+// The listener: `tollgate serve` with `rls_listen`, the key and the bounds
+
+/// The key of the keyed sidecars (`[rls] key`).
+const KEY: &str = "rls-test-key-0123456789abcdef-0123456789";
+
+/// PLANS and RULES as one `tollgate serve` config on loopback port 0 for
+/// HTTP, the gRPC API and `rls_listen`; with `[rls] key = KEY` when `keyed`.
+fn sidecar_config(keyed: bool) -> String {
+    let plans = PLANS.replace(
+        "listen = \"127.0.0.1:0\"\n",
+        "listen = \"127.0.0.1:0\"\ngrpc_listen = \"127.0.0.1:0\"\nrls_listen = \"127.0.0.1:0\"\n",
+    );
+    let rules = if keyed {
+        RULES.replace(
+            "[rls]\n",
+            &format!("[rls]\nkey = \"{KEY}\"\nmax_in_flight = 64\n"),
+        )
+    } else {
+        RULES.to_owned()
+    };
+    format!("{plans}\n{rules}")
+}
+
+/// `tollgate_server::serve_with` on loopback listeners for HTTP, the gRPC
+/// API and Envoy's rate-limit service, on a fake clock at [`T0`].
+struct Sidecar {
+    http: std::net::SocketAddr,
+    grpc: std::net::SocketAddr,
+    rls: std::net::SocketAddr,
+    clock: FakeClock,
+    web: reqwest::Client,
+    config: Config,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), tollgate_server::StartError>>,
+}
+
+impl Sidecar {
+    async fn start(config: Config) -> Self {
+        let clock = FakeClock::new(T0);
+        let bind = || async { TcpListener::bind("127.0.0.1:0").await.expect("bind") };
+        let (http, grpc, rls) = (bind().await, bind().await, bind().await);
+        let addr = |l: &TcpListener| l.local_addr().expect("addr");
+        let (http_addr, grpc_addr, rls_addr) = (addr(&http), addr(&grpc), addr(&rls));
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (started, on_start) = oneshot::channel();
+        let task = tokio::spawn(tollgate_server::serve_with(
+            config.clone(),
+            Listeners::new(http).with_grpc(grpc).with_rls(rls),
+            Some(Arc::new(clock.clone())),
+            move |r| {
+                let _ = started.send((r.rls_addr, r.rls_key));
+            },
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        let (reported, keyed) = on_start.await.expect("started");
+        assert_eq!(reported, Some(rls_addr), "serve reports the RLS listener");
+        assert_eq!(keyed, config.rls_server.key.is_some());
+        Self {
+            http: http_addr,
+            grpc: grpc_addr,
+            rls: rls_addr,
+            clock,
+            web: reqwest::Client::new(),
+            config,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    async fn keyed() -> Self {
+        let config = Config::parse(&sidecar_config(true), "test", Path::new(".")).expect("valid");
+        Self::start(config).await
+    }
+
+    async fn client(addr: std::net::SocketAddr) -> RateLimitServiceClient<Channel> {
+        RateLimitServiceClient::connect(format!("http://{addr}"))
+            .await
+            .expect("connect")
+    }
+
+    /// A dev-mode token for `user`.
+    fn token(&self, user: &str) -> String {
+        tollgate_server::verifier(&self.config, Arc::new(self.clock.clone()))
+            .expect("verifier")
+            .mint(user, 3_600)
+            .expect("mint")
+    }
+
+    /// `POST /v1/runs` for `user`, then its release; answers the admission.
+    async fn admit(&self, user: &str, inv: &str) -> common::Resp {
+        let auth = format!("Bearer {}", self.token(user));
+        let base = format!("http://{}", self.http);
+        let r = common::send_with(
+            &self.web,
+            reqwest::Method::POST,
+            &format!("{base}/v1/runs"),
+            Some(&auth),
+            Some(&format!(r#"{{"invocation_id":"{inv}"}}"#)),
+        )
+        .await;
+        common::send_with(
+            &self.web,
+            reqwest::Method::DELETE,
+            &format!("{base}/v1/runs/{inv}"),
+            Some(&auth),
+            None,
+        )
+        .await
+        .ok();
+        r
+    }
+
+    async fn metrics(&self) -> String {
+        self.web
+            .get(format!("http://{}/metrics", self.http))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text")
+    }
+
+    async fn shutdown(mut self) {
+        common::shutdown(self.stop.take(), self.task).await;
+    }
+}
+
+/// A `ShouldRateLimit` of `descriptors` in domain `agents`, with `key` as
+/// `x-tollgate-rls-key` when given.
+fn keyed_request(
+    key: Option<&str>,
+    descriptors: Vec<RateLimitDescriptor>,
+) -> tonic::Request<RateLimitRequest> {
+    let mut r = tonic::Request::new(RateLimitRequest {
+        domain: "agents".into(),
+        descriptors,
+        hits_addend: 0,
+    });
+    if let Some(k) = key {
+        r.metadata_mut()
+            .insert("x-tollgate-rls-key", k.parse().expect("ascii"));
+    }
+    r
+}
+
+/// The turns `user` has left, asked with the key at cost 0 (takes nothing).
+async fn turns_left(c: &mut RateLimitServiceClient<Channel>, user: &str) -> u32 {
+    let r = c
+        .should_rate_limit(keyed_request(
+            Some(KEY),
+            vec![desc_hits(&[("user_id", user)], 0)],
+        ))
+        .await
+        .expect("keyed call")
+        .into_inner();
+    r.statuses[0].limit_remaining
+}
+
+/// The field a status's `google.rpc.BadRequest` names.
+fn bad_field(s: &tonic::Status) -> String {
+    use tonic_types::StatusExt as _;
+    let details = s.get_error_details();
+    let v = &details
+        .bad_request()
+        .expect("a BadRequest")
+        .field_violations;
+    assert_eq!(v.len(), 1, "{s:?}");
+    v[0].field.clone()
+}
+
+/// The API's gRPC port no longer answers Envoy's rate-limit service: an
+/// anonymous ShouldRateLimit there is UNIMPLEMENTED however often it is
+/// sent, and the user's turns are untouched.
+#[tokio::test]
+async fn should_rate_limit_on_grpc_listen_is_unimplemented() {
+    let srv = Sidecar::keyed().await;
+    let mut api = Sidecar::client(srv.grpc).await;
+    for _ in 0..20 {
+        let e = api
+            .should_rate_limit(keyed_request(None, vec![desc(&[("user_id", "u0")])]))
+            .await
+            .expect_err("not served here");
+        assert_eq!(e.code(), tonic::Code::Unimplemented, "{e:?}");
+    }
+    // Not even with the key: it is not the RLS listener.
+    let e = api
+        .should_rate_limit(keyed_request(Some(KEY), vec![desc(&[("user_id", "u0")])]))
+        .await
+        .expect_err("not served here");
+    assert_eq!(e.code(), tonic::Code::Unimplemented, "{e:?}");
+    srv.admit("u0", "r1").await.ok();
+    let mut rls = Sidecar::client(srv.rls).await;
+    assert_eq!(
+        turns_left(&mut rls, "u0").await,
+        4,
+        "only the run took a turn"
+    );
+    srv.shutdown().await;
+}
+
+/// On `rls_listen` with a key configured, a call without it or with a
+/// wrong one is UNAUTHENTICATED before anything is read or taken: an
+/// anonymous loop for u0 leaves u0's turns whole, so POST /v1/runs admits
+/// the whole burst. With the key it decides.
+#[tokio::test]
+async fn without_the_key_nothing_is_taken() {
+    let srv = Sidecar::keyed().await;
+    let mut c = Sidecar::client(srv.rls).await;
+    let wrong_same_length = format!("{}X", &KEY[..KEY.len() - 1]);
+    for key in [
+        None,
+        Some("wrong"),
+        Some(wrong_same_length.as_str()),
+        Some(""),
+    ] {
+        for _ in 0..10 {
+            let e = c
+                .should_rate_limit(keyed_request(key, vec![desc(&[("user_id", "u0")])]))
+                .await
+                .expect_err("refused");
+            assert_eq!(e.code(), tonic::Code::Unauthenticated, "{key:?}: {e:?}");
+            assert_eq!(
+                e.metadata()
+                    .get("x-tollgate-error")
+                    .map(|v| v.to_str().unwrap()),
+                Some("unauthorized")
+            );
+            assert!(!e.message().contains(KEY), "the key never leaks");
+        }
+    }
+    // Refused before the message is read: even one over the decode limit.
+    let big = vec![desc(&[("user_id", &"u".repeat(100 * 1024))])];
+    let e = c
+        .should_rate_limit(keyed_request(None, big))
+        .await
+        .expect_err("refused");
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+    // u0's bucket is untouched: the plan's whole burst of 5 is admitted.
+    for i in 1..=5 {
+        srv.admit("u0", &format!("r{i}")).await.ok();
+    }
+    srv.admit("u0", "r6").await.limited("turn_rate", 3_000);
+    // With the key it decides, on the same bucket.
+    let r = c
+        .should_rate_limit(keyed_request(Some(KEY), vec![desc(&[("user_id", "u1")])]))
+        .await
+        .expect("keyed")
+        .into_inner();
+    assert_eq!(r.statuses, [status(Code::Ok, turns(), 4, ms(3_000))]);
+    assert_eq!(turns_left(&mut c, "u1").await, 4);
+    let text = srv.metrics().await;
+    assert_eq!(
+        common::metric(
+            &text,
+            r#"tollgate_grpc_requests_total{method="ShouldRateLimit",code="UNAUTHENTICATED"}"#
+        ),
+        Some(41.0),
+        "{text}"
+    );
+    assert_eq!(
+        common::metric(
+            &text,
+            r#"tollgate_decisions_total{op="rls",limit="turn_rate",outcome="allowed",plan="support"}"#
+        ),
+        Some(2.0),
+        "only keyed calls were decided: {text}"
+    );
+    srv.shutdown().await;
+}
+
+/// More than 16 descriptors, more than 16 entries in one, or an entry key
+/// that is not an id (empty, over 512 bytes, a control character) is
+/// INVALID_ARGUMENT naming the field; an entry value that is not an id
+/// (values may come from a client's headers) fails safe: the whole request
+/// is OVER_LIMIT. Either way nothing of the request is taken (a valid
+/// descriptor beside the bad one included); 16 and 16 are fine; a message
+/// over 64 KiB is refused unread.
+#[tokio::test]
+async fn bounds_are_invalid_argument_and_take_nothing() {
+    let srv = Sidecar::keyed().await;
+    let mut c = Sidecar::client(srv.rls).await;
+    let u1 = || desc(&[("user_id", "u1")]);
+    let long = "v".repeat(513);
+    let seventeen: Vec<(String, String)> =
+        (0..17).map(|i| (format!("k{i}"), "v".to_owned())).collect();
+    let entries = |n: usize| -> Vec<(&str, &str)> {
+        seventeen[..n]
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect()
+    };
+    let cases: Vec<(Vec<RateLimitDescriptor>, &str)> = vec![
+        ((0..17).map(|_| u1()).collect(), "descriptors"),
+        (vec![u1(), desc(&entries(17))], "descriptors[1].entries"),
+        (
+            vec![desc(&[("generic_key", "search"), ("x\ny", "1")])],
+            "descriptors[0].entries[1].key",
+        ),
+        (vec![desc(&[("", "u1")])], "descriptors[0].entries[0].key"),
+    ];
+    for (descriptors, field) in cases {
+        let e = c
+            .should_rate_limit(keyed_request(Some(KEY), descriptors))
+            .await
+            .expect_err("invalid");
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{field}: {e:?}");
+        assert_eq!(bad_field(&e), field, "{e:?}");
+    }
+    for bad in ["u1\t", "u1\u{7f}", "", long.as_str()] {
+        let r = c
+            .should_rate_limit(keyed_request(
+                Some(KEY),
+                vec![u1(), desc(&[("user_id", bad)])],
+            ))
+            .await
+            .expect("answered")
+            .into_inner();
+        assert_eq!(code(&r), Code::OverLimit, "{bad:?}");
+        assert!(
+            r.statuses.iter().all(|s| s.code == Code::OverLimit as i32),
+            "every descriptor refused: {r:?}"
+        );
+    }
+    // Nothing was taken: u1 and the search bucket are full.
+    assert_eq!(turns_left(&mut c, "u1").await, 5);
+    let r = c
+        .should_rate_limit(keyed_request(
+            Some(KEY),
+            vec![desc_hits(&[("generic_key", "search")], 0)],
+        ))
+        .await
+        .expect("keyed")
+        .into_inner();
+    assert_eq!(r.statuses[0].limit_remaining, 4);
+
+    // At the bounds: 16 descriptors (the first five of u1 granted, the rest
+    // over the limit), one of 16 entries (no rule: OK), a 512-byte value.
+    let r = c
+        .should_rate_limit(keyed_request(Some(KEY), (0..16).map(|_| u1()).collect()))
+        .await
+        .expect("16 descriptors")
+        .into_inner();
+    assert_eq!(code(&r), Code::OverLimit);
+    assert_eq!(r.statuses.len(), 16);
+    let r = c
+        .should_rate_limit(keyed_request(Some(KEY), vec![desc(&entries(16))]))
+        .await
+        .expect("16 entries")
+        .into_inner();
+    assert_eq!(r.statuses, [status(Code::Ok, None, 0, None)]);
+    let r = c
+        .should_rate_limit(keyed_request(
+            Some(KEY),
+            vec![desc(&[("user_id", &"u".repeat(512))])],
+        ))
+        .await
+        .expect("512 bytes")
+        .into_inner();
+    assert_eq!(code(&r), Code::Ok);
+
+    // Over 64 KiB: refused by the decoder, nothing taken.
+    let big = vec![u1(), desc(&[("generic_key", &"g".repeat(65 * 1024))])];
+    let e = c
+        .should_rate_limit(keyed_request(Some(KEY), big))
+        .await
+        .expect_err("too large");
+    assert_eq!(e.code(), tonic::Code::OutOfRange, "{e:?}");
+    srv.clock.advance(3_000);
+    assert_eq!(
+        turns_left(&mut c, "u1").await,
+        1,
+        "one turn refilled, none taken"
+    );
+    let text = srv.metrics().await;
+    assert_eq!(
+        common::metric(
+            &text,
+            r#"tollgate_grpc_requests_total{method="ShouldRateLimit",code="INVALID_ARGUMENT"}"#
+        ),
+        Some(4.0),
+        "{text}"
+    );
+    srv.shutdown().await;
+}
+
+/// The service's own in-flight cap: while its places are taken a call is
+/// RESOURCE_EXHAUSTED `overloaded` (retry after 1 s) at once, and nothing
+/// is taken; once a place is free it decides again. The API's cap is
+/// another one.
+#[tokio::test]
+async fn the_in_flight_cap_is_resource_exhausted() {
+    let (store, clock) = memory();
+    let config = Config::parse(PLANS, "the test config", Path::new(".")).expect("config");
+    let app = tollgate_server::app(&config, store, Arc::new(clock.clone())).expect("app");
+    let server = RlsServer {
+        max_in_flight: 2,
+        ..RlsServer::default()
+    };
+    let mut rls = Rls::start_with(app, clock, RULES, server).await;
+    let gate = rls.service.gate().clone();
+    assert_eq!(gate.capacity(), 2);
+    let held = [gate.try_acquire().unwrap(), gate.try_acquire().unwrap()];
+    for _ in 0..3 {
+        let e = rls
+            .ask("agents", vec![desc(&[("user_id", "u1")])], 0)
+            .await
+            .expect_err("over the cap");
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+        assert_eq!(
+            e.metadata()
+                .get("x-tollgate-error")
+                .map(|v| v.to_str().unwrap()),
+            Some("overloaded")
+        );
+        assert_eq!(
+            e.metadata()
+                .get("retry-after-ms")
+                .map(|v| v.to_str().unwrap()),
+            Some("1000")
+        );
+    }
+    assert_eq!(rls.app.gate().in_flight(), 0, "not the API's cap");
+    drop(held);
+    let r = rls.one(&[("user_id", "u1")], 0).await;
+    assert_eq!(r.statuses, [status(Code::Ok, turns(), 4, ms(3_000))]);
+    assert_eq!(gate.in_flight(), 0, "the place is freed after the answer");
+    rls.stop().await;
+}
+
+/// A reload swaps the rules of the service on `rls_listen` (the same
+/// budget as turn admission), and the key stays required.
+#[tokio::test]
+async fn rules_reload_on_the_rls_listener() {
+    let dir = common::TempDir::new();
+    let file = dir.path().join("tollgate.toml");
+    let with_admin = |text: String| {
+        // The first `listen` line (not `grpc_listen` or `rls_listen`).
+        text.replacen(
+            "listen = \"127.0.0.1:0\"\n",
+            "listen = \"127.0.0.1:0\"\nadmin_token = \"admin-token-0123456789abcdef\"\n",
+            1,
+        )
+    };
+    std::fs::write(&file, with_admin(sidecar_config(true))).expect("write");
+    let srv = Sidecar::start(Config::load(&file).expect("valid")).await;
+    let mut c = Sidecar::client(srv.rls).await;
+    let ask = |key: &str| keyed_request(Some(KEY), vec![desc(&[(key, "alice")])]);
+    for n in 1..=6 {
+        let r = c.should_rate_limit(ask("user_id")).await.expect("answer");
+        let want = if n <= 5 { Code::Ok } else { Code::OverLimit };
+        assert_eq!(code(r.get_ref()), want, "call {n}");
+    }
+    // The same bucket as turn admission: alice's turns are used up.
+    srv.admit("alice", "r1").await.limited("turn_rate", 3_000);
+
+    // A reload moves the user_turns rule to another descriptor key.
+    let moved = sidecar_config(true).replace(
+        "key = \"user_id\"\nlimit = \"user_turns\"",
+        "key = \"account\"\nlimit = \"user_turns\"",
+    );
+    std::fs::write(&file, with_admin(moved)).expect("rewrite");
+    let resp = srv
+        .web
+        .post(format!("http://{}/admin/reload", srv.http))
+        .bearer_auth("admin-token-0123456789abcdef")
+        .send()
+        .await
+        .expect("reload");
+    assert_eq!(resp.status().as_u16(), 200);
+    let r = c.should_rate_limit(ask("user_id")).await.expect("answer");
+    assert_eq!(code(r.get_ref()), Code::Ok, "user_id is no longer limited");
+    let r = c.should_rate_limit(ask("account")).await.expect("answer");
+    assert_eq!(code(r.get_ref()), Code::OverLimit, "account is");
+    let e = c
+        .should_rate_limit(keyed_request(None, vec![desc(&[("account", "alice")])]))
+        .await
+        .expect_err("still keyed");
+    assert_eq!(e.code(), tonic::Code::Unauthenticated);
+    srv.shutdown().await;
+}
+
+/// Without a key (allowed on loopback) the listener answers anyone who can
+/// reach it, as before.
+#[tokio::test]
+async fn a_loopback_listener_without_a_key_answers() {
+    let config = Config::parse(&sidecar_config(false), "test", Path::new(".")).expect("valid");
+    assert_eq!(config.rls_server.key, None);
+    let srv = Sidecar::start(config).await;
+    let mut c = Sidecar::client(srv.rls).await;
+    let r = c
+        .should_rate_limit(keyed_request(None, vec![desc(&[("user_id", "u1")])]))
+        .await
+        .expect("answered")
+        .into_inner();
+    assert_eq!(r.statuses, [status(Code::Ok, turns(), 4, ms(3_000))]);
+    srv.shutdown().await;
+}
+
+/// `serve` binds `rls_listen` itself; `serve_with` refuses a listener on
+/// an address other than loopback when the config has no key.
+#[tokio::test]
+async fn serve_binds_rls_listen_and_a_public_listener_needs_a_key() {
+    let config = Config::parse(&sidecar_config(true), "t", Path::new(".")).expect("valid");
+    assert_eq!(
+        config.rls_listen.map(|a| a.to_string()).as_deref(),
+        Some("127.0.0.1:0")
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let (tx, rx) = oneshot::channel();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(tollgate_server::serve(
+        config,
+        listener,
+        Some(Arc::new(FakeClock::new(T0))),
+        move |r| {
+            let _ = tx.send((r.grpc_addr, r.rls_addr));
+        },
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let (grpc, rls) = rx.await.expect("started");
+    let (grpc, rls) = (grpc.expect("grpc"), rls.expect("rls"));
+    assert!(rls.port() != 0 && rls != grpc);
+    let mut c = Sidecar::client(rls).await;
+    let r = c
+        .should_rate_limit(keyed_request(Some(KEY), vec![desc(&[("user_id", "u1")])]))
+        .await
+        .expect("served");
+    assert_eq!(code(r.get_ref()), Code::Ok);
+    common::shutdown(Some(stop), task).await;
+
+    // serve_with on a wildcard listener and no key: refused before serving.
+    let config = Config::parse(&sidecar_config(false), "t", Path::new(".")).expect("valid");
+    let http = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let public = TcpListener::bind("0.0.0.0:0").await.expect("bind");
+    let e = tollgate_server::serve_with(
+        config,
+        Listeners::new(http).with_rls(public),
+        Some(Arc::new(FakeClock::new(T0))),
+        |_| panic!("must not start"),
+        std::future::pending(),
+    )
+    .await
+    .expect_err("refused");
+    assert!(
+        matches!(e, tollgate_server::StartError::RlsKeyRequired { .. }),
+        "{e}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Config validation
+
+fn parse_errors(text: &str, base: &Path) -> Vec<String> {
+    Config::parse(text, "t", base)
+        .expect_err("refused")
+        .errors
+        .iter()
+        .map(|e| format!("{}: {}", e.path, e.reason))
+        .collect()
+}
+
+/// PLANS with these top-level keys and `[rls]` lines.
+fn with_rls(top: &str, rls: &str) -> String {
+    PLANS.replace(
+        "listen = \"127.0.0.1:0\"\n",
+        &format!("listen = \"127.0.0.1:8787\"\n{top}\n"),
+    ) + &format!("\n[rls]\n{rls}\n")
+}
+
+/// `rls_listen`: a non-loopback address needs a key; its own port; the
+/// key's rules; the `[rls]` listener settings only with `rls_listen`;
+/// `Debug` never shows the key; the embedded default and the bench configs.
+#[test]
+fn rls_listen_and_the_key_are_validated() {
+    let dir = common::TempDir::new();
+    let base = dir.path();
+    let needs_key = "rls_listen: a non-loopback address needs [rls] key or key_file";
+    for addr in ["0.0.0.0:8789", "10.0.0.5:8789", "[::]:8789"] {
+        let e = parse_errors(&with_rls(&format!("rls_listen = \"{addr}\""), ""), base);
+        assert_eq!(e, [needs_key], "{addr}");
+    }
+    for addr in ["127.0.0.1:8789", "[::1]:8789", "127.0.0.2:8789"] {
+        let c = Config::parse(
+            &with_rls(&format!("rls_listen = \"{addr}\""), ""),
+            "t",
+            base,
+        )
+        .expect("loopback needs no key");
+        assert_eq!(c.rls_listen.map(|a| a.to_string()).as_deref(), Some(addr));
+        assert_eq!(c.rls_server.key, None);
+        assert_eq!(c.rls_server.max_in_flight, 1_024);
+    }
+    // With a key, or a key file relative to the config's directory.
+    let c = Config::parse(
+        &with_rls(
+            "rls_listen = \"0.0.0.0:8789\"",
+            &format!("key = \"{KEY}\"\nmax_in_flight = 7"),
+        ),
+        "t",
+        base,
+    )
+    .expect("keyed");
+    assert!(
+        c.rls_server
+            .key
+            .as_ref()
+            .is_some_and(|k| k.matches(KEY.as_bytes()))
+    );
+    assert_eq!(c.rls_server.max_in_flight, 7);
+    assert!(!format!("{c:?}").contains(KEY), "Debug redacts the key");
+    std::fs::write(base.join("rls.key"), format!("  {KEY}\n")).expect("write");
+    let file = base.join("tollgate.toml");
+    std::fs::write(
+        &file,
+        with_rls("rls_listen = \"0.0.0.0:8789\"", "key_file = \"rls.key\""),
+    )
+    .expect("write");
+    let c = Config::load(&file).expect("key_file");
+    assert!(
+        c.rls_server
+            .key
+            .as_ref()
+            .is_some_and(|k| k.matches(KEY.as_bytes()))
+    );
+    assert!(!format!("{c:?}").contains(KEY));
+    let raw: tollgate_server::config::FileConfig =
+        toml::from_str(&with_rls("", &format!("key = \"{KEY}\""))).expect("toml");
+    assert!(!format!("{raw:?}").contains(KEY), "the file's Debug too");
+
+    // Every other rule.
+    let cases: Vec<(String, Vec<String>)> = vec![
+        (
+            with_rls("rls_listen = \"127.0.0.1:8787\"", ""),
+            vec!["rls_listen: 127.0.0.1:8787 is also `listen`: Envoy's rate-limit service needs its own port".into()],
+        ),
+        (
+            with_rls("grpc_listen = \"127.0.0.1:8788\"\nrls_listen = \"127.0.0.1:8788\"", ""),
+            vec!["rls_listen: 127.0.0.1:8788 is also `grpc_listen`: Envoy's rate-limit service needs its own port".into()],
+        ),
+        (
+            with_rls("rls_listen = \"localhost:8789\"", ""),
+            vec!["rls_listen: \"localhost:8789\" is not an address like 127.0.0.1:8789".into()],
+        ),
+        (
+            with_rls("rls_listen = \"0.0.0.0:8789\"", "key = \"short\""),
+            vec!["rls.key: the key is 5 bytes; at least 32 are required (e.g. openssl rand -base64 48)".into()],
+        ),
+        (
+            with_rls(
+                "rls_listen = \"127.0.0.1:8789\"",
+                "key = \"0123456789 0123456789 0123456789 0123456789\"",
+            ),
+            vec!["rls.key: the key must be printable ASCII without spaces (it is sent as gRPC metadata)".into()],
+        ),
+        (
+            with_rls(
+                "rls_listen = \"127.0.0.1:8789\"",
+                &format!("key = \"{KEY}\"\nkey_file = \"rls.key\""),
+            ),
+            vec!["rls.key_file: set either key or key_file, not both".into()],
+        ),
+        (
+            with_rls("rls_listen = \"127.0.0.1:8789\"", "max_in_flight = 0"),
+            vec!["rls.max_in_flight: must be between 1 and 1000000 (got 0)".into()],
+        ),
+        (
+            with_rls("", &format!("key = \"{KEY}\"\nmax_in_flight = 8")),
+            vec![
+                "rls.key: only applies when rls_listen is set".into(),
+                "rls.max_in_flight: only applies when rls_listen is set".into(),
+            ],
+        ),
+        (
+            with_rls("grpc_listen = \"127.0.0.1:8788\"", "[[rls.descriptors]]\nkey = \"user_id\"\nlimit = \"user_turns\""),
+            vec!["rls.descriptors: Envoy's rate-limit service is off without rls_listen (it is no longer served on grpc_listen): set rls_listen and point Envoy at it".into()],
+        ),
+    ];
+    for (text, want) in cases {
+        assert_eq!(parse_errors(&text, base), want, "{text}");
+    }
+    let e = parse_errors(
+        &with_rls(
+            "rls_listen = \"0.0.0.0:8789\"",
+            "key_file = \"missing.key\"",
+        ),
+        base,
+    );
+    assert!(
+        e.len() == 1 && e[0].starts_with("rls.key_file: cannot read "),
+        "{e:?}"
+    );
+
+    // The embedded default: loopback, no key, its own port.
+    let d = Config::default_config().expect("default");
+    assert_eq!(
+        d.rls_listen.map(|a| a.to_string()).as_deref(),
+        Some("127.0.0.1:8789")
+    );
+    assert_eq!(d.rls_server, RlsServer::default());
+    // The bench configs: rls_listen on a port of its own, where loadgen
+    // --mode rls looks by default.
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    for name in ["bench-memory.toml", "bench-redis.toml"] {
+        let c = Config::load(&examples.join(name)).expect(name);
+        let ports = [
+            Some(c.listen.port()),
+            c.grpc_listen.map(|a| a.port()),
+            c.rls_listen.map(|a| a.port()),
+        ];
+        assert_eq!(ports, [Some(8788), Some(8789), Some(8790)], "{name}");
+        assert!(!c.rls.rules().is_empty(), "{name}");
+    }
+}
+
+/// `tollgate check-config` refuses a non-loopback `rls_listen` without a
+/// key with its field path, and exits 64.
+#[test]
+fn check_config_refuses_a_public_rls_listen_without_a_key() {
+    let dir = common::TempDir::new();
+    let file = dir.path().join("tollgate.toml");
+    std::fs::write(&file, with_rls("rls_listen = \"0.0.0.0:8789\"", "")).expect("write");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("check-config")
+        .arg(&file)
+        .output()
+        .expect("run tollgate");
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("  - rls_listen: a non-loopback address needs [rls] key or key_file"),
+        "{stderr}"
+    );
+    std::fs::write(
+        &file,
+        with_rls("rls_listen = \"0.0.0.0:8789\"", &format!("key = \"{KEY}\"")),
+    )
+    .expect("write");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("check-config")
+        .arg(&file)
+        .output()
+        .expect("run tollgate");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
 }

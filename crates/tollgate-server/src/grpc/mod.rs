@@ -7,6 +7,8 @@
 //!   [`crate::outcome`]).
 //! - [`proto`]: the messages, server and client generated from
 //!   `proto/tollgate/v1/tollgate.proto`, where the API is documented.
+//! - [`rls`]: Envoy's rate-limit service, on a listener of its own
+//!   (`rls_listen`, guarded by `[rls] key`), not on `grpc_listen`.
 
 pub mod api;
 pub mod rls;

@@ -1,6 +1,33 @@
 //! Envoy's rate-limit service, `envoy.service.ratelimit.v3.RateLimitService`
 //! (`ShouldRateLimit`), answered from tollgate's limits as `[rls]` maps them
-//! ([`crate::rls`]).
+//! ([`crate::rls`]), on a listener of its own (`rls_listen`): never on the
+//! API's gRPC port.
+//!
+//! # Guards
+//!
+//! Checked in this order, each before anything is taken:
+//!
+//! 1. **The key.** With `[rls] key` (or `key_file`) set, a call whose
+//!    `x-tollgate-rls-key` metadata is missing or is not the key (compared
+//!    in constant time) is `UNAUTHENTICATED`, before its message is read.
+//! 2. **The message**: at most [`MAX_MESSAGE_BYTES`] (64 KiB) decoded
+//!    (larger: tonic's `OUT_OF_RANGE`), at most [`MAX_DESCRIPTORS`]
+//!    descriptors of at most [`MAX_ENTRIES`] entries each, and every entry's
+//!    key an id (1–512 bytes, no control characters, [`ops::check_id`]);
+//!    otherwise `INVALID_ARGUMENT` naming the field
+//!    (`descriptors[i].entries[j].key`) and nothing is decided. These come
+//!    from Envoy's route config. Entry *values* may come from a client
+//!    (a request header), so one that is not an id fails safe instead: the
+//!    whole request is `OVER_LIMIT`, every descriptor refused and nothing
+//!    taken (an error would let Envoy's default `failure_mode_deny: false`
+//!    pass the request unlimited).
+//! 3. **The in-flight cap** (`[rls] max_in_flight`, its own, not the
+//!    API's): past it `RESOURCE_EXHAUSTED` (`overloaded`, retry after 1 s)
+//!    at once. Envoy's ratelimit filter treats every status other than OK
+//!    as a failed call, so `failure_mode_deny` decides the request as for
+//!    an outage; the code differs from the store outage's `UNAVAILABLE` so
+//!    the two are told apart in `tollgate_grpc_requests_total`, and it is
+//!    the code tollgate's own API answers for `overloaded`.
 //!
 //! # Answers
 //!
@@ -32,8 +59,8 @@
 //!   unless `rate_limit_headers = false`; and `retry-after` (whole seconds,
 //!   rounded up: the largest hint of the refusing descriptors) on OVER_LIMIT.
 //! - A `user_turns` descriptor whose user has no plan (and there is no
-//!   default plan), or whose value is not a valid user id, is OVER_LIMIT with
-//!   no limit and no hint: the sidecar refuses such users too (401).
+//!   default plan) is OVER_LIMIT with no limit and no hint: the sidecar
+//!   refuses such users too (401).
 //! - Shadow (`[rls] shadow = true`): every descriptor is decided and counted
 //!   as usual, a would-be refusal takes nothing and is counted
 //!   `shadow_denied`, and the answer is OK with no rate-limit headers (the
@@ -64,22 +91,36 @@ use envoy_types::pb::google::protobuf::Duration;
 use parking_lot::RwLock;
 use tollgate_core::bucket::Take;
 use tollgate_core::store::{BucketRef, TakeRequest};
-use tollgate_core::{BucketSpec, Decision, LimiterError, Outcome, Store, StoreError};
+use tollgate_core::{BucketSpec, Decision, LimiterError, Outcome, ReplicaGate, Store, StoreError};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
+pub use super::api::MAX_MESSAGE_BYTES;
 use crate::metrics::DecisionLabels;
-use crate::rls::{MAX_VALUE_LEN, RlsRules, Target};
+use crate::ops;
+use crate::outcome::ApiError;
+use crate::rls::{KEY_METADATA, RlsKey, RlsRules, RlsServer, Target};
 use crate::state::App;
 
 /// Most descriptors one request may carry; more is `INVALID_ARGUMENT`.
-pub const MAX_DESCRIPTORS: usize = 64;
+pub const MAX_DESCRIPTORS: usize = 16;
+
+/// Most entries one descriptor may carry; more is `INVALID_ARGUMENT`.
+pub const MAX_ENTRIES: usize = 16;
+
+/// The method's name in `tollgate_grpc_requests_total`.
+const METHOD: &str = "ShouldRateLimit";
 
 /// Envoy's rate-limit service over an [`App`]'s limiter and store.
-/// Cloning shares it; [`set_rules`](Self::set_rules) swaps the rules for
-/// every clone (a config reload).
+/// Cloning shares it (its rules and its in-flight cap);
+/// [`set_rules`](Self::set_rules) swaps the rules for every clone (a config
+/// reload).
 pub struct RlsService<S> {
     app: App<S>,
     rules: Arc<RwLock<Arc<RlsRules>>>,
+    key: Option<RlsKey>,
+    gate: ReplicaGate,
 }
 
 impl<S> Clone for RlsService<S> {
@@ -87,6 +128,8 @@ impl<S> Clone for RlsService<S> {
         Self {
             app: self.app.clone(),
             rules: self.rules.clone(),
+            key: self.key.clone(),
+            gate: self.gate.clone(),
         }
     }
 }
@@ -95,8 +138,123 @@ impl<S> std::fmt::Debug for RlsService<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RlsService")
             .field("rules", &*self.rules.read())
+            .field("key", &self.key)
+            .field("gate", &self.gate)
             .finish_non_exhaustive()
     }
+}
+
+/// Refuses a call without the service's key (`x-tollgate-rls-key`) before
+/// its message is read: `UNAUTHENTICATED`, counted in
+/// `tollgate_grpc_requests_total`. With no key configured every call
+/// passes.
+pub struct KeyCheck<S> {
+    app: App<S>,
+    key: Option<RlsKey>,
+}
+
+impl<S> Clone for KeyCheck<S> {
+    fn clone(&self) -> Self {
+        Self {
+            app: self.app.clone(),
+            key: self.key.clone(),
+        }
+    }
+}
+
+impl<S> std::fmt::Debug for KeyCheck<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyCheck")
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store + Clone> Interceptor for KeyCheck<S> {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        let Some(key) = &self.key else {
+            return Ok(request);
+        };
+        match request.metadata().get(KEY_METADATA) {
+            Some(v) if key.matches(v.as_bytes()) => {
+                // Checked: the key goes no further than here.
+                request.metadata_mut().remove(KEY_METADATA);
+                Ok(request)
+            }
+            presented => {
+                tracing::debug!(
+                    key_sent = presented.is_some(),
+                    "rate-limit service: call refused, no valid {KEY_METADATA}"
+                );
+                let status = ApiError::Unauthorized(format!(
+                    "the rate-limit service needs the {KEY_METADATA} metadata"
+                ))
+                .to_status();
+                self.app.metrics().grpc_request(METHOD, status.code());
+                Err(status)
+            }
+        }
+    }
+}
+
+/// The tonic server of [`RlsService`]: the key check, then messages of at
+/// most [`MAX_MESSAGE_BYTES`].
+pub type RlsGrpcServer<S> = InterceptedService<RateLimitServiceServer<RlsService<S>>, KeyCheck<S>>;
+
+/// Checks the bounds of a request (descriptors, entries, ids) before
+/// anything is decided.
+///
+/// # Errors
+///
+/// [`ApiError::Invalid`] naming the first field at fault: more than
+/// [`MAX_DESCRIPTORS`] descriptors, a descriptor of more than
+/// [`MAX_ENTRIES`] entries, an entry key that is not an id
+/// ([`ops::check_id`]). Values are checked by [`values_are_ids`].
+pub fn check_request(req: &RateLimitRequest) -> Result<(), ApiError> {
+    if req.descriptors.len() > MAX_DESCRIPTORS {
+        return Err(ApiError::invalid(
+            "descriptors",
+            format!(
+                "at most {MAX_DESCRIPTORS} descriptors per request (got {})",
+                req.descriptors.len()
+            ),
+        ));
+    }
+    for (i, d) in req.descriptors.iter().enumerate() {
+        if d.entries.len() > MAX_ENTRIES {
+            return Err(ApiError::invalid(
+                format!("descriptors[{i}].entries"),
+                format!(
+                    "at most {MAX_ENTRIES} entries per descriptor (got {})",
+                    d.entries.len()
+                ),
+            ));
+        }
+        for (j, e) in d.entries.iter().enumerate() {
+            // The field is named only on a refusal: no allocation per entry
+            // on the way through.
+            if let Err(e) = ops::check_id("", &e.key) {
+                let message = match e {
+                    ApiError::Invalid { message, .. } => message,
+                    _ => "is not a valid id".to_owned(),
+                };
+                return Err(ApiError::invalid(
+                    format!("descriptors[{i}].entries[{j}].key"),
+                    message,
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether every entry value of `req` is an id ([`ops::check_id`]): a
+/// request with one that is not is refused as a whole, OVER_LIMIT.
+pub fn values_are_ids(req: &RateLimitRequest) -> bool {
+    req.descriptors
+        .iter()
+        .flat_map(|d| &d.entries)
+        .all(|e| ops::check_id("", &e.value).is_ok())
 }
 
 /// Swaps the rules of the [`RlsService`] it came from and of all its
@@ -168,12 +326,37 @@ impl Verdict {
 
 impl<S: Store + Clone> RlsService<S> {
     /// A service deciding with `app`'s limiter (the users' plans) and store
-    /// (named buckets) as `rules` say.
+    /// (named buckets) as `rules` say, with no key and the default
+    /// in-flight cap ([`RlsServer::default`]); see
+    /// [`with_server`](Self::with_server).
     pub fn new(app: App<S>, rules: RlsRules) -> Self {
         Self {
             app,
             rules: Arc::new(RwLock::new(Arc::new(rules))),
+            key: None,
+            gate: ReplicaGate::new(RlsServer::default().max_in_flight),
         }
+    }
+
+    /// The same guarded as `server` says: its key (required of every call)
+    /// and its in-flight cap (a fresh one, not shared with earlier clones).
+    ///
+    /// # Panics
+    ///
+    /// If `server.max_in_flight` exceeds tokio's semaphore limit (config
+    /// validation keeps it at most [`crate::rls::MAX_MAX_IN_FLIGHT`]).
+    #[track_caller]
+    pub fn with_server(self, server: RlsServer) -> Self {
+        Self {
+            key: server.key,
+            gate: ReplicaGate::new(server.max_in_flight),
+            ..self
+        }
+    }
+
+    /// The service's in-flight cap (every clone shares it).
+    pub fn gate(&self) -> &ReplicaGate {
+        &self.gate
     }
 
     /// Swaps in new rules for every clone; requests in flight finish with
@@ -192,26 +375,47 @@ impl<S: Store + Clone> RlsService<S> {
         self.rules.read().clone()
     }
 
-    /// The tonic service to add to a server.
-    pub fn into_server(self) -> RateLimitServiceServer<Self> {
-        RateLimitServiceServer::new(self)
+    /// The tonic service to add to a server: the key check ([`KeyCheck`]),
+    /// then messages of at most [`MAX_MESSAGE_BYTES`], then
+    /// [`decide`](Self::decide).
+    pub fn into_server(self) -> RlsGrpcServer<S> {
+        let check = KeyCheck {
+            app: self.app.clone(),
+            key: self.key.clone(),
+        };
+        InterceptedService::new(
+            RateLimitServiceServer::new(self).max_decoding_message_size(MAX_MESSAGE_BYTES),
+            check,
+        )
     }
 
-    /// Answers one `ShouldRateLimit` request (the transport-free core of the
-    /// service).
+    /// Answers one `ShouldRateLimit` request once its key was checked (the
+    /// transport-free core of the service): its bounds
+    /// ([`check_request`]), a place under the in-flight cap, then each
+    /// descriptor.
     ///
     /// # Errors
     ///
-    /// `UNAVAILABLE` when the store cannot be reached, `INTERNAL` on another
-    /// store fault, `INVALID_ARGUMENT` past [`MAX_DESCRIPTORS`].
+    /// `INVALID_ARGUMENT` past the bounds (nothing decided),
+    /// `RESOURCE_EXHAUSTED` over the in-flight cap, `UNAVAILABLE` when the
+    /// store cannot be reached, `INTERNAL` on another store fault.
     pub async fn decide(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
-        if req.descriptors.len() > MAX_DESCRIPTORS {
-            return Err(Status::invalid_argument(format!(
-                "at most {MAX_DESCRIPTORS} descriptors per request"
-            )));
-        }
+        check_request(req)?;
+        let _place = self.gate.try_acquire().map_err(|_| {
+            tracing::debug!("rate-limit service: at its in-flight cap");
+            ApiError::Overloaded.to_status()
+        })?;
         let rules = self.rules();
         let mut verdicts = Vec::with_capacity(req.descriptors.len());
+        if !values_are_ids(req) {
+            tracing::debug!("rate-limit service: a descriptor value is not an id; refused");
+            for _ in &req.descriptors {
+                let v = Verdict::refused("invalid_value", "invalid");
+                self.count(&v, false);
+                verdicts.push(v);
+            }
+            return Ok(respond(&rules, &verdicts));
+        }
         for d in &req.descriptors {
             let v = if req.domain == rules.domain() {
                 self.judge(&rules, d, req.hits_addend).await?
@@ -273,10 +477,6 @@ impl<S: Store + Clone> RlsService<S> {
         match (m.rule.target(), m.bucket_key) {
             (Target::UserTurns, _) => self.judge_turns(m.value, cost, name).await,
             (Target::Bucket(spec), Some(key)) => {
-                if m.value.len() > MAX_VALUE_LEN {
-                    tracing::debug!(rule = %name, "rate-limit service: descriptor value too long");
-                    return Ok(Verdict::refused("bucket", name));
-                }
                 let out = self
                     .app
                     .store()
@@ -365,7 +565,7 @@ impl<S: Store + Clone> RateLimitService for RlsService<S> {
         let code = answer
             .as_ref()
             .map_or_else(Status::code, |_| tonic::Code::Ok);
-        self.app.metrics().grpc_request("ShouldRateLimit", code);
+        self.app.metrics().grpc_request(METHOD, code);
         answer.map(Response::new)
     }
 }
