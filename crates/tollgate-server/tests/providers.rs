@@ -18,7 +18,9 @@
 //! field; no identity → 401; 503 `store_unavailable` with Redis down
 //! (fail_closed); the metrics; `/openapi.json`; a bad provider
 //! section refused with its field path (`check-config` and in process);
-//! reload swaps the providers and a bad file keeps the old ones.
+//! reload swaps the providers and a bad file keeps the old ones; a
+//! provider's hint clamped (`max_cooldown_ms`, `max_exhausted_ms`: a 31-year
+//! `Retry-After` cools the key down for 300 s at most).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -436,6 +438,128 @@ async fn insufficient_quota_makes_permits_fail_fast_with_403() {
         .permit("openai", json!({"model": "gpt-4o", "tokens": 0}))
         .await;
     assert_eq!(r.wait_ms(), 0, "the hold is over");
+    srv.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------
+// Hints are clamped
+
+/// The problem of issue 15: a `Retry-After: 999999999` (31 years) on a 429
+/// sets the shared cooldown for at most `max_cooldown_ms` (default
+/// 300,000 ms); the feedback answer shows the clamped hint and end, and
+/// permits are granted again 300 s later.
+#[tokio::test]
+async fn a_31_year_retry_after_cools_the_key_down_for_300_s_at_most() {
+    let srv = Server::start(&config()).await;
+    let r = srv
+        .feedback(
+            "openai",
+            json!({"model": "gpt-4o", "status": 429, "headers": {"retry-after": "999999999"}}),
+        )
+        .await;
+    let b = r.ok();
+    assert_eq!(b["class"], "throttled");
+    assert_eq!(b["retry_after_ms"], 300_000);
+    assert_eq!(b["cooldown_until_ms"], T0 + 300_000);
+    let now_or_never = json!({"model": "gpt-4o", "tokens": 0, "max_wait_ms": 0});
+    srv.permit("openai", now_or_never.clone())
+        .await
+        .limited("provider_cooldown", 300_000);
+    // block with the key's 4,000 ms wait: refused for the rest.
+    srv.permit("openai", json!({"model": "gpt-4o", "tokens": 0}))
+        .await
+        .limited("provider_cooldown", 296_000);
+    srv.clock.advance(299_999);
+    srv.permit("openai", now_or_never.clone())
+        .await
+        .limited("provider_cooldown", 1);
+    srv.clock.advance(1);
+    assert_eq!(srv.permit("openai", now_or_never).await.wait_ms(), 0);
+    srv.shutdown().await;
+}
+
+/// `max_cooldown_ms` and `max_exhausted_ms` per provider row: an
+/// exhaustion's hint (a 402's `Retry-After`) holds this replica's fail-fast
+/// for at most `max_exhausted_ms` (default 60,000 ms, the hold without a
+/// hint), and a lower `max_cooldown_ms` cuts a 429's hint further.
+#[tokio::test]
+async fn exhaustion_and_cooldown_hints_are_cut_to_the_rows_maximums() {
+    let srv = Server::start(&config_with(&format!(
+        r#"{PROVIDERS}
+[providers."vllm:llama"]
+requests = {{ amount = 600, period_ms = 60000 }}
+max_cooldown_ms = 10000
+max_exhausted_ms = 120000
+"#
+    )))
+    .await;
+    let huge = json!({"retry-after": "999999999"});
+    // The default row: at most 60 s.
+    let r = srv
+        .feedback(
+            "openai",
+            json!({"model": "gpt-4o", "status": 429, "headers": huge, "body": INSUFFICIENT_QUOTA}),
+        )
+        .await;
+    let b = r.ok();
+    assert_eq!(b["class"], "exhausted");
+    assert_eq!(b["retry_after_ms"], 60_000);
+    let r = srv
+        .permit("openai", json!({"model": "gpt-4o", "tokens": 0}))
+        .await;
+    assert_eq!(
+        r.refused(403, "provider_exhausted")["retry_after_ms"],
+        60_000
+    );
+    // The raised row: at most 120 s.
+    let r = srv
+        .feedback(
+            "vllm",
+            json!({"model": "llama", "status": 402, "headers": huge}),
+        )
+        .await;
+    let b = r.ok();
+    assert_eq!(
+        (b["class"].as_str(), b["retryable"].as_bool()),
+        (Some("exhausted"), Some(false))
+    );
+    assert_eq!(b["retry_after_ms"], 120_000);
+    assert_eq!(b["reason"], "payment_required");
+    let llama = json!({"model": "llama", "tokens": 0, "max_wait_ms": 0});
+    let r = srv.permit("vllm", llama.clone()).await;
+    assert_eq!(
+        r.refused(403, "provider_exhausted")["retry_after_ms"],
+        120_000
+    );
+    srv.clock.advance(60_000);
+    assert_eq!(
+        srv.permit("openai", json!({"model": "gpt-4o", "tokens": 0}))
+            .await
+            .wait_ms(),
+        0,
+        "the default row's hold is over"
+    );
+    let r = srv.permit("vllm", llama.clone()).await;
+    assert_eq!(
+        r.refused(403, "provider_exhausted")["retry_after_ms"],
+        60_000
+    );
+    srv.clock.advance(60_000);
+    assert_eq!(srv.permit("vllm", llama.clone()).await.wait_ms(), 0);
+    // Its 429s cool it down for 10 s at most.
+    let r = srv
+        .feedback(
+            "vllm",
+            json!({"model": "llama", "status": 429, "headers": {"retry-after": "60"}}),
+        )
+        .await;
+    assert_eq!(r.ok()["retry_after_ms"], 10_000);
+    assert_eq!(r.ok()["cooldown_until_ms"], T0 + 130_000);
+    srv.permit("vllm", llama.clone())
+        .await
+        .limited("provider_cooldown", 10_000);
+    srv.clock.advance(10_000);
+    assert_eq!(srv.permit("vllm", llama).await.wait_ms(), 0);
     srv.shutdown().await;
 }
 
@@ -1031,7 +1155,6 @@ async fn fail_closed_is_503_while_redis_is_down() {
         )
         .await;
     assert_eq!(r.ok()["effective_permille"], 500);
-
     redis.stop();
     let r = srv
         .permit("openai", json!({"model": "gpt-4o", "tokens": 0}))

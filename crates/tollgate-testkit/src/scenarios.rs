@@ -714,6 +714,8 @@ fn governor<S: Store + Clone>(
             policy,
             max_wait_ms: Some(max_wait_ms),
             aimd: None,
+            max_cooldown_ms: None,
+            max_exhausted_ms: None,
             tenants: tenants
                 .iter()
                 .map(|(t, share)| ((*t).to_owned(), TenantConfig { share: *share }))
@@ -784,6 +786,8 @@ pub async fn provider_governor_example<S: Store + Clone>(store: S, clock: FakeCl
             policy: Policy::Reject,
             max_wait_ms: None,
             aimd: None,
+            max_cooldown_ms: None,
+            max_exhausted_ms: None,
             tenants: Default::default(),
         },
     );
