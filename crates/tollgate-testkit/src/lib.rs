@@ -61,6 +61,7 @@ macro_rules! for_each_scenario {
             take_many_all_or_nothing,
             cooldown,
             aimd_halves_once_and_recovers,
+            clear_provider,
             provider_governor_example,
             provider_cooldown_is_shared,
             provider_aimd_under_a_burst_of_429s,

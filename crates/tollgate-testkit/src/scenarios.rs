@@ -1006,6 +1006,105 @@ pub async fn cooldown<S: Store + Clone>(store: S, clock: FakeClock) {
     );
 }
 
+/// Clearing a provider key (SPEC §5, the operator's tool after a bad hint):
+/// one step removes its cooldown and puts its AIMD state back at the full
+/// rate, answering what was live; its buckets and other keys are left
+/// alone. An end of 0 reads a cooldown without changing it.
+pub async fn clear_provider<S: Store + Clone>(store: S, clock: FakeClock) {
+    use tollgate_core::store::ProviderCleared;
+
+    let s = &store;
+    let p = AimdParams::default();
+    let (cd, aimd) = ("{prov:m}:cooldown", "{prov:m}:aimd");
+    let now = clock.now_ms();
+    assert_eq!(s.extend_cooldown(cd, 0).await.unwrap(), 0, "none: reads 0");
+    assert_eq!(
+        s.extend_cooldown(cd, now + 5_000).await.unwrap(),
+        now + 5_000
+    );
+    assert_eq!(
+        s.extend_cooldown(cd, 0).await.unwrap(),
+        now + 5_000,
+        "an end of 0 reads the cooldown"
+    );
+    assert_eq!(s.extend_cooldown(cd, now).await.unwrap(), now + 5_000);
+    assert_eq!(s.aimd(aimd, p, true).await.unwrap(), 500);
+    // Another provider key, and a bucket of this one.
+    let other = "{prov:other}:cooldown";
+    s.extend_cooldown(other, now + 9_000).await.unwrap();
+    let spec = BucketSpec::new(1, 1_000, 10).unwrap();
+    let rpm = |cost| BucketTake {
+        key: "{prov:m}:rpm",
+        spec,
+        cost,
+        max_wait_ms: 0,
+    };
+    let cooldown = |max_wait_ms| {
+        Some(CooldownCheck {
+            key: cd,
+            max_wait_ms,
+        })
+    };
+    assert_eq!(
+        s.take_many(&[rpm(10)], cooldown(5_000)).await.unwrap(),
+        MultiTake::Granted { wait_ms: 5_000 }
+    );
+    clock.advance(1_000);
+    assert_eq!(
+        s.clear_provider(cd, aimd, p).await.unwrap(),
+        ProviderCleared {
+            cooldown_until_ms: Some(now + 5_000),
+            effective_permille: 500
+        }
+    );
+    assert_eq!(s.extend_cooldown(cd, 0).await.unwrap(), 0, "cleared");
+    assert_eq!(s.aimd(aimd, p, false).await.unwrap(), 1_000, "full rate");
+    assert_eq!(s.extend_cooldown(other, 0).await.unwrap(), now + 9_000);
+    assert_eq!(
+        s.take_many(&[rpm(10)], cooldown(0)).await.unwrap(),
+        MultiTake::Refused {
+            index: Some(0),
+            retry_after_ms: 9_000
+        },
+        "the bucket is left alone: 1 of 10 refilled"
+    );
+    assert_eq!(
+        s.take_many(&[rpm(1)], cooldown(0)).await.unwrap(),
+        MultiTake::Granted { wait_ms: 0 },
+        "and no cooldown to wait for"
+    );
+    // Cleared state is as if never written: the next 429 halves at once.
+    assert_eq!(s.aimd(aimd, p, true).await.unwrap(), 500);
+    clock.advance(10_000);
+    assert_eq!(
+        s.clear_provider(cd, aimd, p).await.unwrap(),
+        ProviderCleared {
+            cooldown_until_ms: None,
+            effective_permille: 550
+        },
+        "the rate as it was, recovering; no cooldown"
+    );
+    assert_eq!(
+        s.clear_provider(cd, aimd, p).await.unwrap(),
+        ProviderCleared {
+            cooldown_until_ms: None,
+            effective_permille: 1_000
+        },
+        "nothing left to clear"
+    );
+    // A cooldown that has passed is none.
+    let now = clock.now_ms();
+    s.extend_cooldown(cd, now + 100).await.unwrap();
+    clock.advance(100);
+    assert_eq!(
+        s.clear_provider(cd, aimd, p)
+            .await
+            .unwrap()
+            .cooldown_until_ms,
+        None
+    );
+}
+
 /// Admin inspection: one user's state, the top users by tokens over the last
 /// minute, and a reset that clears buckets but keeps leases.
 pub async fn inspection_and_reset<S: Store + Clone>(store: S, clock: FakeClock) {
