@@ -190,16 +190,30 @@ async fn finish(
         .expect("turn")
 }
 
-/// Advances the clock by `ms` once a wait is registered on it.
+/// Advances the clock by `ms` once a wait is registered on it. The turn
+/// runs on another task and, on Redis, waits for real I/O before it parks
+/// on the clock: yield first, then poll in real time (up to 10 s), as the
+/// server tests wait for parked sleeps; a count of yields alone ran out on
+/// a loaded machine.
 async fn advance_when_waiting<S: Store + Clone>(h: &Harness<S>, ms: u64) {
-    for _ in 0..100_000 {
+    let mut parked = false;
+    for _ in 0..10_000 {
         if h.clock.pending_sleeps() > 0 {
-            h.clock.advance(ms);
-            return;
+            parked = true;
+            break;
         }
         tokio::task::yield_now().await;
     }
-    panic!("nothing waited on the clock");
+    if !parked {
+        let clock = h.clock.clone();
+        parked = tollgate_testkit::redis::wait_until(10, || {
+            let c = clock.clone();
+            async move { c.pending_sleeps() > 0 }
+        })
+        .await;
+    }
+    assert!(parked, "nothing waited on the clock");
+    h.clock.advance(ms);
 }
 
 /// The model answers a rate-limited error (the provider's 429) with a 3 s
