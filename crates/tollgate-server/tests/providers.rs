@@ -20,7 +20,8 @@
 //! section refused with its field path (`check-config` and in process);
 //! reload swaps the providers and a bad file keeps the old ones; a
 //! provider's hint clamped (`max_cooldown_ms`, `max_exhausted_ms`: a 31-year
-//! `Retry-After` cools the key down for 300 s at most).
+//! `Retry-After` cools the key down for 300 s at most); the admin views of
+//! provider keys and the clear that ends a bad cooldown at once.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -212,6 +213,12 @@ impl Server {
             .text()
             .await
             .expect("metrics text")
+    }
+
+    /// An admin request with the admin token.
+    async fn admin(&self, method: Method, path: &str) -> Resp {
+        let auth = format!("Bearer {ADMIN}");
+        self.send(method, path, Some(&auth), None).await
     }
 
     /// `POST /admin/reload`.
@@ -560,6 +567,137 @@ max_exhausted_ms = 120000
         .limited("provider_cooldown", 10_000);
     srv.clock.advance(10_000);
     assert_eq!(srv.permit("vllm", llama).await.wait_ms(), 0);
+    srv.shutdown().await;
+}
+
+/// The admin views of provider keys show what the providers' answers set
+/// (the shared cooldown with its end and what is left of it, the effective
+/// rate, this replica's exhaustion with its end and reason), and the clear
+/// ends all of it at once: the next permit is granted without a wait at the
+/// full rate.
+#[tokio::test]
+async fn admin_provider_views_and_clear() {
+    let srv = Server::start(&config_with(&format!(
+        "{PROVIDERS}\n[providers.\"vllm:meta/llama\"]\nrequests = {{ amount = 60, period_ms = 60000 }}\n"
+    )))
+    .await;
+    let clean = |provider: &str, model: &str| {
+        json!({"provider": provider, "model": model, "cooldown_until_ms": null,
+               "cooldown_remaining_ms": 0, "effective_permille": 1000, "exhausted": null})
+    };
+    let r = srv.admin(Method::GET, "/admin/providers").await;
+    assert_eq!(
+        r.ok()["providers"],
+        json!([
+            clean("anthropic", "claude"),
+            clean("openai", "gpt-4o"),
+            clean("openai", "gpt-4o-mini"),
+            clean("vllm", "meta/llama")
+        ])
+    );
+    // A model with a slash is one path segment, written %2F.
+    let r = srv
+        .admin(Method::GET, "/admin/providers/vllm/meta%2Fllama")
+        .await;
+    assert_eq!(*r.ok(), clean("vllm", "meta/llama"));
+    // A bad hint (a 429 with 31 years) and an exhaustion on gpt-4o.
+    srv.feedback(
+        "openai",
+        json!({"model": "gpt-4o", "status": 429, "headers": {"retry-after": "999999999"}}),
+    )
+    .await
+    .ok();
+    srv.feedback(
+        "openai",
+        json!({"model": "gpt-4o", "status": 429, "headers": {}, "body": INSUFFICIENT_QUOTA}),
+    )
+    .await
+    .ok();
+    srv.clock.advance(1_000);
+    let r = srv
+        .admin(Method::GET, "/admin/providers/openai/gpt-4o")
+        .await;
+    let b = r.ok();
+    assert_eq!(b["cooldown_until_ms"], T0 + 300_000);
+    assert_eq!(b["cooldown_remaining_ms"], 299_000);
+    assert_eq!(b["effective_permille"], 500);
+    assert_eq!(b["exhausted"]["until_ms"], T0 + 60_000);
+    assert_eq!(b["exhausted"]["remaining_ms"], 59_000);
+    assert!(
+        b["exhausted"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("insufficient_quota")),
+        "{b}"
+    );
+    let r = srv.admin(Method::GET, "/admin/providers").await;
+    let rows = r.ok()["providers"].as_array().expect("rows").clone();
+    assert_eq!(rows[1], *b, "the list shows the same row");
+    assert_eq!(rows[0], clean("anthropic", "claude"));
+    srv.permit("openai", json!({"model": "gpt-4o", "tokens": 0}))
+        .await
+        .refused(403, "provider_exhausted");
+
+    // Clear: answers what was cleared; the next permit goes at once.
+    let r = srv
+        .admin(Method::POST, "/admin/providers/openai/gpt-4o/clear")
+        .await;
+    let b = r.ok();
+    assert_eq!(b["provider"], "openai");
+    assert_eq!(b["model"], "gpt-4o");
+    let cleared = &b["cleared"];
+    assert_eq!(cleared["cooldown_until_ms"], T0 + 300_000);
+    assert_eq!(cleared["effective_permille"], 500);
+    assert_eq!(cleared["exhausted"]["until_ms"], T0 + 60_000);
+    let r = srv
+        .permit(
+            "openai",
+            json!({"model": "gpt-4o", "tokens": 0, "max_wait_ms": 0}),
+        )
+        .await;
+    assert_eq!(r.wait_ms(), 0);
+    assert_eq!(r.body["effective_permille"], 1_000);
+    let r = srv
+        .admin(Method::GET, "/admin/providers/openai/gpt-4o")
+        .await;
+    assert_eq!(*r.ok(), clean("openai", "gpt-4o"));
+    let text = srv.metrics().await;
+    assert_eq!(
+        metric(
+            &text,
+            r#"tollgate_provider_effective_rate_permille{provider="openai",model="gpt-4o"}"#
+        ),
+        Some(1_000.0),
+        "{text}"
+    );
+    // Again: nothing left to clear.
+    let r = srv
+        .admin(Method::POST, "/admin/providers/openai/gpt-4o/clear")
+        .await;
+    assert_eq!(
+        r.ok()["cleared"],
+        json!({"cooldown_until_ms": null, "effective_permille": 1000, "exhausted": null})
+    );
+    // Unknown keys are 404, bad ids 400 naming the path parameter.
+    srv.admin(Method::GET, "/admin/providers/openai/nope")
+        .await
+        .refused(404, "unknown_provider");
+    srv.admin(Method::POST, "/admin/providers/nope/gpt-4o/clear")
+        .await
+        .refused(404, "unknown_provider");
+    srv.admin(Method::GET, "/admin/providers/openai/a%01b")
+        .await
+        .invalid("model");
+    // A user's token is not the admin token.
+    let user = format!("Bearer {}", token("alice"));
+    for (method, path) in [
+        (Method::GET, "/admin/providers"),
+        (Method::GET, "/admin/providers/openai/gpt-4o"),
+        (Method::POST, "/admin/providers/openai/gpt-4o/clear"),
+    ] {
+        srv.send(method, path, Some(&user), None)
+            .await
+            .refused(401, "unauthorized");
+    }
     srv.shutdown().await;
 }
 
@@ -1129,8 +1267,9 @@ policy = "reject"
 }
 
 /// On Redis under `fail_closed`: permits and feedback are decided in Redis
-/// (the burst of 60 holds), and while Redis is down both answer 503
-/// `store_unavailable` (a success needs no store and still answers 200).
+/// (the burst of 60 holds), and the admin clear too; while Redis is down
+/// they answer 503 `store_unavailable` (a success needs no store and still
+/// answers 200).
 #[tokio::test]
 async fn fail_closed_is_503_while_redis_is_down() {
     let mut redis = RedisServer::start().expect("redis-server");
@@ -1155,11 +1294,30 @@ async fn fail_closed_is_503_while_redis_is_down() {
         )
         .await;
     assert_eq!(r.ok()["effective_permille"], 500);
+    // The admin clear, in Redis: the rate the 429 halved is full again.
+    // (The cooldown's end, taken on the fake clock at T0, is long past by
+    // Redis's own: there is none to clear.)
+    let clear = "/admin/providers/openai/gpt-4o/clear";
+    let r = srv.admin(Method::POST, clear).await;
+    assert_eq!(r.ok()["cleared"]["effective_permille"], 500);
+    let r = srv
+        .admin(Method::GET, "/admin/providers/openai/gpt-4o")
+        .await;
+    assert_eq!(r.ok()["cooldown_until_ms"], Value::Null);
+    assert_eq!(r.ok()["effective_permille"], 1_000);
+
     redis.stop();
     let r = srv
         .permit("openai", json!({"model": "gpt-4o", "tokens": 0}))
         .await;
     r.refused(503, "store_unavailable");
+    // A clear that cannot reach the store clears nothing: 503.
+    srv.admin(Method::POST, clear)
+        .await
+        .refused(503, "store_unavailable");
+    srv.admin(Method::GET, "/admin/providers")
+        .await
+        .refused(503, "store_unavailable");
     let r = srv
         .feedback(
             "openai",

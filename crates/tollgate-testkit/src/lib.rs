@@ -64,6 +64,7 @@ macro_rules! for_each_scenario {
             clear_provider,
             provider_governor_example,
             provider_cooldown_is_shared,
+            provider_bad_hint_is_clamped_and_cleared,
             provider_aimd_under_a_burst_of_429s,
             provider_tenant_shares_isolate,
             inspection_and_reset,

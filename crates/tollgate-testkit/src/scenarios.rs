@@ -845,6 +845,83 @@ pub async fn provider_cooldown_is_shared<S: Store + Clone>(store: S, clock: Fake
     ));
 }
 
+/// A provider answer's hint is data to clamp (SPEC §5): a 429 with
+/// `Retry-After: 999999999` seen by one replica cools the key down for the
+/// whole fleet for at most `max_cooldown_ms` (300 s by default), not 31
+/// years; an operator's clear on one replica ends the cooldown and the
+/// AIMD cut for every replica at once.
+pub async fn provider_bad_hint_is_clamped_and_cleared<S: Store + Clone>(
+    store: S,
+    clock: FakeClock,
+) {
+    let a = governor(store.clone(), &clock, 600, 60, Policy::Reject, 0, &[]);
+    let b = governor(store, &clock, 600, 60, Policy::Reject, 0, &[]);
+    let t0 = clock.now_ms();
+    let out = a
+        .feedback("p", "m", 429, &[("retry-after", "999999999")], None)
+        .await
+        .unwrap();
+    assert_eq!(out.feedback.retry_after_ms(), Some(300_000));
+    assert_eq!(out.cooldown_until_ms, Some(t0 + 300_000));
+    assert_eq!(out.effective_permille, Some(500));
+    let refused = |retry_after_ms| {
+        Some(Denial::Limited {
+            limit: Limit::Cooldown,
+            retry_after_ms,
+        })
+    };
+    let d = b.permit(PermitRequest::new("p", "m", 0)).await.unwrap();
+    assert_eq!(
+        d.denial().cloned(),
+        refused(300_000),
+        "the other replica too"
+    );
+    let st = b.status("p", "m").await.unwrap();
+    assert_eq!(
+        (
+            st.cooldown_until_ms,
+            st.cooldown_remaining_ms,
+            st.effective_permille
+        ),
+        (Some(t0 + 300_000), 300_000, 500)
+    );
+    clock.advance(299_999);
+    let d = b.permit(PermitRequest::new("p", "m", 0)).await.unwrap();
+    assert_eq!(d.denial().cloned(), refused(1));
+    clock.advance(1);
+    let d = b.permit(PermitRequest::new("p", "m", 0)).await.unwrap();
+    assert_eq!(permit_wait(&d), Some(0), "over after 300 s");
+
+    // Another bad hint, then the operator clears it on replica a: replica
+    // b's next permit is granted at once, at the full rate.
+    clock.advance(5_000);
+    a.feedback("p", "m", 429, &[("retry-after", "999999999")], None)
+        .await
+        .unwrap();
+    let d = b.permit(PermitRequest::new("p", "m", 0)).await.unwrap();
+    assert!(!d.is_allowed(), "{d:?}");
+    let out = a.clear("p", "m").await.unwrap();
+    assert_eq!(out.cooldown_until_ms, Some(clock.now_ms() + 300_000));
+    assert_eq!(
+        out.effective_permille, 500,
+        "recovered in the 300 s, halved again"
+    );
+    let d = b.permit(PermitRequest::new("p", "m", 0)).await.unwrap();
+    assert_eq!(
+        d.grant().map(|p| (p.wait_ms, p.effective_permille)),
+        Some((0, 1_000))
+    );
+    let st = b.status("p", "m").await.unwrap();
+    assert_eq!(
+        (
+            st.cooldown_until_ms,
+            st.cooldown_remaining_ms,
+            st.effective_permille
+        ),
+        (None, 0, 1_000)
+    );
+}
+
 /// A burst of 429s seen by five replicas at once halves the shared rate
 /// once; the next halving needs another decrease interval (5 s); the
 /// permits follow the lowered rate (capacity scales too) and it recovers

@@ -119,6 +119,50 @@ pub struct FeedbackOutcome {
     pub effective_permille: Option<u32>,
 }
 
+/// This replica's exhaustion hold of a provider key: its permits fail fast
+/// ([`ProviderError::Exhausted`]) until `until_ms`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExhaustionHold {
+    /// Until when, ms.
+    pub until_ms: u64,
+    /// What the provider said.
+    pub reason: String,
+}
+
+/// A provider key's feedback state as this replica sees it now: the shared
+/// cooldown and effective rate, and its own exhaustion hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderStatus {
+    /// The provider.
+    pub provider: Arc<str>,
+    /// The model.
+    pub model: Arc<str>,
+    /// The end of the shared cooldown, ms, if one is live.
+    pub cooldown_until_ms: Option<u64>,
+    /// How long the cooldown still runs by this replica's clock, ms (0:
+    /// none).
+    pub cooldown_remaining_ms: u64,
+    /// The effective rate (AIMD), permille of the configured rate.
+    pub effective_permille: u32,
+    /// This replica's exhaustion hold, if one is live.
+    pub exhausted: Option<ExhaustionHold>,
+}
+
+/// What [`ProviderGovernor::clear`] cleared: the provider key's state just
+/// before. After it the key has no cooldown, runs at the full rate and
+/// this replica does not fail fast.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClearOutcome {
+    /// The end of the shared cooldown that was cleared, ms (`None`: none
+    /// was live).
+    pub cooldown_until_ms: Option<u64>,
+    /// The effective rate before, permille ([`FULL`]: AIMD was at the full
+    /// rate already).
+    pub effective_permille: u32,
+    /// This replica's exhaustion hold that was cleared, if one was live.
+    pub exhausted: Option<ExhaustionHold>,
+}
+
 /// Fleet-wide provider permits (SPEC §5): per provider key (provider,
 /// model) a requests bucket and token buckets shared through the store,
 /// optional tenant shares, a cooldown and AIMD set by the provider's 429s.
@@ -273,6 +317,90 @@ impl<S: Store> ProviderGovernor<S> {
                     max_cost,
                 })
             }
+        })
+    }
+
+    /// The feedback state of `provider`'s `model` now: the shared cooldown
+    /// (read from the store without changing it), the effective rate, and
+    /// this replica's exhaustion hold.
+    ///
+    /// # Errors
+    ///
+    /// [`ProviderError::Unknown`] for an unconfigured key,
+    /// [`ProviderError::Store`] if the store fails.
+    pub async fn status(
+        &self,
+        provider: &str,
+        model: &str,
+    ) -> Result<ProviderStatus, ProviderError> {
+        let p = self.provider(provider, model)?;
+        self.status_of(&p).await
+    }
+
+    /// [`status`](Self::status) of every configured provider key, by
+    /// provider, then model.
+    ///
+    /// # Errors
+    ///
+    /// [`ProviderError::Store`] if the store fails.
+    pub async fn statuses(&self) -> Result<Vec<ProviderStatus>, ProviderError> {
+        let book = self.book();
+        let mut keys: Vec<&Arc<Provider>> = book.iter().collect();
+        keys.sort_by(|a, b| (&a.provider, &a.model).cmp(&(&b.provider, &b.model)));
+        let mut out = Vec::with_capacity(keys.len());
+        for p in keys {
+            out.push(self.status_of(p).await?);
+        }
+        Ok(out)
+    }
+
+    async fn status_of(&self, p: &Provider) -> Result<ProviderStatus, ProviderError> {
+        // An end of 0 changes nothing and answers the live end: a read.
+        let until = self.store.extend_cooldown(&p.keys.cooldown, 0).await?;
+        let effective_permille = self.store.aimd(&p.keys.aimd, p.aimd, false).await?;
+        let now = self.clock.now_ms();
+        let exhausted = self
+            .exhausted_until(p, now)
+            .map(|(until_ms, reason)| ExhaustionHold { until_ms, reason });
+        Ok(ProviderStatus {
+            provider: Arc::clone(&p.provider),
+            model: Arc::clone(&p.model),
+            cooldown_until_ms: (until > 0).then_some(until),
+            cooldown_remaining_ms: until.saturating_sub(now),
+            effective_permille,
+            exhausted,
+        })
+    }
+
+    /// Clears what the provider's answers set on `provider`'s `model` (the
+    /// operator's tool after a bad hint): the shared cooldown and AIMD state
+    /// in one store step ([`Store::clear_provider`]: every replica's next
+    /// permit is decided on the buckets alone, at the full rate), then this
+    /// replica's exhaustion hold. The buckets are left as they are. Answers
+    /// what was cleared.
+    ///
+    /// # Errors
+    ///
+    /// [`ProviderError::Unknown`] for an unconfigured key,
+    /// [`ProviderError::Store`] if the store fails (then nothing was
+    /// cleared on this replica either).
+    pub async fn clear(&self, provider: &str, model: &str) -> Result<ClearOutcome, ProviderError> {
+        let p = self.provider(provider, model)?;
+        let cleared = self
+            .store
+            .clear_provider(&p.keys.cooldown, &p.keys.aimd, p.aimd)
+            .await?;
+        let now = self.clock.now_ms();
+        let exhausted = self
+            .exhausted
+            .lock()
+            .remove(&(Arc::clone(&p.provider), Arc::clone(&p.model)))
+            .filter(|(until, _)| *until > now)
+            .map(|(until_ms, reason)| ExhaustionHold { until_ms, reason });
+        Ok(ClearOutcome {
+            cooldown_until_ms: cleared.cooldown_until_ms,
+            effective_permille: cleared.effective_permille,
+            exhausted,
         })
     }
 
@@ -550,5 +678,70 @@ mod tests {
         let out = g.feedback("p", "m", 402, &[], None).await.unwrap();
         assert_eq!(out.feedback.retry_after_ms(), None);
         assert_eq!(exhausted_for(&g, T0).await, Some(20_000));
+    }
+
+    #[tokio::test]
+    async fn status_shows_and_clear_removes_what_the_answers_set() {
+        let (g, clock) = governor(None, None);
+        let clean = ProviderStatus {
+            provider: "p".into(),
+            model: "m".into(),
+            cooldown_until_ms: None,
+            cooldown_remaining_ms: 0,
+            effective_permille: FULL,
+            exhausted: None,
+        };
+        assert_eq!(g.status("p", "m").await.unwrap(), clean);
+        g.feedback("p", "m", 429, &[("retry-after", "999999999")], None)
+            .await
+            .unwrap();
+        g.feedback("p", "m", 402, &[], None).await.unwrap();
+        clock.advance(1_000);
+        let hold = ExhaustionHold {
+            until_ms: T0 + 60_000,
+            reason: "payment_required".into(),
+        };
+        let held = ProviderStatus {
+            cooldown_until_ms: Some(T0 + 300_000),
+            cooldown_remaining_ms: 299_000,
+            effective_permille: 500,
+            exhausted: Some(hold.clone()),
+            ..clean.clone()
+        };
+        assert_eq!(g.status("p", "m").await.unwrap(), held);
+        assert_eq!(g.statuses().await.unwrap(), vec![held.clone()]);
+        assert_eq!(
+            g.status("p", "m").await.unwrap(),
+            held,
+            "a status reads only"
+        );
+        assert_eq!(
+            g.clear("p", "m").await.unwrap(),
+            ClearOutcome {
+                cooldown_until_ms: Some(T0 + 300_000),
+                effective_permille: 500,
+                exhausted: Some(hold),
+            }
+        );
+        let d = now_or_never(&g).await.unwrap();
+        assert_eq!(d.grant().map(|p| p.effective_permille), Some(FULL));
+        assert_eq!(g.status("p", "m").await.unwrap(), clean);
+        assert_eq!(
+            g.clear("p", "m").await.unwrap(),
+            ClearOutcome {
+                cooldown_until_ms: None,
+                effective_permille: FULL,
+                exhausted: None,
+            },
+            "nothing left to clear"
+        );
+        assert!(matches!(
+            g.clear("p", "other").await,
+            Err(ProviderError::Unknown { .. })
+        ));
+        assert!(matches!(
+            g.status("q", "m").await,
+            Err(ProviderError::Unknown { .. })
+        ));
     }
 }

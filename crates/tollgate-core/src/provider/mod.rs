@@ -54,8 +54,8 @@ pub use feedback::{
     classify, parse_rate_limit_headers, parse_retry_after,
 };
 pub use governor::{
-    EXHAUSTED_HOLD_MS, FeedbackOutcome, PermitRequest, ProviderError, ProviderGovernor,
-    ProviderPermit,
+    ClearOutcome, EXHAUSTED_HOLD_MS, ExhaustionHold, FeedbackOutcome, PermitRequest, ProviderError,
+    ProviderGovernor, ProviderPermit, ProviderStatus,
 };
 pub use retry::{
     AttemptError, BudgetSnapshot, GiveUpReason, RETRY_BUDGET_WINDOW_MS, Retrier, RetryBudget,
