@@ -495,9 +495,9 @@ impl<L: Llm, S: Store + Clone> Llm for LimitedLlm<L, S> {
                 match self.inner.generate_content(req, stream).await {
                     Ok(inner) => Ok(inner),
                     Err(error) => {
-                        let feedback = feedback_of(&error);
+                        let mut feedback = feedback_of(&error);
                         if let Some(b) = &self.provider {
-                            b.report(feedback.clone()).await;
+                            feedback = b.report(feedback).await;
                         }
                         Err(AttemptError::Answered {
                             error: Failure::Model(error),
@@ -568,16 +568,25 @@ enum Permit {
 }
 
 impl<S: Store> ProviderBinding<S> {
-    /// Reports a provider's answer to the governor (errors are logged).
-    async fn report(&self, feedback: Feedback) {
+    /// Reports a provider's answer to the governor (errors are logged) and
+    /// answers it with its retry hint cut to the key's maximum
+    /// ([`Provider::bound`](tollgate_core::provider::Provider::bound)), so
+    /// the retry layer never waits out a hint the governor would not take.
+    /// An unconfigured key answers it as read.
+    async fn report(&self, feedback: Feedback) -> Feedback {
+        let bounded = match self.governor.book().get(&self.provider, &self.model) {
+            Some(p) => p.bound(feedback),
+            None => feedback,
+        };
         if let Err(error) = self
             .governor
-            .observe(&self.provider, &self.model, feedback)
+            .observe(&self.provider, &self.model, bounded.clone())
             .await
             && !matches!(error, ProviderError::Unknown { .. })
         {
             tracing::warn!(provider = self.provider, model = self.model, %error, "provider feedback not recorded");
         }
+        bounded
     }
 }
 

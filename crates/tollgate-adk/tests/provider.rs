@@ -22,6 +22,7 @@ on_every_store!(
     a_rate_limited_model_error_slows_every_caller,
     an_exhausted_provider_fails_fast,
     a_retry_takes_a_new_permit_but_charges_the_user_once,
+    a_huge_hint_is_clamped_for_the_cooldown_and_the_retry,
 );
 
 const FULL: i64 = 60_000;
@@ -50,6 +51,8 @@ fn governor<S: Store + Clone>(
             policy,
             max_wait_ms: Some(60_000),
             aimd: None,
+            max_cooldown_ms: None,
+            max_exhausted_ms: None,
             tenants: Default::default(),
         },
     );
@@ -187,16 +190,30 @@ async fn finish(
         .expect("turn")
 }
 
-/// Advances the clock by `ms` once a wait is registered on it.
+/// Advances the clock by `ms` once a wait is registered on it. The turn
+/// runs on another task and, on Redis, waits for real I/O before it parks
+/// on the clock: yield first, then poll in real time (up to 10 s), as the
+/// server tests wait for parked sleeps; a count of yields alone ran out on
+/// a loaded machine.
 async fn advance_when_waiting<S: Store + Clone>(h: &Harness<S>, ms: u64) {
-    for _ in 0..100_000 {
+    let mut parked = false;
+    for _ in 0..10_000 {
         if h.clock.pending_sleeps() > 0 {
-            h.clock.advance(ms);
-            return;
+            parked = true;
+            break;
         }
         tokio::task::yield_now().await;
     }
-    panic!("nothing waited on the clock");
+    if !parked {
+        let clock = h.clock.clone();
+        parked = tollgate_testkit::redis::wait_until(10, || {
+            let c = clock.clone();
+            async move { c.pending_sleeps() > 0 }
+        })
+        .await;
+    }
+    assert!(parked, "nothing waited on the clock");
+    h.clock.advance(ms);
 }
 
 /// The model answers a rate-limited error (the provider's 429) with a 3 s
@@ -307,4 +324,45 @@ async fn a_retry_takes_a_new_permit_but_charges_the_user_once<S: Store + Clone>(
     h.model.push(Reply::Fail("bad request"));
     assert!(h.turn("u1", "s2").await.is_err());
     assert_eq!(h.model.calls(), 3);
+}
+
+/// A model error with a 31-year hint: the governor cools the key down for
+/// its `max_cooldown_ms` (300 s by default), not 31 years, and the retry
+/// layer waits the clamped hint, not the provider's: after 300 s the retry
+/// takes a new permit and succeeds.
+async fn a_huge_hint_is_clamped_for_the_cooldown_and_the_retry<S: Store + Clone>(
+    store: S,
+    clock: FakeClock,
+) {
+    let g = governor(store.clone(), &clock, 60, 2, Policy::Reject);
+    let retrier = Arc::new(tollgate_core::provider::Retrier::with_seed(
+        tollgate_core::provider::RetryPolicy::default(),
+        clock.clone(),
+        7,
+    ));
+    let model = FakeLlm::replying();
+    model.push(Reply::RateLimited(999_999_999_000));
+    let g2 = Arc::clone(&g);
+    let h = Harness::build(store, clock, support_plan(), model, move |m| {
+        m.with_provider(g2, "p", "m").with_retries(retrier)
+    });
+    let stream = h.start("u1", "s1", "hello").await;
+    let turn = tokio::spawn(support::collect(stream));
+    let start = h.clock.now_ms();
+    advance_when_waiting(&h, 1).await;
+    let d = g
+        .permit(tollgate_core::provider::PermitRequest::new("p", "m", 0))
+        .await
+        .expect("permit");
+    assert_eq!(
+        d.denial().and_then(|d| d.retry_after_ms()),
+        Some(300_000 - 1),
+        "the cooldown ends 300 s after the answer"
+    );
+    // The retry sleeps the clamped hint: 300 s, then the call runs.
+    h.clock.advance(300_000 - 1);
+    let texts = finish(turn).await;
+    assert!(is_reply(&texts), "{texts:?}");
+    assert_eq!(h.clock.now_ms() - start, 300_000);
+    assert_eq!(h.model.calls(), 2, "one retry");
 }

@@ -273,6 +273,17 @@ pub enum MultiTake {
     },
 }
 
+/// What [`Store::clear_provider`] cleared: a provider key's shared feedback
+/// state as it was just before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProviderCleared {
+    /// The end of the cooldown that was cleared, ms (`None`: none was live).
+    pub cooldown_until_ms: Option<u64>,
+    /// The effective rate just before, permille of the configured rate
+    /// ([`aimd::FULL`](crate::aimd::FULL): it was at the full rate).
+    pub effective_permille: u32,
+}
+
 /// Whether a fence is the session's latest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FenceCheck {
@@ -398,7 +409,10 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<TakeOutcome, StoreError>> + Send;
 
     /// Set a cooldown to `max(existing, until_ms)`; answers the cooldown's
-    /// end after the change. Ends past 2^53 ms are taken as 2^53.
+    /// end after the change (a cooldown that has passed counts as 0). Ends
+    /// past 2^53 ms are taken as 2^53. An `until_ms` not after now changes
+    /// nothing; `until_ms` 0 answers the live cooldown's end, 0 if there is
+    /// none: the read of a cooldown.
     fn extend_cooldown(
         &self,
         key: &str,
@@ -417,6 +431,24 @@ pub trait Store: Send + Sync + 'static {
         params: AimdParams,
         throttled: bool,
     ) -> impl Future<Output = Result<u32, StoreError>> + Send;
+
+    /// Clear a provider key's shared feedback state (SPEC §5), in one atomic
+    /// step: the cooldown at `cooldown` is gone (permits no longer wait for
+    /// it) and the AIMD state at `aimd` is back at the full rate, as if no
+    /// 429 had been seen (the next one halves it again at once). The key's
+    /// buckets are not touched: the provider's quota still holds. Answers
+    /// what was live just before, read as [`extend_cooldown`] and
+    /// [`aimd`](Self::aimd) read it (`params` only computes the rate it
+    /// had). In Redis Cluster both keys must share one hash tag, as a
+    /// provider key's keys do (`{provider:model}`).
+    ///
+    /// [`extend_cooldown`]: Self::extend_cooldown
+    fn clear_provider(
+        &self,
+        cooldown: &str,
+        aimd: &str,
+        params: AimdParams,
+    ) -> impl Future<Output = Result<ProviderCleared, StoreError>> + Send;
 
     /// Acquire a session lease for `holder` (SPEC §4).
     fn session_acquire(

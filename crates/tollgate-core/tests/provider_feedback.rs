@@ -132,7 +132,7 @@ fn throttled(retry_after_ms: Option<u64>, scope: ThrottleScope) -> Feedback {
 #[track_caller]
 fn assert_exhausted(fb: &Feedback, cause: &str) {
     match fb {
-        Feedback::Exhausted { reason } => assert!(
+        Feedback::Exhausted { reason, .. } => assert!(
             reason.starts_with(cause),
             "reason {reason:?} should start with {cause:?}"
         ),
@@ -219,7 +219,11 @@ fn openai_insufficient_quota_is_exhausted() {
 
 #[test]
 fn openai_per_day_limit_is_exhausted() {
-    assert_exhausted(&check("openai/429_rpd.http"), "per_day_limit: Rate limit");
+    let fb = check("openai/429_rpd.http");
+    assert_exhausted(&fb, "per_day_limit: Rate limit");
+    // "Please try again in 8.64s" is when one more request fits the day's
+    // window, not when the quota is back: no hint.
+    assert_eq!(fb.retry_after_ms(), None);
 }
 
 #[test]

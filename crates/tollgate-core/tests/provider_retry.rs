@@ -33,6 +33,7 @@ fn success() -> Feedback {
 fn exhausted() -> Feedback {
     Feedback::Exhausted {
         reason: "per_day_limit".to_owned(),
+        retry_after_ms: None,
     }
 }
 

@@ -4,7 +4,13 @@
 //! answers again.
 //!
 //! Session leases and fenced appends always fail closed: two holders must
-//! never both believe they hold a session. Only transient faults (the store
+//! never both believe they hold a session. So does clearing a provider
+//! key's cooldown and AIMD state (an operator's write,
+//! [`Store::clear_provider`]): cleared only in the local store, the fleet's
+//! shared state would be untouched while the operator was told it was
+//! cleared; an error tells them to try again. When the shared store has
+//! cleared it, this replica's fallback state for the key is cleared too, so
+//! a later outage does not bring the old cooldown back. Only transient faults (the store
 //! unreachable or slow) trigger the policy; a permanent one (bad credentials,
 //! a failing script) is passed through, never hidden by a fallback.
 //!
@@ -19,9 +25,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tollgate_core::aimd::AimdParams;
 use tollgate_core::lease::{SessionAcquire, SessionGrant, TurnParams};
 use tollgate_core::store::{
-    AppendOutcome, BucketTake, CooldownCheck, FenceCheck, MultiTake, ReserveOutcome,
-    ReserveRequest, SettleOutcome, SettleRequest, TakeOutcome, TakeRequest, TopUser, TurnOutcome,
-    TurnRequest, UserState,
+    AppendOutcome, BucketTake, CooldownCheck, FenceCheck, MultiTake, ProviderCleared,
+    ReserveOutcome, ReserveRequest, SettleOutcome, SettleRequest, TakeOutcome, TakeRequest,
+    TopUser, TurnOutcome, TurnRequest, UserState,
 };
 use tollgate_core::{BucketSpec, Clock, MemoryStore, Store, StoreError, StoreErrorKind};
 
@@ -411,6 +417,25 @@ impl<S: Store> Store for Failover<S> {
             m.aimd(key, params, throttled)
         })
         .await
+    }
+
+    async fn clear_provider(
+        &self,
+        cooldown: &str,
+        aimd: &str,
+        params: AimdParams,
+    ) -> Result<ProviderCleared, StoreError> {
+        let cleared = self
+            .closed_only(
+                "clear_provider",
+                self.primary.clear_provider(cooldown, aimd, params),
+            )
+            .await?;
+        self.inner
+            .fallback
+            .clear_provider(cooldown, aimd, params)
+            .await?;
+        Ok(cleared)
     }
 
     async fn session_acquire(

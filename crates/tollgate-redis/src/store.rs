@@ -15,7 +15,7 @@ use tollgate_core::bucket::{Take, clamp_ttl};
 use tollgate_core::lease::{Admit, SessionAcquire, SessionGrant};
 use tollgate_core::store::memory::MAX_TRACKED_RUNS;
 use tollgate_core::store::{
-    AppendOutcome, BucketRef, BucketTake, CooldownCheck, FenceCheck, MultiTake,
+    AppendOutcome, BucketRef, BucketTake, CooldownCheck, FenceCheck, MultiTake, ProviderCleared,
     RESERVATION_RETENTION_MS, ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome,
     SettleRequest, TakeOutcome, TakeRequest, TopUser, TurnOutcome, TurnRequest, UserState,
     rank_top, sliding_minute,
@@ -545,6 +545,31 @@ impl Store for RedisStore {
             .arg(u8::from(throttled));
         let r: i64 = self.run("aimd", &inv).await?;
         Ok(u32::try_from(r.clamp(0, i64::from(aimd::FULL))).unwrap_or(aimd::FULL))
+    }
+
+    async fn clear_provider(
+        &self,
+        cooldown: &str,
+        aimd: &str,
+        params: AimdParams,
+    ) -> Result<ProviderCleared, StoreError> {
+        let p = params.clamped();
+        let k = &self.inner.keys;
+        let mut inv = self.inner.scripts.clear_provider.prepare_invoke();
+        inv.key(k.named(cooldown))
+            .key(k.named(aimd))
+            .arg(self.now_arg())
+            .arg(p.step_permille)
+            .arg(lua_count(p.increase_interval_ms));
+        let r: Vec<i64> = self.run("clear_provider", &inv).await?;
+        match r[..] {
+            [until, permille] => Ok(ProviderCleared {
+                cooldown_until_ms: (until > 0).then(|| u(until)),
+                effective_permille: u32::try_from(permille.clamp(0, i64::from(aimd::FULL)))
+                    .unwrap_or(aimd::FULL),
+            }),
+            _ => Err(bad_reply("clear_provider", format!("{r:?}"))),
+        }
     }
 
     async fn session_acquire(

@@ -6,8 +6,8 @@
 //! `tollgate-core`, SPEC §2–4); the Redis side is the Lua scripts.
 //!
 //! Names come from small pools so operations collide: three users, four
-//! invocation ids, two sessions, three holders, two named buckets and a
-//! cooldown sharing one hash tag. Some ids carry `:`, `{`, `}`, `%` and `.`
+//! invocation ids, two sessions, three holders, two named buckets, a
+//! cooldown and an AIMD state sharing one hash tag. Some ids carry `:`, `{`, `}`, `%` and `.`
 //! to exercise key escaping and reservation-id parsing. Per case, a random
 //! turn plan (bucket, cap, lease TTL, retry cap), two token bucket specs (a
 //! plan reload now and then changes the spec, so levels are rescaled) and two
@@ -16,7 +16,9 @@
 //! zero, a huge estimate, shadow mode and a small call cap), settle and
 //! refund of granted or made-up reservations, multi-bucket takes (a key named
 //! twice, an optional cooldown), single takes with no wait from a user's
-//! turn bucket or a named bucket, cooldown extension, session leases, fence
+//! turn bucket or a named bucket, cooldown extension (an end of 0 or in the past
+//! changes nothing), AIMD reads and 429s (default parameters) and the clearing of
+//! the cooldown and AIMD state together, session leases, fence
 //! checks, fenced appends, record reads and deletion, user inspection and
 //! reset, top users, and clock moves: mostly a few seconds forward, sometimes
 //! minutes to an hour (past lease, bucket, session and reservation expiry),
@@ -56,6 +58,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
+use tollgate_core::aimd::AimdParams;
 use tollgate_core::bucket::BucketSpec;
 use tollgate_core::lease::TurnParams;
 use tollgate_core::store::{
@@ -73,6 +76,7 @@ const SESSIONS: [&str; 2] = ["s0", "s:{1}"];
 const HOLDERS: [&str; 3] = ["h0", "h1", "h2"];
 const BUCKETS: [&str; 2] = ["{p}:a", "{p}:b"];
 const COOLDOWN: &str = "{p}:cd";
+const AIMD: &str = "{p}:aimd";
 /// Session retention on both sides: short enough that the long clock moves
 /// cross it.
 const SESSION_RETENTION_MS: u64 = 600_000;
@@ -197,6 +201,12 @@ enum Op {
         cost: Qty,
     },
     ExtendCooldown(Until),
+    /// The AIMD state: a read, or (`throttled`) a 429 seen now.
+    Aimd {
+        throttled: bool,
+    },
+    /// Clears the cooldown and the AIMD state together.
+    ClearProvider,
     SessionAcquire {
         session: usize,
         holder: usize,
@@ -419,6 +429,8 @@ fn op() -> impl Strategy<Value = Op> {
         )
             .prop_map(|(user, key, alt, cost)| Op::TakeOne { user, key, alt, cost }),
         3 => until().prop_map(Op::ExtendCooldown),
+        3 => prop::bool::weighted(0.6).prop_map(|throttled| Op::Aimd { throttled }),
+        1 => Just(Op::ClearProvider),
         6 => (session(), holder(), ttl())
             .prop_map(|(session, holder, ttl)| Op::SessionAcquire { session, holder, ttl }),
         3 => (session(), holder(), ttl())
@@ -507,10 +519,13 @@ struct Keys {
     leases: Vec<String>,
     /// The cooldown.
     cooldown: String,
+    /// The AIMD state.
+    aimd: String,
 }
 
 /// The only keys whose real TTL can be short: a lease set expires with its
-/// latest lease and a cooldown at its end, while every other key lives at
+/// latest lease, a cooldown at its end and an AIMD state when it is back at
+/// the full rate (10 s after a 429 at the least), while every other key lives at
 /// least a minute (buckets and usage), the session retention (sessions) or
 /// the reservation retention (runs).
 fn case_keys(prefix: &str) -> Keys {
@@ -537,13 +552,14 @@ fn case_keys(prefix: &str) -> Keys {
         keys.push(format!("{prefix}:sl:{{{s}}}"));
         keys.push(format!("{prefix}:sr:{{{s}}}"));
     }
-    for k in BUCKETS.iter().chain([&COOLDOWN]) {
+    for k in BUCKETS.iter().chain([&COOLDOWN, &AIMD]) {
         keys.push(format!("{prefix}:k:{k}"));
     }
     Keys {
         all: keys,
         leases,
         cooldown: format!("{prefix}:k:{COOLDOWN}"),
+        aimd: format!("{prefix}:k:{AIMD}"),
     }
 }
 
@@ -856,6 +872,18 @@ impl Run<'_> {
                 let r = self.redis.extend_cooldown(COOLDOWN, until).await;
                 self.same(format!("extend_cooldown({until})"), m, r)?;
             }
+            Op::Aimd { throttled } => {
+                let p = AimdParams::default();
+                let m = self.mem.aimd(AIMD, p, throttled).await;
+                let r = self.redis.aimd(AIMD, p, throttled).await;
+                self.same(format!("aimd(throttled {throttled})"), m, r)?;
+            }
+            Op::ClearProvider => {
+                let p = AimdParams::default();
+                let m = self.mem.clear_provider(COOLDOWN, AIMD, p).await;
+                let r = self.redis.clear_provider(COOLDOWN, AIMD, p).await;
+                self.same("clear_provider".to_owned(), m, r)?;
+            }
             Op::SessionAcquire {
                 session,
                 holder,
@@ -970,6 +998,7 @@ impl Run<'_> {
         let short = match *op {
             Op::Admit { user, .. } | Op::Renew { user, .. } => Some(self.keys.leases[user].clone()),
             Op::ExtendCooldown(_) => Some(self.keys.cooldown.clone()),
+            Op::Aimd { throttled: true } => Some(self.keys.aimd.clone()),
             _ => None,
         };
         match short {

@@ -2,13 +2,15 @@
 //! restart: fail-closed answers a transient `Unavailable`, fail-open keeps
 //! deciding locally at the scaled rate, sessions always fail closed, nothing
 //! panics, and after a restart decisions come from Redis again without
-//! rebuilding the store. Also: password authentication, and permanent
-//! errors are never hidden by a fallback.
+//! rebuilding the store. Clearing a provider key's cooldown and AIMD state
+//! fails closed under fail-open too. Also: password authentication, and
+//! permanent errors are never hidden by a fallback.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use tollgate_core::aimd::AimdParams;
 use tollgate_core::{
     Decision, FakeClock, Limit, Limiter, LimiterError, PlanConfig, PlansConfig, RateConfig, Store,
     StoreErrorKind,
@@ -152,6 +154,21 @@ async fn fail_open_decides_locally_at_the_scaled_rate() {
     assert!(store.session_acquire("s", "h", 1_000).await.is_err());
     assert!(store.append_fenced("s", 1, b"x").await.is_err());
     assert!(refused.load(Ordering::Relaxed) >= 2);
+    // So does an operator's clear of a provider key: cleared only here, the
+    // fleet's cooldown would stay while the operator was told it was gone.
+    let (cd, aimd) = ("{p:m}:cooldown", "{p:m}:aimd");
+    let far = tollgate_testkit::T0 + 10_000_000;
+    assert_eq!(store.extend_cooldown(cd, far).await.unwrap(), far, "local");
+    let e = store
+        .clear_provider(cd, aimd, AimdParams::default())
+        .await
+        .expect_err("fails closed");
+    assert!(e.is_transient(), "{e}");
+    assert_eq!(
+        store.extend_cooldown(cd, 0).await.unwrap(),
+        far,
+        "nothing cleared"
+    );
 
     server.restart().expect("restart");
     let recovered = wait_until(10, || {
@@ -168,6 +185,19 @@ async fn fail_open_decides_locally_at_the_scaled_rate() {
         assert!(l.admit_turn("u1", inv).await.unwrap().is_allowed(), "{inv}");
     }
     assert_eq!(local.load(Ordering::Relaxed), before, "no local decisions");
+    // A clear the shared store made clears this replica's fallback copy too:
+    // the next outage does not bring the old cooldown back.
+    let cleared = store
+        .clear_provider(cd, aimd, AimdParams::default())
+        .await
+        .unwrap();
+    assert_eq!(cleared.cooldown_until_ms, None, "Redis restarted empty");
+    server.stop();
+    assert_eq!(
+        store.extend_cooldown(cd, 0).await.unwrap(),
+        0,
+        "local, cleared"
+    );
 }
 
 #[tokio::test]

@@ -870,7 +870,7 @@ pub async fn provider_feedback<S: Store + Clone>(
         app.metrics().provider_rate(provider, &req.model, p);
     }
     let reason = match &out.feedback {
-        Feedback::Exhausted { reason } => Some(reason.clone()),
+        Feedback::Exhausted { reason, .. } => Some(reason.clone()),
         _ => None,
     };
     if class != "success" {

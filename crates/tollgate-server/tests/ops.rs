@@ -1,5 +1,6 @@
 //! Operations over a real socket: Prometheus metrics (and no user id in any
-//! label), admin endpoints behind the admin token, and hot reload of plans
+//! label), admin endpoints behind the admin token (the provider routes
+//! included; off with no token), and hot reload of plans
 //! by file change (in-place edit and atomic rename), by `POST /admin/reload`
 //! (an invalid file is rejected and the old config keeps serving) and by
 //! SIGHUP.
@@ -278,6 +279,76 @@ async fn admin_endpoints_need_the_admin_token() {
     assert_eq!(v["turns_available"], 5);
     assert_eq!(v["tokens_available"], 60_000);
     assert_eq!(v["leases"].as_array().unwrap().len(), 1);
+    s.stop().await;
+}
+
+/// The provider admin routes are behind the admin token like the others:
+/// no token, a wrong one or a user's JWT is 401 (and a refused clear
+/// clears nothing); with no `admin_token` configured they are 404.
+#[tokio::test]
+async fn admin_provider_routes_need_the_admin_token() {
+    use reqwest::Method;
+    let provider = r#"
+[providers."openai:gpt-4o"]
+requests = { amount = 600, period_ms = 60000 }
+"#;
+    let s = Server::start(
+        "admin-providers",
+        &format!("{}{provider}", config(5, false)),
+    )
+    .await;
+    let r = s
+        .client
+        .post(format!("{}/v1/providers/openai/feedback", s.url))
+        .bearer_auth(s.token("alice"))
+        .json(&json!({"model": "gpt-4o", "status": 429, "headers": {"retry-after": "30"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let routes = [
+        (Method::GET, "/admin/providers"),
+        (Method::GET, "/admin/providers/openai/gpt-4o"),
+        (Method::POST, "/admin/providers/openai/gpt-4o/clear"),
+    ];
+    let alice = s.token("alice");
+    for (method, path) in &routes {
+        for t in [None, Some("nope"), Some(alice.as_str())] {
+            let (st, body) = s.admin(method.clone(), path, t).await;
+            assert_eq!(st, StatusCode::UNAUTHORIZED, "{method} {path} {t:?}");
+            assert_eq!(body["error"], "unauthorized");
+        }
+    }
+    let (st, v) = s
+        .admin(Method::GET, "/admin/providers/openai/gpt-4o", Some(ADMIN))
+        .await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(
+        v["cooldown_until_ms"],
+        T0 + 30_000,
+        "the refused clears cleared nothing"
+    );
+    let (st, v) = s
+        .admin(
+            Method::POST,
+            "/admin/providers/openai/gpt-4o/clear",
+            Some(ADMIN),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(v["cleared"]["cooldown_until_ms"], T0 + 30_000);
+    s.stop().await;
+
+    let off = config(5, false).replace(&format!("admin_token = \"{ADMIN}\"\n"), "");
+    assert!(!off.contains("admin_token"));
+    let s = Server::start("admin-providers-off", &format!("{off}{provider}")).await;
+    for (method, path) in &routes {
+        for t in [None, Some(ADMIN)] {
+            let (st, body) = s.admin(method.clone(), path, t).await;
+            assert_eq!(st, StatusCode::NOT_FOUND, "{method} {path} {t:?}");
+            assert_eq!(body["error"], "not_found");
+        }
+    }
     s.stop().await;
 }
 

@@ -18,7 +18,10 @@
 //! field; no identity → 401; 503 `store_unavailable` with Redis down
 //! (fail_closed); the metrics; `/openapi.json`; a bad provider
 //! section refused with its field path (`check-config` and in process);
-//! reload swaps the providers and a bad file keeps the old ones.
+//! reload swaps the providers and a bad file keeps the old ones; a
+//! provider's hint clamped (`max_cooldown_ms`, `max_exhausted_ms`: a 31-year
+//! `Retry-After` cools the key down for 300 s at most); the admin views of
+//! provider keys and the clear that ends a bad cooldown at once.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -218,6 +221,12 @@ impl Server {
             .text()
             .await
             .expect("metrics text")
+    }
+
+    /// An admin request with the admin token.
+    async fn admin(&self, method: Method, path: &str) -> Resp {
+        let auth = format!("Bearer {ADMIN}");
+        self.send(method, path, Some(&auth), None).await
     }
 
     /// `POST /admin/reload`.
@@ -444,6 +453,259 @@ async fn insufficient_quota_makes_permits_fail_fast_with_403() {
         .permit("openai", json!({"model": "gpt-4o", "tokens": 0}))
         .await;
     assert_eq!(r.wait_ms(), 0, "the hold is over");
+    srv.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------
+// Hints are clamped
+
+/// The problem of issue 15: a `Retry-After: 999999999` (31 years) on a 429
+/// sets the shared cooldown for at most `max_cooldown_ms` (default
+/// 300,000 ms); the feedback answer shows the clamped hint and end, and
+/// permits are granted again 300 s later.
+#[tokio::test]
+async fn a_31_year_retry_after_cools_the_key_down_for_300_s_at_most() {
+    let srv = Server::start(&config()).await;
+    let r = srv
+        .feedback(
+            "openai",
+            json!({"model": "gpt-4o", "status": 429, "headers": {"retry-after": "999999999"}}),
+        )
+        .await;
+    let b = r.ok();
+    assert_eq!(b["class"], "throttled");
+    assert_eq!(b["retry_after_ms"], 300_000);
+    assert_eq!(b["cooldown_until_ms"], T0 + 300_000);
+    let now_or_never = json!({"model": "gpt-4o", "tokens": 0, "max_wait_ms": 0});
+    srv.permit("openai", now_or_never.clone())
+        .await
+        .limited("provider_cooldown", 300_000);
+    // block with the key's 4,000 ms wait: refused for the rest.
+    srv.permit("openai", json!({"model": "gpt-4o", "tokens": 0}))
+        .await
+        .limited("provider_cooldown", 296_000);
+    srv.clock.advance(299_999);
+    srv.permit("openai", now_or_never.clone())
+        .await
+        .limited("provider_cooldown", 1);
+    srv.clock.advance(1);
+    assert_eq!(srv.permit("openai", now_or_never).await.wait_ms(), 0);
+    srv.shutdown().await;
+}
+
+/// `max_cooldown_ms` and `max_exhausted_ms` per provider row: an
+/// exhaustion's hint (a 402's `Retry-After`) holds this replica's fail-fast
+/// for at most `max_exhausted_ms` (default 60,000 ms, the hold without a
+/// hint), and a lower `max_cooldown_ms` cuts a 429's hint further.
+#[tokio::test]
+async fn exhaustion_and_cooldown_hints_are_cut_to_the_rows_maximums() {
+    let srv = Server::start(&config_with(&format!(
+        r#"{PROVIDERS}
+[providers."vllm:llama"]
+requests = {{ amount = 600, period_ms = 60000 }}
+max_cooldown_ms = 10000
+max_exhausted_ms = 120000
+"#
+    )))
+    .await;
+    let huge = json!({"retry-after": "999999999"});
+    // The default row: at most 60 s.
+    let r = srv
+        .feedback(
+            "openai",
+            json!({"model": "gpt-4o", "status": 429, "headers": huge, "body": INSUFFICIENT_QUOTA}),
+        )
+        .await;
+    let b = r.ok();
+    assert_eq!(b["class"], "exhausted");
+    assert_eq!(b["retry_after_ms"], 60_000);
+    let r = srv
+        .permit("openai", json!({"model": "gpt-4o", "tokens": 0}))
+        .await;
+    assert_eq!(
+        r.refused(403, "provider_exhausted")["retry_after_ms"],
+        60_000
+    );
+    // The raised row: at most 120 s.
+    let r = srv
+        .feedback(
+            "vllm",
+            json!({"model": "llama", "status": 402, "headers": huge}),
+        )
+        .await;
+    let b = r.ok();
+    assert_eq!(
+        (b["class"].as_str(), b["retryable"].as_bool()),
+        (Some("exhausted"), Some(false))
+    );
+    assert_eq!(b["retry_after_ms"], 120_000);
+    assert_eq!(b["reason"], "payment_required");
+    let llama = json!({"model": "llama", "tokens": 0, "max_wait_ms": 0});
+    let r = srv.permit("vllm", llama.clone()).await;
+    assert_eq!(
+        r.refused(403, "provider_exhausted")["retry_after_ms"],
+        120_000
+    );
+    srv.clock.advance(60_000);
+    assert_eq!(
+        srv.permit("openai", json!({"model": "gpt-4o", "tokens": 0}))
+            .await
+            .wait_ms(),
+        0,
+        "the default row's hold is over"
+    );
+    let r = srv.permit("vllm", llama.clone()).await;
+    assert_eq!(
+        r.refused(403, "provider_exhausted")["retry_after_ms"],
+        60_000
+    );
+    srv.clock.advance(60_000);
+    assert_eq!(srv.permit("vllm", llama.clone()).await.wait_ms(), 0);
+    // Its 429s cool it down for 10 s at most.
+    let r = srv
+        .feedback(
+            "vllm",
+            json!({"model": "llama", "status": 429, "headers": {"retry-after": "60"}}),
+        )
+        .await;
+    assert_eq!(r.ok()["retry_after_ms"], 10_000);
+    assert_eq!(r.ok()["cooldown_until_ms"], T0 + 130_000);
+    srv.permit("vllm", llama.clone())
+        .await
+        .limited("provider_cooldown", 10_000);
+    srv.clock.advance(10_000);
+    assert_eq!(srv.permit("vllm", llama).await.wait_ms(), 0);
+    srv.shutdown().await;
+}
+
+/// The admin views of provider keys show what the providers' answers set
+/// (the shared cooldown with its end and what is left of it, the effective
+/// rate, this replica's exhaustion with its end and reason), and the clear
+/// ends all of it at once: the next permit is granted without a wait at the
+/// full rate.
+#[tokio::test]
+async fn admin_provider_views_and_clear() {
+    let srv = Server::start(&config_with(&format!(
+        "{PROVIDERS}\n[providers.\"vllm:meta/llama\"]\nrequests = {{ amount = 60, period_ms = 60000 }}\n"
+    )))
+    .await;
+    let clean = |provider: &str, model: &str| {
+        json!({"provider": provider, "model": model, "cooldown_until_ms": null,
+               "cooldown_remaining_ms": 0, "effective_permille": 1000, "exhausted": null})
+    };
+    let r = srv.admin(Method::GET, "/admin/providers").await;
+    assert_eq!(
+        r.ok()["providers"],
+        json!([
+            clean("anthropic", "claude"),
+            clean("openai", "gpt-4o"),
+            clean("openai", "gpt-4o-mini"),
+            clean("vllm", "meta/llama")
+        ])
+    );
+    // A model with a slash is one path segment, written %2F.
+    let r = srv
+        .admin(Method::GET, "/admin/providers/vllm/meta%2Fllama")
+        .await;
+    assert_eq!(*r.ok(), clean("vllm", "meta/llama"));
+    // A bad hint (a 429 with 31 years) and an exhaustion on gpt-4o.
+    srv.feedback(
+        "openai",
+        json!({"model": "gpt-4o", "status": 429, "headers": {"retry-after": "999999999"}}),
+    )
+    .await
+    .ok();
+    srv.feedback(
+        "openai",
+        json!({"model": "gpt-4o", "status": 429, "headers": {}, "body": INSUFFICIENT_QUOTA}),
+    )
+    .await
+    .ok();
+    srv.clock.advance(1_000);
+    let r = srv
+        .admin(Method::GET, "/admin/providers/openai/gpt-4o")
+        .await;
+    let b = r.ok();
+    assert_eq!(b["cooldown_until_ms"], T0 + 300_000);
+    assert_eq!(b["cooldown_remaining_ms"], 299_000);
+    assert_eq!(b["effective_permille"], 500);
+    assert_eq!(b["exhausted"]["until_ms"], T0 + 60_000);
+    assert_eq!(b["exhausted"]["remaining_ms"], 59_000);
+    assert!(
+        b["exhausted"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("insufficient_quota")),
+        "{b}"
+    );
+    let r = srv.admin(Method::GET, "/admin/providers").await;
+    let rows = r.ok()["providers"].as_array().expect("rows").clone();
+    assert_eq!(rows[1], *b, "the list shows the same row");
+    assert_eq!(rows[0], clean("anthropic", "claude"));
+    srv.permit("openai", json!({"model": "gpt-4o", "tokens": 0}))
+        .await
+        .refused(403, "provider_exhausted");
+
+    // Clear: answers what was cleared; the next permit goes at once.
+    let r = srv
+        .admin(Method::POST, "/admin/providers/openai/gpt-4o/clear")
+        .await;
+    let b = r.ok();
+    assert_eq!(b["provider"], "openai");
+    assert_eq!(b["model"], "gpt-4o");
+    let cleared = &b["cleared"];
+    assert_eq!(cleared["cooldown_until_ms"], T0 + 300_000);
+    assert_eq!(cleared["effective_permille"], 500);
+    assert_eq!(cleared["exhausted"]["until_ms"], T0 + 60_000);
+    let r = srv
+        .permit(
+            "openai",
+            json!({"model": "gpt-4o", "tokens": 0, "max_wait_ms": 0}),
+        )
+        .await;
+    assert_eq!(r.wait_ms(), 0);
+    assert_eq!(r.body["effective_permille"], 1_000);
+    let r = srv
+        .admin(Method::GET, "/admin/providers/openai/gpt-4o")
+        .await;
+    assert_eq!(*r.ok(), clean("openai", "gpt-4o"));
+    let text = srv.metrics().await;
+    assert_eq!(
+        metric(
+            &text,
+            r#"tollgate_provider_effective_rate_permille{provider="openai",model="gpt-4o"}"#
+        ),
+        Some(1_000.0),
+        "{text}"
+    );
+    // Again: nothing left to clear.
+    let r = srv
+        .admin(Method::POST, "/admin/providers/openai/gpt-4o/clear")
+        .await;
+    assert_eq!(
+        r.ok()["cleared"],
+        json!({"cooldown_until_ms": null, "effective_permille": 1000, "exhausted": null})
+    );
+    // Unknown keys are 404, bad ids 400 naming the path parameter.
+    srv.admin(Method::GET, "/admin/providers/openai/nope")
+        .await
+        .refused(404, "unknown_provider");
+    srv.admin(Method::POST, "/admin/providers/nope/gpt-4o/clear")
+        .await
+        .refused(404, "unknown_provider");
+    srv.admin(Method::GET, "/admin/providers/openai/a%01b")
+        .await
+        .invalid("model");
+    // A user's token is not the admin token.
+    let user = format!("Bearer {}", token("alice"));
+    for (method, path) in [
+        (Method::GET, "/admin/providers"),
+        (Method::GET, "/admin/providers/openai/gpt-4o"),
+        (Method::POST, "/admin/providers/openai/gpt-4o/clear"),
+    ] {
+        srv.send(method, path, Some(&user), None)
+            .await
+            .refused(401, "unauthorized");
+    }
     srv.shutdown().await;
 }
 
@@ -1011,8 +1273,9 @@ policy = "reject"
 }
 
 /// On Redis under `fail_closed`: permits and feedback are decided in Redis
-/// (the burst of 60 holds), and while Redis is down both answer 503
-/// `store_unavailable` (a success needs no store and still answers 200).
+/// (the burst of 60 holds), and the admin clear too; while Redis is down
+/// they answer 503 `store_unavailable` (a success needs no store and still
+/// answers 200).
 #[tokio::test]
 async fn fail_closed_is_503_while_redis_is_down() {
     let mut redis = RedisServer::start().expect("redis-server");
@@ -1037,12 +1300,30 @@ async fn fail_closed_is_503_while_redis_is_down() {
         )
         .await;
     assert_eq!(r.ok()["effective_permille"], 500);
+    // The admin clear, in Redis: the rate the 429 halved is full again.
+    // (The cooldown's end, taken on the fake clock at T0, is long past by
+    // Redis's own: there is none to clear.)
+    let clear = "/admin/providers/openai/gpt-4o/clear";
+    let r = srv.admin(Method::POST, clear).await;
+    assert_eq!(r.ok()["cleared"]["effective_permille"], 500);
+    let r = srv
+        .admin(Method::GET, "/admin/providers/openai/gpt-4o")
+        .await;
+    assert_eq!(r.ok()["cooldown_until_ms"], Value::Null);
+    assert_eq!(r.ok()["effective_permille"], 1_000);
 
     redis.stop();
     let r = srv
         .permit("openai", json!({"model": "gpt-4o", "tokens": 0}))
         .await;
     r.refused(503, "store_unavailable");
+    // A clear that cannot reach the store clears nothing: 503.
+    srv.admin(Method::POST, clear)
+        .await
+        .refused(503, "store_unavailable");
+    srv.admin(Method::GET, "/admin/providers")
+        .await
+        .refused(503, "store_unavailable");
     let r = srv
         .feedback(
             "openai",

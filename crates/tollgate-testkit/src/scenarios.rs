@@ -714,6 +714,8 @@ fn governor<S: Store + Clone>(
             policy,
             max_wait_ms: Some(max_wait_ms),
             aimd: None,
+            max_cooldown_ms: None,
+            max_exhausted_ms: None,
             tenants: tenants
                 .iter()
                 .map(|(t, share)| ((*t).to_owned(), TenantConfig { share: *share }))
@@ -784,6 +786,8 @@ pub async fn provider_governor_example<S: Store + Clone>(store: S, clock: FakeCl
             policy: Policy::Reject,
             max_wait_ms: None,
             aimd: None,
+            max_cooldown_ms: None,
+            max_exhausted_ms: None,
             tenants: Default::default(),
         },
     );
@@ -839,6 +843,83 @@ pub async fn provider_cooldown_is_shared<S: Store + Clone>(store: S, clock: Fake
         a.permit(PermitRequest::new("p", "m", 0)).await,
         Err(ProviderError::Exhausted { .. })
     ));
+}
+
+/// A provider answer's hint is data to clamp (SPEC §5): a 429 with
+/// `Retry-After: 999999999` seen by one replica cools the key down for the
+/// whole fleet for at most `max_cooldown_ms` (300 s by default), not 31
+/// years; an operator's clear on one replica ends the cooldown and the
+/// AIMD cut for every replica at once.
+pub async fn provider_bad_hint_is_clamped_and_cleared<S: Store + Clone>(
+    store: S,
+    clock: FakeClock,
+) {
+    let a = governor(store.clone(), &clock, 600, 60, Policy::Reject, 0, &[]);
+    let b = governor(store, &clock, 600, 60, Policy::Reject, 0, &[]);
+    let t0 = clock.now_ms();
+    let out = a
+        .feedback("p", "m", 429, &[("retry-after", "999999999")], None)
+        .await
+        .unwrap();
+    assert_eq!(out.feedback.retry_after_ms(), Some(300_000));
+    assert_eq!(out.cooldown_until_ms, Some(t0 + 300_000));
+    assert_eq!(out.effective_permille, Some(500));
+    let refused = |retry_after_ms| {
+        Some(Denial::Limited {
+            limit: Limit::Cooldown,
+            retry_after_ms,
+        })
+    };
+    let d = b.permit(PermitRequest::new("p", "m", 0)).await.unwrap();
+    assert_eq!(
+        d.denial().cloned(),
+        refused(300_000),
+        "the other replica too"
+    );
+    let st = b.status("p", "m").await.unwrap();
+    assert_eq!(
+        (
+            st.cooldown_until_ms,
+            st.cooldown_remaining_ms,
+            st.effective_permille
+        ),
+        (Some(t0 + 300_000), 300_000, 500)
+    );
+    clock.advance(299_999);
+    let d = b.permit(PermitRequest::new("p", "m", 0)).await.unwrap();
+    assert_eq!(d.denial().cloned(), refused(1));
+    clock.advance(1);
+    let d = b.permit(PermitRequest::new("p", "m", 0)).await.unwrap();
+    assert_eq!(permit_wait(&d), Some(0), "over after 300 s");
+
+    // Another bad hint, then the operator clears it on replica a: replica
+    // b's next permit is granted at once, at the full rate.
+    clock.advance(5_000);
+    a.feedback("p", "m", 429, &[("retry-after", "999999999")], None)
+        .await
+        .unwrap();
+    let d = b.permit(PermitRequest::new("p", "m", 0)).await.unwrap();
+    assert!(!d.is_allowed(), "{d:?}");
+    let out = a.clear("p", "m").await.unwrap();
+    assert_eq!(out.cooldown_until_ms, Some(clock.now_ms() + 300_000));
+    assert_eq!(
+        out.effective_permille, 500,
+        "recovered in the 300 s, halved again"
+    );
+    let d = b.permit(PermitRequest::new("p", "m", 0)).await.unwrap();
+    assert_eq!(
+        d.grant().map(|p| (p.wait_ms, p.effective_permille)),
+        Some((0, 1_000))
+    );
+    let st = b.status("p", "m").await.unwrap();
+    assert_eq!(
+        (
+            st.cooldown_until_ms,
+            st.cooldown_remaining_ms,
+            st.effective_permille
+        ),
+        (None, 0, 1_000)
+    );
 }
 
 /// A burst of 429s seen by five replicas at once halves the shared rate
@@ -999,6 +1080,105 @@ pub async fn cooldown<S: Store + Clone>(store: S, clock: FakeClock) {
         s.take_many(&[rpm(10_000)], cd(0)).await.unwrap(),
         MultiTake::Granted { wait_ms: 1_000 },
         "cooldown over; 50 refilled of 60"
+    );
+}
+
+/// Clearing a provider key (SPEC §5, the operator's tool after a bad hint):
+/// one step removes its cooldown and puts its AIMD state back at the full
+/// rate, answering what was live; its buckets and other keys are left
+/// alone. An end of 0 reads a cooldown without changing it.
+pub async fn clear_provider<S: Store + Clone>(store: S, clock: FakeClock) {
+    use tollgate_core::store::ProviderCleared;
+
+    let s = &store;
+    let p = AimdParams::default();
+    let (cd, aimd) = ("{prov:m}:cooldown", "{prov:m}:aimd");
+    let now = clock.now_ms();
+    assert_eq!(s.extend_cooldown(cd, 0).await.unwrap(), 0, "none: reads 0");
+    assert_eq!(
+        s.extend_cooldown(cd, now + 5_000).await.unwrap(),
+        now + 5_000
+    );
+    assert_eq!(
+        s.extend_cooldown(cd, 0).await.unwrap(),
+        now + 5_000,
+        "an end of 0 reads the cooldown"
+    );
+    assert_eq!(s.extend_cooldown(cd, now).await.unwrap(), now + 5_000);
+    assert_eq!(s.aimd(aimd, p, true).await.unwrap(), 500);
+    // Another provider key, and a bucket of this one.
+    let other = "{prov:other}:cooldown";
+    s.extend_cooldown(other, now + 9_000).await.unwrap();
+    let spec = BucketSpec::new(1, 1_000, 10).unwrap();
+    let rpm = |cost| BucketTake {
+        key: "{prov:m}:rpm",
+        spec,
+        cost,
+        max_wait_ms: 0,
+    };
+    let cooldown = |max_wait_ms| {
+        Some(CooldownCheck {
+            key: cd,
+            max_wait_ms,
+        })
+    };
+    assert_eq!(
+        s.take_many(&[rpm(10)], cooldown(5_000)).await.unwrap(),
+        MultiTake::Granted { wait_ms: 5_000 }
+    );
+    clock.advance(1_000);
+    assert_eq!(
+        s.clear_provider(cd, aimd, p).await.unwrap(),
+        ProviderCleared {
+            cooldown_until_ms: Some(now + 5_000),
+            effective_permille: 500
+        }
+    );
+    assert_eq!(s.extend_cooldown(cd, 0).await.unwrap(), 0, "cleared");
+    assert_eq!(s.aimd(aimd, p, false).await.unwrap(), 1_000, "full rate");
+    assert_eq!(s.extend_cooldown(other, 0).await.unwrap(), now + 9_000);
+    assert_eq!(
+        s.take_many(&[rpm(10)], cooldown(0)).await.unwrap(),
+        MultiTake::Refused {
+            index: Some(0),
+            retry_after_ms: 9_000
+        },
+        "the bucket is left alone: 1 of 10 refilled"
+    );
+    assert_eq!(
+        s.take_many(&[rpm(1)], cooldown(0)).await.unwrap(),
+        MultiTake::Granted { wait_ms: 0 },
+        "and no cooldown to wait for"
+    );
+    // Cleared state is as if never written: the next 429 halves at once.
+    assert_eq!(s.aimd(aimd, p, true).await.unwrap(), 500);
+    clock.advance(10_000);
+    assert_eq!(
+        s.clear_provider(cd, aimd, p).await.unwrap(),
+        ProviderCleared {
+            cooldown_until_ms: None,
+            effective_permille: 550
+        },
+        "the rate as it was, recovering; no cooldown"
+    );
+    assert_eq!(
+        s.clear_provider(cd, aimd, p).await.unwrap(),
+        ProviderCleared {
+            cooldown_until_ms: None,
+            effective_permille: 1_000
+        },
+        "nothing left to clear"
+    );
+    // A cooldown that has passed is none.
+    let now = clock.now_ms();
+    s.extend_cooldown(cd, now + 100).await.unwrap();
+    clock.advance(100);
+    assert_eq!(
+        s.clear_provider(cd, aimd, p)
+            .await
+            .unwrap()
+            .cooldown_until_ms,
+        None
     );
 }
 

@@ -296,6 +296,15 @@ impl Store for Flaky {
     ) -> impl Future<Output = Result<u32, StoreError>> + Send {
         self.inner.aimd(key, params, throttled)
     }
+    fn clear_provider(
+        &self,
+        cooldown: &str,
+        aimd: &str,
+        params: tollgate_core::aimd::AimdParams,
+    ) -> impl Future<Output = Result<tollgate_core::store::ProviderCleared, StoreError>> + Send
+    {
+        self.inner.clear_provider(cooldown, aimd, params)
+    }
     fn session_acquire(
         &self,
         session: &str,

@@ -12,7 +12,7 @@ use crate::aimd::{AimdParams, FULL};
 use crate::bucket::{BucketSpec, MAX_SCALED};
 use crate::plan::{FieldError, InvalidPlans, RateConfig};
 
-use super::feedback::ProviderKind;
+use super::feedback::{Feedback, ProviderKind};
 
 /// What a permit does when the provider's buckets cannot grant at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -66,6 +66,17 @@ pub struct ProviderConfig {
     /// 5 s, increase interval 10 s).
     #[serde(default)]
     pub aimd: Option<AimdParams>,
+    /// The longest cooldown one provider answer may set, ms (default
+    /// 300,000): a throttled or server-error answer's retry hint is cut to
+    /// it. 1 ms to 1 day.
+    #[serde(default)]
+    pub max_cooldown_ms: Option<i64>,
+    /// The longest this replica fails fast after an exhausted answer, ms
+    /// (default 60,000): the provider's hint, else
+    /// [`EXHAUSTED_HOLD_MS`](super::EXHAUSTED_HOLD_MS), cut to it. 1 ms to
+    /// 1 day.
+    #[serde(default)]
+    pub max_exhausted_ms: Option<i64>,
     /// Tenant shares of the pool, by tenant name.
     #[serde(default)]
     pub tenants: BTreeMap<String, TenantConfig>,
@@ -73,6 +84,16 @@ pub struct ProviderConfig {
 
 /// The default `max_wait_ms` of a provider key: 4,000 ms.
 pub const DEFAULT_PROVIDER_MAX_WAIT_MS: u64 = 4_000;
+
+/// The default `max_cooldown_ms` of a provider key: 300,000 ms (5 minutes).
+pub const DEFAULT_MAX_COOLDOWN_MS: u64 = 300_000;
+
+/// The default `max_exhausted_ms` of a provider key: 60,000 ms, the
+/// exhaustion hold ([`EXHAUSTED_HOLD_MS`](super::EXHAUSTED_HOLD_MS)).
+pub const DEFAULT_MAX_EXHAUSTED_MS: u64 = super::governor::EXHAUSTED_HOLD_MS;
+
+/// The largest `max_cooldown_ms` and `max_exhausted_ms` allowed: 1 day.
+pub const MAX_HINT_CAP_MS: u64 = 86_400_000;
 
 /// Provider keys as written in config: `"provider:model"` → limits.
 pub type ProvidersConfig = BTreeMap<String, ProviderConfig>;
@@ -100,10 +121,27 @@ pub struct Provider {
     pub max_wait_ms: u64,
     /// AIMD parameters.
     pub aimd: AimdParams,
+    /// The longest cooldown one answer may set, ms.
+    pub max_cooldown_ms: u64,
+    /// The longest this replica fails fast after one exhausted answer, ms.
+    pub max_exhausted_ms: u64,
     /// Tenant shares of the pool.
     pub tenants: HashMap<String, Tenant>,
     /// The pool's store keys.
     pub keys: ProviderKeys,
+}
+
+impl Provider {
+    /// `feedback` with its retry hint cut to this key's maximum: an
+    /// exhaustion's to `max_exhausted_ms`, a throttled or server-error
+    /// answer's to `max_cooldown_ms`. Every hint the governor acts on has
+    /// passed through here.
+    pub fn bound(&self, feedback: Feedback) -> Feedback {
+        match feedback {
+            f @ Feedback::Exhausted { .. } => f.with_hint_at_most(self.max_exhausted_ms),
+            f => f.with_hint_at_most(self.max_cooldown_ms),
+        }
+    }
 }
 
 /// Validated provider keys, by provider, then model.
@@ -198,7 +236,8 @@ fn name_ok(s: &str) -> bool {
 /// Every problem, each with its field path (`providers."openai:gpt-4o".requests.amount`):
 /// a key that is not `provider:model`, names with `{`, `}` or `:`, no limit
 /// at all, bad rates, a negative wait, a share outside (0, 1], AIMD floor or
-/// step outside 1..=1000 permille.
+/// step outside 1..=1000 permille, a `max_cooldown_ms` or
+/// `max_exhausted_ms` outside 1 ms ..= 1 day.
 pub fn validate_providers(cfg: &ProvidersConfig) -> Result<ProviderBook, InvalidPlans> {
     let mut errors = Vec::new();
     let mut err = |path: String, reason: String| errors.push(FieldError { path, reason });
@@ -295,6 +334,29 @@ pub fn validate_providers(cfg: &ProvidersConfig) -> Result<ProviderBook, Invalid
                 break;
             }
         }
+        let mut cap = |name: &str, v: Option<i64>, default: u64| -> u64 {
+            match v {
+                None => default,
+                Some(v) if (1..=MAX_HINT_CAP_MS as i64).contains(&v) => v as u64,
+                Some(v) => {
+                    err(
+                        format!("{path}.{name}"),
+                        format!("must be 1 to {MAX_HINT_CAP_MS} ms (1 day) (got {v})"),
+                    );
+                    default
+                }
+            }
+        };
+        let max_cooldown_ms = cap(
+            "max_cooldown_ms",
+            c.max_cooldown_ms,
+            DEFAULT_MAX_COOLDOWN_MS,
+        );
+        let max_exhausted_ms = cap(
+            "max_exhausted_ms",
+            c.max_exhausted_ms,
+            DEFAULT_MAX_EXHAUSTED_MS,
+        );
         let aimd = c.aimd.unwrap_or_default();
         if !(1..=FULL).contains(&aimd.floor_permille) || !(1..=FULL).contains(&aimd.step_permille) {
             err(
@@ -348,6 +410,8 @@ pub fn validate_providers(cfg: &ProvidersConfig) -> Result<ProviderBook, Invalid
                 policy: c.policy,
                 max_wait_ms,
                 aimd: aimd.clamped(),
+                max_cooldown_ms,
+                max_exhausted_ms,
                 tenants,
                 keys: ProviderKeys::new(provider, model),
             }),
@@ -366,5 +430,60 @@ impl fmt::Display for Policy {
             Policy::Block => "block",
             Policy::Reject => "reject",
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(max_cooldown_ms: Option<i64>, max_exhausted_ms: Option<i64>) -> ProvidersConfig {
+        let mut cfg = ProvidersConfig::new();
+        cfg.insert(
+            "openai:gpt-4o".into(),
+            ProviderConfig {
+                kind: None,
+                requests: Some(RateConfig {
+                    amount: 600,
+                    period_ms: 60_000,
+                    burst: None,
+                }),
+                tokens: None,
+                input_tokens: None,
+                output_tokens: None,
+                policy: Policy::Block,
+                max_wait_ms: None,
+                aimd: None,
+                max_cooldown_ms,
+                max_exhausted_ms,
+                tenants: BTreeMap::new(),
+            },
+        );
+        cfg
+    }
+
+    #[test]
+    fn hint_caps_default_and_are_validated_with_their_paths() {
+        let book = validate_providers(&row(None, None)).unwrap();
+        let p = book.get("openai", "gpt-4o").unwrap();
+        assert_eq!((p.max_cooldown_ms, p.max_exhausted_ms), (300_000, 60_000));
+        let book = validate_providers(&row(Some(1), Some(86_400_000))).unwrap();
+        let p = book.get("openai", "gpt-4o").unwrap();
+        assert_eq!((p.max_cooldown_ms, p.max_exhausted_ms), (1, 86_400_000));
+        for (bad, field) in [
+            (row(Some(0), None), "max_cooldown_ms"),
+            (row(Some(-5), None), "max_cooldown_ms"),
+            (row(Some(86_400_001), None), "max_cooldown_ms"),
+            (row(None, Some(0)), "max_exhausted_ms"),
+            (row(None, Some(i64::MAX)), "max_exhausted_ms"),
+        ] {
+            let e = validate_providers(&bad).unwrap_err();
+            assert_eq!(e.errors.len(), 1, "{:?}", e.errors);
+            assert_eq!(
+                e.errors[0].path,
+                format!("providers.\"openai:gpt-4o\".{field}")
+            );
+            assert!(e.errors[0].reason.contains("1 day"), "{:?}", e.errors[0]);
+        }
     }
 }

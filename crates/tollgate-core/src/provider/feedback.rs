@@ -265,6 +265,10 @@ pub enum Feedback {
         /// `billing_error`, …), then `": "` and the provider's own message
         /// (cut to 200 characters) when it gave one.
         reason: String,
+        /// The provider's hint, ms from `now_ms`, if its `retry-after-ms`
+        /// or `Retry-After` header gave one (only those headers: see
+        /// [`classify`]).
+        retry_after_ms: Option<u64>,
     },
     /// The provider failed or is overloaded (5xx, 408, Anthropic 529):
     /// retry with backoff.
@@ -290,14 +294,31 @@ impl Feedback {
         }
     }
 
-    /// The provider's retry hint, ms from `now_ms` (throttled and server
-    /// errors only).
+    /// The provider's retry hint, ms from `now_ms` (throttled answers,
+    /// server errors and exhaustions).
     pub fn retry_after_ms(&self) -> Option<u64> {
         match self {
             Feedback::Throttled { retry_after_ms, .. }
+            | Feedback::Exhausted { retry_after_ms, .. }
             | Feedback::ServerError { retry_after_ms } => *retry_after_ms,
             _ => None,
         }
+    }
+
+    /// The same answer with its retry hint cut to at most `max_ms` (the
+    /// governor's clamp: no hint from outside is taken unbounded).
+    pub fn with_hint_at_most(mut self, max_ms: u64) -> Self {
+        match &mut self {
+            Feedback::Throttled { retry_after_ms, .. }
+            | Feedback::Exhausted { retry_after_ms, .. }
+            | Feedback::ServerError { retry_after_ms } => {
+                if let Some(h) = retry_after_ms {
+                    *h = (*h).min(max_ms);
+                }
+            }
+            Feedback::Success { .. } | Feedback::ClientError => {}
+        }
+        self
     }
 
     /// Whether the same call may be retried later (throttled and server
@@ -338,6 +359,14 @@ impl Feedback {
 /// - 402 Payment Required: [`Feedback::Exhausted`] (`payment_required`).
 /// - 408, 5xx (including 529): [`Feedback::ServerError`], hint as for 429.
 /// - Any other status: [`Feedback::ClientError`].
+///
+/// An [`Feedback::Exhausted`] answer's hint is read from the
+/// `retry-after-ms` and `Retry-After` headers only: the other hints
+/// providers put in such answers (OpenAI's "Please try again in 8.64s" of a
+/// per-day limit, Gemini's `RetryInfo` beside a per-day `QuotaFailure`)
+/// speak of when one more call would fit the window, not of when the quota
+/// is back, so they are not read. Without a hint the governor holds the
+/// exhaustion for [`EXHAUSTED_HOLD_MS`](super::EXHAUSTED_HOLD_MS).
 ///
 /// The provider rules below come first; the body is read only for non-2xx
 /// answers, only if it is at most 256 KiB and JSON in the provider's shape
@@ -566,6 +595,7 @@ fn by_status(status: u16, h: Headers<'_, '_>, now_ms: u64) -> Feedback {
         },
         402 => Feedback::Exhausted {
             reason: "payment_required".to_owned(),
+            retry_after_ms: h.retry_hint(now_ms),
         },
         408 | 500..=599 => Feedback::ServerError {
             retry_after_ms: h.retry_hint(now_ms),
@@ -650,6 +680,7 @@ fn openai(status: u16, h: Headers<'_, '_>, json: Option<&Value>, now_ms: u64) ->
         let cause = if openai_billing(code) { code } else { etype };
         return Some(Feedback::Exhausted {
             reason: reason(cause, message),
+            retry_after_ms: h.retry_hint(now_ms),
         });
     }
     if status != 429 {
@@ -659,6 +690,7 @@ fn openai(status: u16, h: Headers<'_, '_>, json: Option<&Value>, now_ms: u64) ->
     if lower.contains("per day") || lower.contains("(rpd)") || lower.contains("(tpd)") {
         return Some(Feedback::Exhausted {
             reason: reason("per_day_limit", message),
+            retry_after_ms: h.retry_hint(now_ms),
         });
     }
     let limits = parse_rate_limit_headers(ProviderKind::OpenAi, h.0, now_ms);
@@ -709,6 +741,7 @@ fn anthropic(
     if etype == "billing_error" {
         return Some(Feedback::Exhausted {
             reason: reason("billing_error", message),
+            retry_after_ms: h.retry_hint(now_ms),
         });
     }
     let lower = message.to_ascii_lowercase();
@@ -716,17 +749,20 @@ fn anthropic(
         if error_code.to_ascii_lowercase().contains("spend_limit") {
             return Some(Feedback::Exhausted {
                 reason: reason(error_code, message),
+                retry_after_ms: h.retry_hint(now_ms),
             });
         }
         if status != 429 {
             if lower.contains("credit balance") {
                 return Some(Feedback::Exhausted {
                     reason: reason("credit_balance", message),
+                    retry_after_ms: h.retry_hint(now_ms),
                 });
             }
             if lower.contains("usage limit") || lower.contains("spend limit") {
                 return Some(Feedback::Exhausted {
                     reason: reason("spend_limit", message),
+                    retry_after_ms: h.retry_hint(now_ms),
                 });
             }
         }
@@ -791,12 +827,14 @@ fn gemini(status: u16, h: Headers<'_, '_>, json: Option<&Value>, now_ms: u64) ->
             if id_l.contains("perday") || metric_l.contains("per_day") {
                 return Some(Feedback::Exhausted {
                     reason: reason("per_day_quota", name),
+                    retry_after_ms: h.retry_hint(now_ms),
                 });
             }
             let value = v.get("quotaValue").and_then(text_of);
             if value.is_some_and(|q| q.trim() == "0") {
                 return Some(Feedback::Exhausted {
                     reason: reason("zero_quota", name),
+                    retry_after_ms: h.retry_hint(now_ms),
                 });
             }
             let both = format!("{id_l} {metric_l}");
@@ -820,6 +858,7 @@ fn gemini(status: u16, h: Headers<'_, '_>, json: Option<&Value>, now_ms: u64) ->
             {
                 return Some(Feedback::Exhausted {
                     reason: reason("per_day_quota", message),
+                    retry_after_ms: h.retry_hint(now_ms),
                 });
             }
         }
@@ -1184,7 +1223,13 @@ mod tests {
                 },
                 "throttled",
             ),
-            (Feedback::Exhausted { reason: "x".into() }, "exhausted"),
+            (
+                Feedback::Exhausted {
+                    reason: "x".into(),
+                    retry_after_ms: None,
+                },
+                "exhausted",
+            ),
             (
                 Feedback::ServerError {
                     retry_after_ms: Some(7),
@@ -1628,6 +1673,88 @@ mod tests {
     }
 
     #[test]
+    fn exhausted_hints_come_from_the_retry_headers_only() {
+        // OpenAI's per-day limit says "try again in 8.64s": when one more
+        // request would fit the day, not when the quota is back. Not read.
+        let rpd = r#"{"error":{"message":"Rate limit reached for gpt-4o-mini on requests per day (RPD): Limit 10000, Used 10000, Requested 1. Please try again in 8.64s.","type":"requests","code":"rate_limit_exceeded"}}"#;
+        let fb = classify(ProviderKind::OpenAi, 429, &[], Some(rpd), NOW);
+        assert_eq!((fb.class(), fb.retry_after_ms()), ("exhausted", None));
+        // A Retry-After header is.
+        let headers = [("retry-after", "3600")];
+        let fb = classify(ProviderKind::OpenAi, 429, &headers, Some(rpd), NOW);
+        assert_eq!(fb.retry_after_ms(), Some(3_600_000));
+        assert!(!fb.is_retryable(), "an exhaustion is never retried");
+        // Gemini's RetryInfo beside a per-day violation is not read either.
+        let body = r#"{"error":{"code":429,"status":"RESOURCE_EXHAUSTED","message":"m","details":[
+            {"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[
+              {"quotaId":"GenerateRequestsPerDayPerProjectPerModel-FreeTier"}]},
+            {"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"12s"}]}}"#;
+        let fb = classify(ProviderKind::Gemini, 429, &[], Some(body), NOW);
+        assert_eq!((fb.class(), fb.retry_after_ms()), ("exhausted", None));
+        let fb = classify(
+            ProviderKind::Gemini,
+            429,
+            &[("retry-after-ms", "1500")],
+            Some(body),
+            NOW,
+        );
+        assert_eq!(fb.retry_after_ms(), Some(1_500));
+        // Every kind: a 402 with a hint.
+        let fb = classify(
+            ProviderKind::Generic,
+            402,
+            &[("Retry-After", "999999999")],
+            None,
+            NOW,
+        );
+        assert_eq!(
+            fb,
+            Feedback::Exhausted {
+                reason: "payment_required".into(),
+                retry_after_ms: Some(999_999_999_000)
+            }
+        );
+    }
+
+    #[test]
+    fn hints_are_cut_to_a_maximum() {
+        let throttled = |h| Feedback::Throttled {
+            retry_after_ms: h,
+            scope: ThrottleScope::Requests,
+        };
+        assert_eq!(
+            throttled(Some(999_999_999_000)).with_hint_at_most(300_000),
+            throttled(Some(300_000))
+        );
+        assert_eq!(
+            throttled(Some(2_000)).with_hint_at_most(300_000),
+            throttled(Some(2_000))
+        );
+        assert_eq!(throttled(None).with_hint_at_most(1), throttled(None));
+        let exhausted = Feedback::Exhausted {
+            reason: "r".into(),
+            retry_after_ms: Some(86_400_000),
+        };
+        assert_eq!(
+            exhausted.with_hint_at_most(60_000).retry_after_ms(),
+            Some(60_000)
+        );
+        let server = Feedback::ServerError {
+            retry_after_ms: Some(10),
+        };
+        assert_eq!(
+            server.clone().with_hint_at_most(5),
+            Feedback::ServerError {
+                retry_after_ms: Some(5)
+            }
+        );
+        assert_eq!(
+            Feedback::ClientError.with_hint_at_most(0),
+            Feedback::ClientError
+        );
+    }
+
+    #[test]
     fn gemini_variants() {
         // Token and request violations together: tokens.
         let body = r#"{"error":{"code":429,"status":"RESOURCE_EXHAUSTED","message":"m","details":[
@@ -1649,14 +1776,14 @@ mod tests {
         let fb = classify(ProviderKind::Gemini, 429, &[], Some(body), NOW);
         assert_eq!(fb.class(), "exhausted");
         assert!(
-            matches!(&fb, Feedback::Exhausted { reason } if reason.starts_with("zero_quota: GenerateContentInputTokens")),
+            matches!(&fb, Feedback::Exhausted { reason, .. } if reason.starts_with("zero_quota: GenerateContentInputTokens")),
             "{fb:?}"
         );
         // No details, but the message names a per-day quota (Vertex AI).
         let body = r#"[{"error":{"code":429,"status":"RESOURCE_EXHAUSTED","message":"Quota exceeded for aiplatform.googleapis.com/generate_content_requests_per_day_per_project_per_base_model with base model: gemini-pro."}}]"#;
         let fb = classify(ProviderKind::Gemini, 429, &[], Some(body), NOW);
         assert!(
-            matches!(&fb, Feedback::Exhausted { reason } if reason.starts_with("per_day_quota: Quota exceeded")),
+            matches!(&fb, Feedback::Exhausted { reason, .. } if reason.starts_with("per_day_quota: Quota exceeded")),
             "{fb:?}"
         );
         // The same per minute is a throttle.

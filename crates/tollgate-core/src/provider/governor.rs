@@ -108,13 +108,59 @@ pub enum ProviderError {
 /// What a provider's answer changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FeedbackOutcome {
-    /// How the answer was read.
+    /// How the answer was read, its retry hint cut to the key's
+    /// `max_cooldown_ms` (throttled, server error) or `max_exhausted_ms`
+    /// (exhausted): the hint the governor acted on.
     pub feedback: Feedback,
     /// The provider key's cooldown end after this answer, if it set one.
     pub cooldown_until_ms: Option<u64>,
     /// The effective rate after this answer, permille (set when a 429
     /// changed it).
     pub effective_permille: Option<u32>,
+}
+
+/// This replica's exhaustion hold of a provider key: its permits fail fast
+/// ([`ProviderError::Exhausted`]) until `until_ms`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExhaustionHold {
+    /// Until when, ms.
+    pub until_ms: u64,
+    /// What the provider said.
+    pub reason: String,
+}
+
+/// A provider key's feedback state as this replica sees it now: the shared
+/// cooldown and effective rate, and its own exhaustion hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderStatus {
+    /// The provider.
+    pub provider: Arc<str>,
+    /// The model.
+    pub model: Arc<str>,
+    /// The end of the shared cooldown, ms, if one is live.
+    pub cooldown_until_ms: Option<u64>,
+    /// How long the cooldown still runs by this replica's clock, ms (0:
+    /// none).
+    pub cooldown_remaining_ms: u64,
+    /// The effective rate (AIMD), permille of the configured rate.
+    pub effective_permille: u32,
+    /// This replica's exhaustion hold, if one is live.
+    pub exhausted: Option<ExhaustionHold>,
+}
+
+/// What [`ProviderGovernor::clear`] cleared: the provider key's state just
+/// before. After it the key has no cooldown, runs at the full rate and
+/// this replica does not fail fast.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClearOutcome {
+    /// The end of the shared cooldown that was cleared, ms (`None`: none
+    /// was live).
+    pub cooldown_until_ms: Option<u64>,
+    /// The effective rate before, permille ([`FULL`]: AIMD was at the full
+    /// rate already).
+    pub effective_permille: u32,
+    /// This replica's exhaustion hold that was cleared, if one was live.
+    pub exhausted: Option<ExhaustionHold>,
 }
 
 /// Fleet-wide provider permits (SPEC §5): per provider key (provider,
@@ -274,6 +320,90 @@ impl<S: Store> ProviderGovernor<S> {
         })
     }
 
+    /// The feedback state of `provider`'s `model` now: the shared cooldown
+    /// (read from the store without changing it), the effective rate, and
+    /// this replica's exhaustion hold.
+    ///
+    /// # Errors
+    ///
+    /// [`ProviderError::Unknown`] for an unconfigured key,
+    /// [`ProviderError::Store`] if the store fails.
+    pub async fn status(
+        &self,
+        provider: &str,
+        model: &str,
+    ) -> Result<ProviderStatus, ProviderError> {
+        let p = self.provider(provider, model)?;
+        self.status_of(&p).await
+    }
+
+    /// [`status`](Self::status) of every configured provider key, by
+    /// provider, then model.
+    ///
+    /// # Errors
+    ///
+    /// [`ProviderError::Store`] if the store fails.
+    pub async fn statuses(&self) -> Result<Vec<ProviderStatus>, ProviderError> {
+        let book = self.book();
+        let mut keys: Vec<&Arc<Provider>> = book.iter().collect();
+        keys.sort_by(|a, b| (&a.provider, &a.model).cmp(&(&b.provider, &b.model)));
+        let mut out = Vec::with_capacity(keys.len());
+        for p in keys {
+            out.push(self.status_of(p).await?);
+        }
+        Ok(out)
+    }
+
+    async fn status_of(&self, p: &Provider) -> Result<ProviderStatus, ProviderError> {
+        // An end of 0 changes nothing and answers the live end: a read.
+        let until = self.store.extend_cooldown(&p.keys.cooldown, 0).await?;
+        let effective_permille = self.store.aimd(&p.keys.aimd, p.aimd, false).await?;
+        let now = self.clock.now_ms();
+        let exhausted = self
+            .exhausted_until(p, now)
+            .map(|(until_ms, reason)| ExhaustionHold { until_ms, reason });
+        Ok(ProviderStatus {
+            provider: Arc::clone(&p.provider),
+            model: Arc::clone(&p.model),
+            cooldown_until_ms: (until > 0).then_some(until),
+            cooldown_remaining_ms: until.saturating_sub(now),
+            effective_permille,
+            exhausted,
+        })
+    }
+
+    /// Clears what the provider's answers set on `provider`'s `model` (the
+    /// operator's tool after a bad hint): the shared cooldown and AIMD state
+    /// in one store step ([`Store::clear_provider`]: every replica's next
+    /// permit is decided on the buckets alone, at the full rate), then this
+    /// replica's exhaustion hold. The buckets are left as they are. Answers
+    /// what was cleared.
+    ///
+    /// # Errors
+    ///
+    /// [`ProviderError::Unknown`] for an unconfigured key,
+    /// [`ProviderError::Store`] if the store fails (then nothing was
+    /// cleared on this replica either).
+    pub async fn clear(&self, provider: &str, model: &str) -> Result<ClearOutcome, ProviderError> {
+        let p = self.provider(provider, model)?;
+        let cleared = self
+            .store
+            .clear_provider(&p.keys.cooldown, &p.keys.aimd, p.aimd)
+            .await?;
+        let now = self.clock.now_ms();
+        let exhausted = self
+            .exhausted
+            .lock()
+            .remove(&(Arc::clone(&p.provider), Arc::clone(&p.model)))
+            .filter(|(until, _)| *until > now)
+            .map(|(until_ms, reason)| ExhaustionHold { until_ms, reason });
+        Ok(ClearOutcome {
+            cooldown_until_ms: cleared.cooldown_until_ms,
+            effective_permille: cleared.effective_permille,
+            exhausted,
+        })
+    }
+
     fn exhausted_until(&self, p: &Provider, now: u64) -> Option<(u64, String)> {
         let mut map = self.exhausted.lock();
         let key = (Arc::clone(&p.provider), Arc::clone(&p.model));
@@ -294,6 +424,10 @@ impl<S: Store> ProviderGovernor<S> {
     /// slows down); an exhaustion makes this replica fail fast
     /// ([`ProviderError::Exhausted`] from `permit`) for the hint, or
     /// [`EXHAUSTED_HOLD_MS`]; a success or an error changes nothing.
+    ///
+    /// No hint is taken unbounded: a throttled or server-error answer's hint
+    /// is cut to the key's `max_cooldown_ms`, an exhaustion's hold to its
+    /// `max_exhausted_ms`, and the outcome carries the hints as cut.
     ///
     /// # Errors
     ///
@@ -335,6 +469,7 @@ impl<S: Store> ProviderGovernor<S> {
         feedback: Feedback,
         now: u64,
     ) -> Result<FeedbackOutcome, ProviderError> {
+        let feedback = p.bound(feedback);
         let mut out = FeedbackOutcome {
             feedback: feedback.clone(),
             cooldown_until_ms: None,
@@ -351,12 +486,17 @@ impl<S: Store> ProviderGovernor<S> {
                 }
                 out.effective_permille = Some(self.store.aimd(&p.keys.aimd, p.aimd, true).await?);
             }
-            Feedback::Exhausted { reason } => {
-                let until =
-                    now.saturating_add(feedback.retry_after_ms().unwrap_or(EXHAUSTED_HOLD_MS));
+            Feedback::Exhausted {
+                reason,
+                retry_after_ms,
+            } => {
+                let hold = retry_after_ms
+                    .filter(|h| *h > 0)
+                    .unwrap_or(EXHAUSTED_HOLD_MS)
+                    .min(p.max_exhausted_ms);
                 self.exhausted.lock().insert(
                     (Arc::clone(&p.provider), Arc::clone(&p.model)),
-                    (until, reason.clone()),
+                    (now.saturating_add(hold), reason.clone()),
                 );
             }
             _ => {}
@@ -377,5 +517,231 @@ impl<S: Store> ProviderGovernor<S> {
     ) -> Result<u32, ProviderError> {
         let p = self.provider(provider, model)?;
         Ok(self.store.aimd(&p.keys.aimd, p.aimd, false).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provider::{ProviderConfig, ProvidersConfig, validate_providers};
+    use crate::{FakeClock, MemoryStore, RateConfig};
+
+    const T0: u64 = 1_700_000_000_000;
+
+    /// `p:m`: 600 requests/min, burst 60, block with a 4 s wait, and the
+    /// given caps (`None`: the defaults).
+    fn governor(
+        max_cooldown_ms: Option<i64>,
+        max_exhausted_ms: Option<i64>,
+    ) -> (ProviderGovernor<MemoryStore>, FakeClock) {
+        let clock = FakeClock::new(T0);
+        let mut cfg = ProvidersConfig::new();
+        cfg.insert(
+            "p:m".into(),
+            ProviderConfig {
+                kind: Some("generic".into()),
+                requests: Some(RateConfig {
+                    amount: 600,
+                    period_ms: 60_000,
+                    burst: Some(60),
+                }),
+                tokens: None,
+                input_tokens: None,
+                output_tokens: None,
+                policy: Policy::Block,
+                max_wait_ms: None,
+                aimd: None,
+                max_cooldown_ms,
+                max_exhausted_ms,
+                tenants: Default::default(),
+            },
+        );
+        let book = validate_providers(&cfg).expect("valid");
+        let store = MemoryStore::new(clock.clone());
+        (ProviderGovernor::new(store, clock.clone(), book), clock)
+    }
+
+    /// A permit that may not wait: granted now, or refused.
+    async fn now_or_never(
+        g: &ProviderGovernor<MemoryStore>,
+    ) -> Result<Decision<ProviderPermit>, ProviderError> {
+        g.permit(PermitRequest {
+            max_wait_ms: Some(0),
+            ..PermitRequest::new("p", "m", 0)
+        })
+        .await
+    }
+
+    /// How long this replica fails fast now (`None`: it does not).
+    async fn exhausted_for(g: &ProviderGovernor<MemoryStore>, now: u64) -> Option<u64> {
+        match now_or_never(g).await {
+            Err(ProviderError::Exhausted { until_ms, .. }) => Some(until_ms - now),
+            Ok(d) => {
+                assert!(d.is_allowed(), "{d:?}");
+                None
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_31_year_retry_after_sets_a_cooldown_of_at_most_five_minutes() {
+        let (g, clock) = governor(None, None);
+        let out = g
+            .feedback("p", "m", 429, &[("retry-after", "999999999")], None)
+            .await
+            .unwrap();
+        assert_eq!(out.feedback.retry_after_ms(), Some(300_000));
+        assert_eq!(out.cooldown_until_ms, Some(T0 + 300_000));
+        clock.advance(299_999);
+        assert_eq!(
+            now_or_never(&g).await.unwrap().denial(),
+            Some(&Denial::Limited {
+                limit: Limit::Cooldown,
+                retry_after_ms: 1
+            })
+        );
+        clock.advance(1);
+        assert!(now_or_never(&g).await.unwrap().is_allowed());
+    }
+
+    #[tokio::test]
+    async fn max_cooldown_ms_cuts_every_retry_hint() {
+        let (g, _clock) = governor(Some(10_000), None);
+        let out = g
+            .feedback("p", "m", 429, &[("retry-after", "60")], None)
+            .await
+            .unwrap();
+        assert_eq!(out.feedback.retry_after_ms(), Some(10_000));
+        assert_eq!(out.cooldown_until_ms, Some(T0 + 10_000));
+        // A shorter hint is taken as it is (the cooldown only grows).
+        let out = g
+            .feedback("p", "m", 429, &[("retry-after-ms", "3000")], None)
+            .await
+            .unwrap();
+        assert_eq!(out.feedback.retry_after_ms(), Some(3_000));
+        assert_eq!(out.cooldown_until_ms, Some(T0 + 10_000));
+        // A server error's hint (the retry layer's wait) is cut too.
+        let out = g
+            .feedback("p", "m", 503, &[("retry-after", "3600")], None)
+            .await
+            .unwrap();
+        assert_eq!(out.feedback.retry_after_ms(), Some(10_000));
+        assert_eq!(out.cooldown_until_ms, None);
+        // An answer read elsewhere (the embedded model wrapper) likewise.
+        let out = g
+            .observe(
+                "p",
+                "m",
+                Feedback::Throttled {
+                    retry_after_ms: Some(u64::MAX),
+                    scope: crate::provider::ThrottleScope::Unknown,
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(out.feedback.retry_after_ms(), Some(10_000));
+        assert_eq!(out.cooldown_until_ms, Some(T0 + 10_000));
+    }
+
+    #[tokio::test]
+    async fn the_exhaustion_hold_is_cut_to_max_exhausted_ms() {
+        let huge = [("retry-after", "999999999")];
+        // Default: at most 60 s, whatever the hint.
+        let (g, clock) = governor(None, None);
+        let out = g.feedback("p", "m", 402, &huge, None).await.unwrap();
+        assert_eq!(out.feedback.class(), "exhausted");
+        assert_eq!(out.feedback.retry_after_ms(), Some(60_000));
+        assert_eq!(exhausted_for(&g, T0).await, Some(60_000));
+        clock.advance(60_000);
+        assert_eq!(exhausted_for(&g, T0 + 60_000).await, None);
+
+        // Raised to 2 minutes: a long hint holds 2 minutes; no hint still
+        // holds EXHAUSTED_HOLD_MS; a short hint holds as long as it says.
+        let (g, clock) = governor(None, Some(120_000));
+        g.feedback("p", "m", 402, &huge, None).await.unwrap();
+        assert_eq!(exhausted_for(&g, T0).await, Some(120_000));
+        clock.advance(120_000);
+        let now = T0 + 120_000;
+        assert_eq!(exhausted_for(&g, now).await, None);
+        g.feedback("p", "m", 402, &[], None).await.unwrap();
+        assert_eq!(exhausted_for(&g, now).await, Some(EXHAUSTED_HOLD_MS));
+        clock.advance(EXHAUSTED_HOLD_MS);
+        let now = now + EXHAUSTED_HOLD_MS;
+        g.feedback("p", "m", 402, &[("retry-after", "5")], None)
+            .await
+            .unwrap();
+        assert_eq!(exhausted_for(&g, now).await, Some(5_000));
+
+        // Lowered to 20 s: even the hold without a hint is cut.
+        let (g, _clock) = governor(None, Some(20_000));
+        let out = g.feedback("p", "m", 402, &[], None).await.unwrap();
+        assert_eq!(out.feedback.retry_after_ms(), None);
+        assert_eq!(exhausted_for(&g, T0).await, Some(20_000));
+    }
+
+    #[tokio::test]
+    async fn status_shows_and_clear_removes_what_the_answers_set() {
+        let (g, clock) = governor(None, None);
+        let clean = ProviderStatus {
+            provider: "p".into(),
+            model: "m".into(),
+            cooldown_until_ms: None,
+            cooldown_remaining_ms: 0,
+            effective_permille: FULL,
+            exhausted: None,
+        };
+        assert_eq!(g.status("p", "m").await.unwrap(), clean);
+        g.feedback("p", "m", 429, &[("retry-after", "999999999")], None)
+            .await
+            .unwrap();
+        g.feedback("p", "m", 402, &[], None).await.unwrap();
+        clock.advance(1_000);
+        let hold = ExhaustionHold {
+            until_ms: T0 + 60_000,
+            reason: "payment_required".into(),
+        };
+        let held = ProviderStatus {
+            cooldown_until_ms: Some(T0 + 300_000),
+            cooldown_remaining_ms: 299_000,
+            effective_permille: 500,
+            exhausted: Some(hold.clone()),
+            ..clean.clone()
+        };
+        assert_eq!(g.status("p", "m").await.unwrap(), held);
+        assert_eq!(g.statuses().await.unwrap(), vec![held.clone()]);
+        assert_eq!(
+            g.status("p", "m").await.unwrap(),
+            held,
+            "a status reads only"
+        );
+        assert_eq!(
+            g.clear("p", "m").await.unwrap(),
+            ClearOutcome {
+                cooldown_until_ms: Some(T0 + 300_000),
+                effective_permille: 500,
+                exhausted: Some(hold),
+            }
+        );
+        let d = now_or_never(&g).await.unwrap();
+        assert_eq!(d.grant().map(|p| p.effective_permille), Some(FULL));
+        assert_eq!(g.status("p", "m").await.unwrap(), clean);
+        assert_eq!(
+            g.clear("p", "m").await.unwrap(),
+            ClearOutcome {
+                cooldown_until_ms: None,
+                effective_permille: FULL,
+                exhausted: None,
+            },
+            "nothing left to clear"
+        );
+        assert!(matches!(
+            g.clear("p", "other").await,
+            Err(ProviderError::Unknown { .. })
+        ));
+        assert!(matches!(
+            g.status("q", "m").await,
+            Err(ProviderError::Unknown { .. })
+        ));
     }
 }

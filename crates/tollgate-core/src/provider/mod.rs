@@ -13,8 +13,8 @@
 //! | answer | [`Feedback`] | governor |
 //! |---|---|---|
 //! | 2xx | [`Success`](Feedback::Success), with the rate-limit headers | no 429: AIMD may increase |
-//! | per-minute 429 | [`Throttled`](Feedback::Throttled), with the hint and the scope | cooldown `now + hint`, AIMD halves |
-//! | per-day, billing or spend-cap refusal | [`Exhausted`](Feedback::Exhausted) | `provider_exhausted`, no retry |
+//! | per-minute 429 | [`Throttled`](Feedback::Throttled), with the hint and the scope | cooldown `now + hint` (the hint at most the key's `max_cooldown_ms`), AIMD halves |
+//! | per-day, billing or spend-cap refusal | [`Exhausted`](Feedback::Exhausted), with the hint of its retry headers | `provider_exhausted` on this replica for the hint or [`EXHAUSTED_HOLD_MS`], at most `max_exhausted_ms`; no retry |
 //! | 5xx, 408, Anthropic 529 | [`ServerError`](Feedback::ServerError) | retry with backoff |
 //! | any other 4xx | [`ClientError`](Feedback::ClientError) | not a quota matter, no retry |
 //!
@@ -45,16 +45,17 @@ mod governor;
 mod retry;
 
 pub use config::{
-    DEFAULT_PROVIDER_MAX_WAIT_MS, Policy, Provider, ProviderBook, ProviderConfig, ProviderKeys,
-    ProvidersConfig, Tenant, TenantConfig, validate_providers,
+    DEFAULT_MAX_COOLDOWN_MS, DEFAULT_MAX_EXHAUSTED_MS, DEFAULT_PROVIDER_MAX_WAIT_MS,
+    MAX_HINT_CAP_MS, Policy, Provider, ProviderBook, ProviderConfig, ProviderKeys, ProvidersConfig,
+    Tenant, TenantConfig, validate_providers,
 };
 pub use feedback::{
     Feedback, ProviderKind, RateLimitHeaders, RateLimitWindow, ThrottleScope, UnknownProviderKind,
     classify, parse_rate_limit_headers, parse_retry_after,
 };
 pub use governor::{
-    EXHAUSTED_HOLD_MS, FeedbackOutcome, PermitRequest, ProviderError, ProviderGovernor,
-    ProviderPermit,
+    ClearOutcome, EXHAUSTED_HOLD_MS, ExhaustionHold, FeedbackOutcome, PermitRequest, ProviderError,
+    ProviderGovernor, ProviderPermit, ProviderStatus,
 };
 pub use retry::{
     AttemptError, BudgetSnapshot, GiveUpReason, RETRY_BUDGET_WINDOW_MS, Retrier, RetryBudget,

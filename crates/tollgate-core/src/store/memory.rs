@@ -22,9 +22,9 @@ use parking_lot::{Mutex, MutexGuard};
 
 use super::{
     AppendOutcome, BucketRef, BucketTake, CooldownCheck, DEFAULT_SESSION_RETENTION_MS, FenceCheck,
-    MultiTake, RESERVATION_RETENTION_MS, ReservationId, ReserveOutcome, ReserveRequest,
-    SettleOutcome, SettleRequest, Store, TakeOutcome, TakeRequest, TopUser, TurnOutcome,
-    TurnRequest, UserState,
+    MultiTake, ProviderCleared, RESERVATION_RETENTION_MS, ReservationId, ReserveOutcome,
+    ReserveRequest, SettleOutcome, SettleRequest, Store, TakeOutcome, TakeRequest, TopUser,
+    TurnOutcome, TurnRequest, UserState,
 };
 use crate::aimd::{AimdParams, AimdState};
 use crate::bucket::{self, BucketSpec, BucketState, EXPIRY_GRACE_MS, MAX_SCALED, Take};
@@ -861,6 +861,38 @@ impl Store for MemoryStore {
             *e = KeyEntry::Aimd(next, until);
             next.effective(now, &p)
         }))
+    }
+
+    async fn clear_provider(
+        &self,
+        cooldown: &str,
+        aimd: &str,
+        params: AimdParams,
+    ) -> Result<ProviderCleared, StoreError> {
+        let now = self.now();
+        let p = params.clamped();
+        // Both keys under their locks at once: one step, as the Redis script.
+        let mut locked = self.inner.keys.lock_many(&[cooldown, aimd]);
+        let cooldown_until_ms = locked.with(0, now, |e| {
+            let until = match *e {
+                KeyEntry::Cooldown(u) if u > now => Some(u),
+                _ => None,
+            };
+            *e = KeyEntry::Empty;
+            until
+        });
+        let effective_permille = locked.with(1, now, |e| {
+            let state = match *e {
+                KeyEntry::Aimd(s, exp) if exp > now => s,
+                _ => AimdState::FULL_RATE,
+            };
+            *e = KeyEntry::Empty;
+            state.effective(now, &p)
+        });
+        Ok(ProviderCleared {
+            cooldown_until_ms,
+            effective_permille,
+        })
     }
 
     async fn session_acquire(

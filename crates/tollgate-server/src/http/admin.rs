@@ -1,5 +1,10 @@
 //! Admin endpoints, behind `admin_token` (compared in constant time). Off
 //! (404) when no token is configured.
+//!
+//! Users (`/admin/users/…`, `/admin/top`), the config (`/admin/reload`) and
+//! provider keys (`/admin/providers/…`: what the providers' answers set —
+//! the shared cooldown and effective rate, this replica's exhaustion hold —
+//! and clearing it after a bad hint).
 
 use axum::Json;
 use axum::Router;
@@ -11,6 +16,7 @@ use axum::routing::{delete, get, post};
 use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
 use tollgate_core::Store;
+use tollgate_core::provider::{ExhaustionHold, ProviderStatus};
 
 use crate::ops::check_id;
 use crate::outcome::ApiError;
@@ -145,6 +151,140 @@ async fn release<S: Store + Clone>(
     Ok(Json(serde_json::json!({ "released": released })))
 }
 
+/// This replica's exhaustion hold of a provider key, for people.
+#[derive(Debug, Serialize)]
+pub struct ExhaustedView {
+    /// Until when permits fail fast on this replica, ms since the Unix
+    /// epoch.
+    pub until_ms: u64,
+    /// How long that is from now, ms.
+    pub remaining_ms: u64,
+    /// What the provider said.
+    pub reason: String,
+}
+
+impl ExhaustedView {
+    fn new(hold: ExhaustionHold, now_ms: u64) -> Self {
+        Self {
+            until_ms: hold.until_ms,
+            remaining_ms: hold.until_ms.saturating_sub(now_ms),
+            reason: hold.reason,
+        }
+    }
+}
+
+/// `GET /admin/providers/{provider}/{model}` (and each row of
+/// `GET /admin/providers`).
+#[derive(Debug, Serialize)]
+pub struct ProviderView {
+    /// The provider.
+    pub provider: String,
+    /// The model.
+    pub model: String,
+    /// The end of the shared cooldown, ms since the Unix epoch (`null`:
+    /// none).
+    pub cooldown_until_ms: Option<u64>,
+    /// How long the cooldown still runs, ms (0: none).
+    pub cooldown_remaining_ms: u64,
+    /// The effective rate after AIMD, permille of the configured rate.
+    pub effective_permille: u32,
+    /// This replica's exhaustion hold (`null`: none).
+    pub exhausted: Option<ExhaustedView>,
+}
+
+impl ProviderView {
+    fn new(st: ProviderStatus, now_ms: u64) -> Self {
+        Self {
+            provider: st.provider.to_string(),
+            model: st.model.to_string(),
+            cooldown_until_ms: st.cooldown_until_ms,
+            cooldown_remaining_ms: st.cooldown_remaining_ms,
+            effective_permille: st.effective_permille,
+            exhausted: st.exhausted.map(|h| ExhaustedView::new(h, now_ms)),
+        }
+    }
+}
+
+/// What `POST /admin/providers/{provider}/{model}/clear` cleared.
+#[derive(Debug, Serialize)]
+pub struct ClearedView {
+    /// The end of the shared cooldown that was cleared (`null`: none was
+    /// live).
+    pub cooldown_until_ms: Option<u64>,
+    /// The effective rate before, permille (1000: AIMD was at full rate).
+    pub effective_permille: u32,
+    /// This replica's exhaustion hold that was cleared (`null`: none).
+    pub exhausted: Option<ExhaustedView>,
+}
+
+async fn providers<S: Store + Clone>(
+    _: Admin,
+    State(app): State<App<S>>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let governor = app.providers();
+    let now = || governor.clock().now_ms();
+    let all = governor
+        .statuses()
+        .await
+        .map_err(|e| ApiError::from_provider(e, now()))?;
+    let now = now();
+    let views: Vec<ProviderView> = all
+        .into_iter()
+        .map(|st| ProviderView::new(st, now))
+        .collect();
+    Ok(Json(serde_json::json!({ "providers": views })))
+}
+
+async fn provider<S: Store + Clone>(
+    _: Admin,
+    State(app): State<App<S>>,
+    Path((provider, model)): Path<(String, String)>,
+) -> Result<Json<ProviderView>, ApiError> {
+    path_id(&provider, "provider")?;
+    path_id(&model, "model")?;
+    let governor = app.providers();
+    let st = governor
+        .status(&provider, &model)
+        .await
+        .map_err(|e| ApiError::from_provider(e, governor.clock().now_ms()))?;
+    Ok(Json(ProviderView::new(st, governor.clock().now_ms())))
+}
+
+async fn clear_provider<S: Store + Clone>(
+    _: Admin,
+    State(app): State<App<S>>,
+    Path((provider, model)): Path<(String, String)>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    path_id(&provider, "provider")?;
+    path_id(&model, "model")?;
+    let governor = app.providers();
+    let out = governor
+        .clear(&provider, &model)
+        .await
+        .map_err(|e| ApiError::from_provider(e, governor.clock().now_ms()))?;
+    app.metrics()
+        .provider_rate(&provider, &model, tollgate_core::aimd::FULL);
+    tracing::info!(
+        provider,
+        model,
+        cooldown_until_ms = out.cooldown_until_ms,
+        effective_permille = out.effective_permille,
+        exhausted = out.exhausted.as_ref().map(|h| h.reason.as_str()),
+        "admin: provider key cleared (cooldown, AIMD, this replica's exhaustion)"
+    );
+    let now = governor.clock().now_ms();
+    let cleared = ClearedView {
+        cooldown_until_ms: out.cooldown_until_ms,
+        effective_permille: out.effective_permille,
+        exhausted: out.exhausted.map(|h| ExhaustedView::new(h, now)),
+    };
+    Ok(Json(serde_json::json!({
+        "provider": provider,
+        "model": model,
+        "cleared": cleared,
+    })))
+}
+
 async fn reload<S: Store + Clone>(_: Admin, State(app): State<App<S>>) -> Response {
     match app.reload().await {
         Ok(done) => Json(serde_json::json!({
@@ -175,4 +315,10 @@ pub fn router<S: Store + Clone>() -> Router<App<S>> {
         )
         .route("/admin/top", get(top::<S>))
         .route("/admin/reload", post(reload::<S>))
+        .route("/admin/providers", get(providers::<S>))
+        .route("/admin/providers/{provider}/{model}", get(provider::<S>))
+        .route(
+            "/admin/providers/{provider}/{model}/clear",
+            post(clear_provider::<S>),
+        )
 }
