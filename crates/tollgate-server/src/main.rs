@@ -51,7 +51,7 @@ enum Command {
         /// service that reports provider answers.
         #[arg(long = "scope")]
         scopes: Vec<String>,
-        /// The tenant claim's value (needs `tenant_claim` in [identity]).
+        /// The tenant claim's value (needs `tenant_claim` in `[identity]`).
         #[arg(long)]
         tenant: Option<String>,
     },
