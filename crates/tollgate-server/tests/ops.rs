@@ -86,8 +86,19 @@ impl Server {
     }
 
     fn token(&self, user: &str) -> String {
+        self.token_with(json!({"sub": user, "exp": T0 / 1000 + 3_600}))
+    }
+
+    /// A token of a service that reports provider answers (the feedback
+    /// scope).
+    fn service_token(&self, user: &str) -> String {
+        self.token_with(
+            json!({"sub": user, "exp": T0 / 1000 + 3_600, "scope": "tollgate:feedback"}),
+        )
+    }
+
+    fn token_with(&self, claims: serde_json::Value) -> String {
         // Dev mode: HS256 with the well-known secret; exp from the fake clock.
-        let claims = json!({"sub": user, "exp": T0 / 1000 + 3_600});
         jsonwebtoken::encode(
             &jsonwebtoken::Header::default(),
             &claims,
@@ -300,7 +311,7 @@ requests = { amount = 600, period_ms = 60000 }
     let r = s
         .client
         .post(format!("{}/v1/providers/openai/feedback", s.url))
-        .bearer_auth(s.token("alice"))
+        .bearer_auth(s.service_token("gateway"))
         .json(&json!({"model": "gpt-4o", "status": 429, "headers": {"retry-after": "30"}}))
         .send()
         .await
