@@ -69,6 +69,149 @@ pub struct FileConfig {
     /// Envoy's rate-limit service: descriptors → limits (docs/envoy.md).
     #[serde(default)]
     pub rls: crate::rls::RlsConfig,
+    /// What one client may hold of this replica: connections, timeouts,
+    /// waiting requests (read at start).
+    #[serde(default)]
+    pub limits: LimitsConfig,
+}
+
+/// `[limits]` as written: the edge's bounds ([`crate::edge`]); each field
+/// absent takes its default. All are read at start (restart to change).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Open connections per listener (default 4,096; 1 to 1,000,000).
+    #[serde(default)]
+    pub max_connections: Option<usize>,
+    /// HTTP/1: a request's headers complete within this of the connection
+    /// opening or its previous response, so also the longest a kept-alive
+    /// connection may idle; gRPC: the first byte within it. ms (default
+    /// 10,000; 1 to 600,000).
+    #[serde(default)]
+    pub header_timeout_ms: Option<u64>,
+    /// A `/v1` request's whole body within this of its headers, else 408,
+    /// ms (default 10,000; 1 to 600,000).
+    #[serde(default)]
+    pub body_timeout_ms: Option<u64>,
+    /// How long shutdown lets open connections finish before it closes
+    /// them, ms (default 30,000; 0 to 3,600,000).
+    #[serde(default)]
+    pub drain_timeout_ms: Option<u64>,
+    /// `wait=true` requests one user may have waiting at once (default 8).
+    #[serde(default)]
+    pub max_waits_per_user: Option<usize>,
+    /// `wait=true` requests waiting at once on this replica (default half
+    /// of `max_in_flight`, at least 1; at most `max_in_flight`).
+    #[serde(default)]
+    pub max_waiting: Option<usize>,
+    /// gRPC: concurrent streams per connection (default 100; 1 to 10,000).
+    #[serde(default)]
+    pub grpc_max_streams: Option<u32>,
+    /// gRPC: HTTP/2 keep-alive ping interval and ping timeout, also the TCP
+    /// keep-alive time, ms (default 20,000; 1,000 to 3,600,000).
+    #[serde(default)]
+    pub grpc_keepalive_ms: Option<u64>,
+}
+
+/// Largest `[limits] max_connections` accepted.
+const MAX_CONNECTIONS: usize = 1_000_000;
+
+impl LimitsConfig {
+    fn validate(
+        &self,
+        max_in_flight: usize,
+        errors: &mut Vec<FieldError>,
+    ) -> crate::edge::EdgeLimits {
+        let mut limits = crate::edge::EdgeLimits::defaults(max_in_flight);
+        let ms = |v: Option<u64>,
+                  name: &str,
+                  range: std::ops::RangeInclusive<u64>,
+                  errors: &mut Vec<FieldError>| {
+            let v = v?;
+            if range.contains(&v) {
+                Some(Duration::from_millis(v))
+            } else {
+                errors.push(err(
+                    format!("limits.{name}"),
+                    format!("must be between {} and {} ms", range.start(), range.end()),
+                ));
+                None
+            }
+        };
+        if let Some(d) = ms(
+            self.header_timeout_ms,
+            "header_timeout_ms",
+            1..=600_000,
+            errors,
+        ) {
+            limits.header_timeout = d;
+        }
+        if let Some(d) = ms(self.body_timeout_ms, "body_timeout_ms", 1..=600_000, errors) {
+            limits.body_timeout = d;
+        }
+        if let Some(d) = ms(
+            self.drain_timeout_ms,
+            "drain_timeout_ms",
+            0..=3_600_000,
+            errors,
+        ) {
+            limits.drain_timeout = d;
+        }
+        if let Some(d) = ms(
+            self.grpc_keepalive_ms,
+            "grpc_keepalive_ms",
+            1_000..=3_600_000,
+            errors,
+        ) {
+            limits.grpc_keepalive = d;
+        }
+        if let Some(n) = self.max_connections {
+            if (1..=MAX_CONNECTIONS).contains(&n) {
+                limits.max_connections = n;
+            } else {
+                errors.push(err(
+                    "limits.max_connections",
+                    format!("must be between 1 and {MAX_CONNECTIONS}"),
+                ));
+            }
+        }
+        if let Some(n) = self.grpc_max_streams {
+            if (1..=10_000).contains(&n) {
+                limits.grpc_max_streams = n;
+            } else {
+                errors.push(err(
+                    "limits.grpc_max_streams",
+                    "must be between 1 and 10000",
+                ));
+            }
+        }
+        if let Some(n) = self.max_waiting {
+            if (1..=max_in_flight.max(1)).contains(&n) {
+                limits.max_waiting = n;
+            } else {
+                errors.push(err(
+                    "limits.max_waiting",
+                    format!(
+                        "must be between 1 and max_in_flight ({max_in_flight}): waiting requests \
+                         hold in-flight places, and some must stay for the rest"
+                    ),
+                ));
+            }
+        }
+        if let Some(n) = self.max_waits_per_user {
+            if (1..=limits.max_waiting).contains(&n) {
+                limits.max_waits_per_user = n;
+            } else {
+                errors.push(err(
+                    "limits.max_waits_per_user",
+                    format!("must be between 1 and max_waiting ({})", limits.max_waiting),
+                ));
+            }
+        } else {
+            limits.max_waits_per_user = limits.max_waits_per_user.min(limits.max_waiting);
+        }
+        limits
+    }
 }
 
 fn default_listen() -> String {
@@ -186,6 +329,8 @@ pub struct Config {
     pub providers: ProviderBook,
     /// Envoy's rate-limit service rules (`[rls]`); they reload.
     pub rls: crate::rls::RlsRules,
+    /// The edge's bounds (`[limits]`). Read at startup only.
+    pub limits: crate::edge::EdgeLimits,
     /// The settings a running server cannot change, as written: a reload
     /// compares them ([`RestartOnly::changed`]).
     pub restart_only: RestartOnly,
@@ -227,6 +372,35 @@ impl RestartOnly {
                 ("max_in_flight", written(&file.max_in_flight)),
                 ("store", written(&file.store)),
                 ("identity", written(&file.identity)),
+                (
+                    "limits.max_connections",
+                    written(&file.limits.max_connections),
+                ),
+                (
+                    "limits.header_timeout_ms",
+                    written(&file.limits.header_timeout_ms),
+                ),
+                (
+                    "limits.body_timeout_ms",
+                    written(&file.limits.body_timeout_ms),
+                ),
+                (
+                    "limits.drain_timeout_ms",
+                    written(&file.limits.drain_timeout_ms),
+                ),
+                (
+                    "limits.max_waits_per_user",
+                    written(&file.limits.max_waits_per_user),
+                ),
+                ("limits.max_waiting", written(&file.limits.max_waiting)),
+                (
+                    "limits.grpc_max_streams",
+                    written(&file.limits.grpc_max_streams),
+                ),
+                (
+                    "limits.grpc_keepalive_ms",
+                    written(&file.limits.grpc_keepalive_ms),
+                ),
             ],
         }
     }
@@ -526,6 +700,7 @@ impl FileConfig {
         if self.max_in_flight == 0 {
             errors.push(err("max_in_flight", "must be at least 1"));
         }
+        let limits = self.limits.validate(self.max_in_flight, &mut errors);
         if let Some(t) = &self.admin_token
             && t.len() < 16
         {
@@ -585,6 +760,7 @@ impl FileConfig {
                 plans,
                 providers,
                 rls,
+                limits,
                 restart_only,
                 base_dir: base_dir.to_path_buf(),
                 source: None,

@@ -23,6 +23,7 @@ use tollgate_core::{Clock, Limiter, MemoryStore, MonotonicClock, Store, SystemCl
 use tollgate_redis::{Failover, RedisStore};
 
 pub mod config;
+pub mod edge;
 pub mod grpc;
 pub mod http;
 pub mod identity;
@@ -123,7 +124,8 @@ fn app_with_metrics<S: Store + Clone>(
             .source
             .clone()
             .map(|path| (path, config.restart_only.clone())),
-    ))
+    )
+    .with_edge(config.limits.clone()))
 }
 
 /// What the server is running, for the startup banner.
@@ -369,8 +371,7 @@ async fn run<S: Store + Clone>(
     } else {
         http::routes::router(app.clone())
     };
-    let http_stopped = stopped(stopping.clone());
-    let admin_stopped = stopped(stopping.clone());
+    let limits = &config.limits;
     let operator_routes = admin
         .as_ref()
         .map(|_| http::routes::operator_router(app.clone()));
@@ -378,46 +379,60 @@ async fn run<S: Store + Clone>(
         let (Some(listener), Some(routes)) = (admin, operator_routes) else {
             return Ok(());
         };
-        axum::serve(listener, routes)
-            .with_graceful_shutdown(admin_stopped)
-            .await
-            .map_err(StartError::from)
-    };
-    let http = async {
-        axum::serve(
-            http,
-            router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        edge::serve_http(
+            "admin_listen",
+            listener,
+            routes,
+            limits,
+            stopped(stopping.clone()),
         )
-        .with_graceful_shutdown(http_stopped)
         .await
         .map_err(StartError::from)
     };
-    let grpc_stopped = stopped(stopping.clone());
+    let http = async {
+        edge::serve_http("listen", http, router, limits, stopped(stopping.clone()))
+            .await
+            .map_err(StartError::from)
+    };
     let grpc = async {
         let Some(listener) = grpc else {
             return Ok(());
         };
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let (close_all, closer) = edge::closer();
+        let incoming = edge::CappedIncoming::new("grpc_listen", listener, limits, closer);
         // The API only: Envoy's rate-limit service has a listener of its
         // own, so ShouldRateLimit here is UNIMPLEMENTED.
-        tonic::transport::Server::builder()
-            .add_service(grpc::api::TollgateService::new(app.clone()).into_server())
-            .serve_with_incoming_shutdown(incoming, grpc_stopped)
-            .await
-            .map_err(StartError::from)
+        let router = limits
+            .grpc_server()
+            .add_service(grpc::api::TollgateService::new(app.clone()).into_server());
+        edge::serve_grpc(
+            "grpc_listen",
+            router,
+            incoming,
+            close_all,
+            limits,
+            stopping.clone(),
+        )
+        .await
+        .map_err(StartError::from)
     };
     let rls = async {
         let Some((listener, service)) = rls else {
             return Ok(());
         };
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-        tonic::transport::Server::builder()
-            .add_service(service.into_server())
-            .serve_with_incoming_shutdown(incoming, stopped(stopping))
-            .await
-            .map_err(StartError::from)
+        let (close_all, closer) = edge::closer();
+        let incoming = edge::CappedIncoming::new("rls_listen", listener, limits, closer);
+        let router = limits.grpc_server().add_service(service.into_server());
+        edge::serve_grpc(
+            "rls_listen",
+            router,
+            incoming,
+            close_all,
+            limits,
+            stopping.clone(),
+        )
+        .await
+        .map_err(StartError::from)
     };
     let served = tokio::try_join!(http, grpc, rls, operator);
     signal.abort();

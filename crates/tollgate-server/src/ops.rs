@@ -292,6 +292,23 @@ impl<S: Store + Clone> Drop for InFlight<'_, S> {
     }
 }
 
+/// A place for one more `wait=true` request of `user` (SPEC §8: at most
+/// `[limits] max_waits_per_user` of one user, `max_waiting` of all), held
+/// while it waits.
+///
+/// # Errors
+///
+/// [`ApiError::TooManyWaits`]: nothing is decided.
+fn wait_place<S: Store + Clone>(
+    app: &App<S>,
+    user: &str,
+) -> Result<crate::edge::WaitPlace, ApiError> {
+    app.waits().enter(user).map_err(|e| {
+        tracing::info!(user, "wait=true refused: {e}");
+        ApiError::TooManyWaits(e)
+    })
+}
+
 /// The verified user of a request with `headers` (HTTP headers, or gRPC
 /// metadata as headers): `authorization: Bearer <JWT>`, or the trusted
 /// header when that mode is on.
@@ -552,6 +569,7 @@ pub async fn reserve_tokens<S: Store + Clone>(
     check_id("invocation_id", &req.invocation_id)?;
     let estimate = tokens("estimate", req.estimate)?;
     let decision = if req.wait {
+        let _waiting = wait_place(app, user)?;
         app.limiter()
             .reserve_tokens_and_wait(user, &req.invocation_id, estimate)
             .await?
@@ -758,6 +776,12 @@ pub async fn provider_permit<S: Store + Clone>(
         output_tokens: optional_tokens("output_tokens", req.output_tokens)?,
         max_wait_ms: req.max_wait_ms,
     };
+    // Taken before the permit, so a refusal takes nothing.
+    let waiting = if req.wait {
+        Some(wait_place(app, user)?)
+    } else {
+        None
+    };
     let governor = app.providers();
     let clock = governor.clock();
     let decision = match governor.permit(permit).await {
@@ -790,6 +814,7 @@ pub async fn provider_permit<S: Store + Clone>(
             app.metrics()
                 .provider_rate(provider, &req.model, grant.effective_permille);
             let wait_ms = if req.wait && grant.wait_ms > 0 {
+                let _waiting = waiting;
                 // A client that disconnects drops this future: the wait is
                 // abandoned, and the permit (a provider call that never
                 // happens) stays charged: nothing to refund.

@@ -9,6 +9,8 @@
 //! | `turn_rate`, `concurrency`, `token_rate` | 429 | `RESOURCE_EXHAUSTED` | yes |
 //! | `provider_rate`, `provider_cooldown` | 429 | `RESOURCE_EXHAUSTED` | yes |
 //! | `overloaded` (replica in-flight cap) | 429 | `RESOURCE_EXHAUSTED` | 1,000 ms |
+//! | `too_many_waits` (`wait=true` bounds, `[limits]`) | 429 | `RESOURCE_EXHAUSTED` | 1,000 ms |
+//! | `request_timeout` (body not read within `body_timeout_ms`) | 408 | `DEADLINE_EXCEEDED` | no |
 //! | `max_llm_calls` | 429 | `RESOURCE_EXHAUSTED` | no: the run must stop |
 //! | `provider_exhausted` | 403 | `RESOURCE_EXHAUSTED` | no (`retry_after_ms`: how long it fails fast) |
 //! | `exceeds_capacity` | 400 | `FAILED_PRECONDITION` | no: never fits the configured limits |
@@ -110,6 +112,16 @@ pub enum ApiError {
     /// This replica is at its in-flight cap.
     #[error("overloaded")]
     Overloaded,
+    /// A `wait=true` request past the bound of its user or of the replica
+    /// (`[limits] max_waits_per_user`, `max_waiting`); nothing was decided.
+    #[error("too many waiting requests: {0}")]
+    TooManyWaits(crate::edge::TooManyWaits),
+    /// The request's body did not arrive within `[limits] body_timeout_ms`.
+    #[error("request body timed out")]
+    RequestTimeout {
+        /// The body timeout, ms.
+        timeout_ms: u64,
+    },
     /// A store fault that is not an outage (a bug or misconfiguration).
     #[error("internal error: {0}")]
     Internal(String),
@@ -189,7 +201,7 @@ pub struct ErrorBody {
     /// `not_holder`, `stale_fence`, `unknown_reservation`, `provider_rate`,
     /// `provider_cooldown`, `provider_exhausted`, `unknown_provider`,
     /// `invalid_request`, `unauthorized`, `forbidden`, `store_unavailable`,
-    /// `overloaded`, `internal`.
+    /// `overloaded`, `too_many_waits`, `request_timeout`, `internal`.
     pub error: &'static str,
     /// The limit that refused, for limit errors.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -465,6 +477,33 @@ impl ApiError {
                     ..Row::new(H::TOO_MANY_REQUESTS, G::ResourceExhausted, b)
                 }
             }
+            // Retryable, but not a limit on the client: the bound frees as
+            // the waiting requests end. wait=false needs no place.
+            ApiError::TooManyWaits(which) => {
+                let who = match which {
+                    crate::edge::TooManyWaits::User(_) => "",
+                    crate::edge::TooManyWaits::Replica(_) => " (all users)",
+                };
+                let mut b = body(
+                    "too_many_waits",
+                    format!(
+                        "{which}{who}: retry in 1 s, or send wait=false and wait out wait_ms yourself"
+                    ),
+                );
+                b.retry_after_ms = Some(OVERLOADED_RETRY_MS);
+                Row {
+                    retry: Retry::Backoff(OVERLOADED_RETRY_MS),
+                    ..Row::new(H::TOO_MANY_REQUESTS, G::ResourceExhausted, b)
+                }
+            }
+            ApiError::RequestTimeout { timeout_ms } => Row::new(
+                H::REQUEST_TIMEOUT,
+                G::DeadlineExceeded,
+                body(
+                    "request_timeout",
+                    format!("the request body did not arrive within {timeout_ms} ms"),
+                ),
+            ),
             ApiError::Internal(detail) => {
                 tracing::error!(error = %detail, "internal error");
                 Row::new(

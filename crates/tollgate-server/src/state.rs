@@ -7,6 +7,7 @@ use tollgate_core::provider::{ProviderBook, ProviderGovernor};
 use tollgate_core::{Clock, Limiter, ReplicaGate, Store};
 
 use crate::config::{Config, ConfigError, RestartOnly};
+use crate::edge::{EdgeLimits, WaitGate};
 use crate::identity::Verifier;
 use crate::metrics::{Metrics, ReloadLabels};
 
@@ -38,6 +39,8 @@ struct Inner<S> {
     providers: Arc<ProviderGovernor<S>>,
     verifier: Verifier,
     gate: ReplicaGate,
+    edge: EdgeLimits,
+    waits: WaitGate,
     admin_token: Option<String>,
     metrics: Arc<Metrics>,
     config_path: Option<PathBuf>,
@@ -51,8 +54,9 @@ struct Inner<S> {
 
 impl<S: Store + Clone> App<S> {
     /// An application deciding with `limiter`, verifying with `verifier`,
-    /// serving at most `max_in_flight` requests at once, with no provider
-    /// quotas configured.
+    /// serving at most `max_in_flight` requests at once with the default
+    /// edge limits ([`EdgeLimits::defaults`]), with no provider quotas
+    /// configured.
     pub fn new(
         limiter: Limiter<S>,
         verifier: Verifier,
@@ -68,6 +72,7 @@ impl<S: Store + Clone> App<S> {
             Arc::default(),
             None,
         )
+        .with_edge(EdgeLimits::defaults(max_in_flight))
     }
 
     /// The same with the provider quotas of `providers` (governed on the
@@ -96,6 +101,11 @@ impl<S: Store + Clone> App<S> {
                 providers,
                 verifier,
                 gate: ReplicaGate::new(max_in_flight),
+                edge: EdgeLimits::defaults(max_in_flight),
+                waits: {
+                    let d = EdgeLimits::defaults(max_in_flight);
+                    WaitGate::new(d.max_waits_per_user, d.max_waiting)
+                },
                 admin_token,
                 metrics,
                 config_path,
@@ -104,6 +114,33 @@ impl<S: Store + Clone> App<S> {
                 rls_rules: parking_lot::Mutex::new(Vec::new()),
             }),
         }
+    }
+
+    /// The same with the edge limits `edge` (`[limits]`): the body timeout
+    /// of the `/v1` routes and the bounds on waiting requests. Call it on a
+    /// new application, before it is cloned.
+    ///
+    /// # Panics
+    ///
+    /// If the application was already cloned.
+    #[track_caller]
+    pub fn with_edge(mut self, edge: EdgeLimits) -> Self {
+        let Some(inner) = Arc::get_mut(&mut self.inner) else {
+            panic!("App::with_edge after the application was shared");
+        };
+        inner.waits = WaitGate::new(edge.max_waits_per_user, edge.max_waiting);
+        inner.edge = edge;
+        self
+    }
+
+    /// The edge limits (`[limits]`).
+    pub fn edge(&self) -> &EdgeLimits {
+        &self.inner.edge
+    }
+
+    /// The bounds on `wait=true` requests waiting.
+    pub fn waits(&self) -> &WaitGate {
+        &self.inner.waits
     }
 
     /// Swaps `rules`' Envoy rate-limit rules on every reload.

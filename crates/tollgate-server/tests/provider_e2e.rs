@@ -209,6 +209,11 @@ trusted_proxies = ["127.0.0.1"]
 turns = {{ amount = 1000, period_ms = 60000 }}
 tokens = {{ amount = 1000000, period_ms = 60000 }}
 concurrent_runs = 100
+
+# Every caller is one service identity: its wait=true permits all wait at
+# once (the default bound per user is 8).
+[limits]
+max_waits_per_user = 64
 {providers}"#
     )
 }

@@ -1,9 +1,10 @@
 //! The `tollgate.v1.Tollgate` gRPC service over an [`App`].
 //!
-//! Each method runs exactly as its HTTP route does: it takes a place under
-//! the replica's in-flight cap ([`ops::enter`]), verifies the user from the
-//! call's metadata with the same [`Verifier`](crate::identity::Verifier)
-//! (`authorization: Bearer <JWT>`, or the trusted header), converts the
+//! Each method runs exactly as its HTTP route does: it verifies the user
+//! from the call's metadata with the same
+//! [`Verifier`](crate::identity::Verifier) (`authorization: Bearer <JWT>`,
+//! or the trusted header), takes a place under the replica's in-flight cap
+//! ([`ops::enter`]; tonic has read the whole message by then), converts the
 //! message into the operation's request and calls the same operation in
 //! [`crate::ops`]; a refusal becomes its gRPC status through the one table
 //! ([`ApiError::to_status`]). Every call is counted in
@@ -95,7 +96,7 @@ impl<S: Store + Clone> Drop for Counted<'_, S> {
 }
 
 impl<S: Store + Clone> TollgateService<S> {
-    /// One call of `method`: the in-flight cap, the verified user, then
+    /// One call of `method`: the verified user, the in-flight cap, then
     /// `op` on the request message; the outcome counted and mapped.
     async fn call<M, R>(
         &self,
@@ -110,9 +111,10 @@ impl<S: Store + Clone> TollgateService<S> {
             code: None,
         };
         let result = async {
-            let _place = ops::enter(app)?;
+            // The identity first: an unverified call takes no place.
             let peer = request.remote_addr().map(|a| a.ip());
             let caller = ops::verify_caller(app, &request.metadata().clone().into_headers(), peer)?;
+            let _place = ops::enter(app)?;
             let result = op(app, &caller, request.into_inner()).await;
             if let Err(e) = &result
                 && e.is_fault()

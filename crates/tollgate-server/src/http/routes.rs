@@ -14,7 +14,12 @@ use serde::{Deserialize, Serialize};
 use tollgate_core::Store;
 use utoipa::{OpenApi, ToSchema};
 
-use super::extract::{Body, Caller, User};
+use std::net::SocketAddr;
+
+use axum::extract::ConnectInfo;
+use axum::http::header::CONNECTION;
+
+use super::extract::{Body, Caller, User, Verified};
 use crate::ops::{self, Shadowed, check_id};
 pub use crate::ops::{
     AdmitRequest, AdmitResponse, BalanceResponse, DEFAULT_SESSION_TTL_MS, FeedbackBody,
@@ -282,17 +287,58 @@ async fn not_found() -> impl IntoResponse {
     )
 }
 
-/// The replica's in-flight cap: over it, 429 `overloaded` with `Retry-After: 1`.
-async fn in_flight<S: Store + Clone>(
-    State(app): State<App<S>>,
-    req: Request,
-    next: Next,
-) -> Response {
+/// The largest `/v1` request body, bytes (larger: 400 naming `body`).
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// Every `/v1` request passes here, the one place that admits it (SPEC §8):
+/// 1. the identity, from the headers alone: none is 401 before anything
+///    else is read;
+/// 2. the whole body, within `[limits] body_timeout_ms` and 64 KiB: past
+///    the time, 408 `request_timeout` and the connection closed; past the
+///    size, 400 naming `body`;
+/// 3. only then a place under the replica's in-flight cap around the
+///    handler (full: 429 `overloaded` with `Retry-After: 1`).
+///
+/// So a body still arriving holds no place, whoever sends it. The handler's
+/// extractors take the verified identity from the request's extensions.
+async fn admit<S: Store + Clone>(State(app): State<App<S>>, req: Request, next: Next) -> Response {
+    let (mut parts, body) = req.into_parts();
+    let peer = parts
+        .extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip());
+    match ops::verify_caller(&app, &parts.headers, peer) {
+        Ok(caller) => {
+            parts.extensions.insert(Verified(caller));
+        }
+        Err(e) => return e.into_response(),
+    }
+    let timeout = app.edge().body_timeout;
+    let bytes = match tokio::time::timeout(timeout, axum::body::to_bytes(body, MAX_BODY_BYTES))
+        .await
+    {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(e)) => {
+            return ApiError::invalid("body", format!("cannot read the body: {e}")).into_response();
+        }
+        Err(_elapsed) => {
+            let mut resp = ApiError::RequestTimeout {
+                timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+            }
+            .into_response();
+            // The rest of the body is never read: the connection ends.
+            resp.headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+            return resp;
+        }
+    };
     let place = match ops::enter(&app) {
         Ok(place) => place,
         Err(overloaded) => return overloaded.into_response(),
     };
-    let resp = next.run(req).await;
+    let resp = next
+        .run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+        .await;
     if resp.extensions().get::<StoreFault>().is_some() {
         app.metrics().store_errors.inc();
     }
@@ -372,7 +418,7 @@ fn operator_routes<S: Store + Clone>() -> Router<App<S>> {
 fn finish<S: Store + Clone>(routes: Router<App<S>>, app: App<S>) -> Router {
     routes
         .fallback(not_found)
-        .layer(DefaultBodyLimit::max(64 * 1024))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(app)
 }
 
@@ -401,7 +447,7 @@ fn public_routes<S: Store + Clone>(app: &App<S>) -> Router<App<S>> {
             "/v1/providers/{provider}/feedback",
             post(provider_feedback::<S>),
         )
-        .layer(middleware::from_fn_with_state(app.clone(), in_flight::<S>));
+        .layer(middleware::from_fn_with_state(app.clone(), admit::<S>));
     Router::new()
         .merge(v1)
         .route("/healthz", get(healthz))
