@@ -12,7 +12,11 @@
 //! cleared it, this replica's fallback state for the key is cleared too, so
 //! a later outage does not bring the old cooldown back. Only transient faults (the store
 //! unreachable or slow) trigger the policy; a permanent one (bad credentials,
-//! a failing script) is passed through, never hidden by a fallback.
+//! a failing script) is passed through, never hidden by a fallback. So is a
+//! full store ([`StoreErrorKind::Full`]: Redis at `maxmemory`, or the local
+//! store at its entry bound under fail-open): the store answered, so it is
+//! not marked down and nothing is decided locally instead. Session claims
+//! ([`Store::claim_session`]) fail closed with the sessions they count.
 //!
 //! After a fault the store is not asked again for `probe_interval_ms`
 //! (default 1 s): decisions meanwhile come from the policy at once instead of
@@ -25,9 +29,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tollgate_core::aimd::AimdParams;
 use tollgate_core::lease::{SessionAcquire, SessionGrant, TurnParams};
 use tollgate_core::store::{
-    AppendOutcome, BucketTake, CooldownCheck, FenceCheck, MultiTake, ProviderCleared,
-    ReserveOutcome, ReserveRequest, SettleOutcome, SettleRequest, TakeOutcome, TakeRequest,
-    TopUser, TurnOutcome, TurnRequest, UserState,
+    AppendOutcome, BucketTake, Claim, ClaimRequest, CooldownCheck, FenceCheck, MultiTake,
+    ProviderCleared, ReserveOutcome, ReserveRequest, SettleOutcome, SettleRequest, TakeOutcome,
+    TakeRequest, TopUser, TurnOutcome, TurnRequest, UserState,
 };
 use tollgate_core::{BucketSpec, Clock, MemoryStore, Store, StoreError, StoreErrorKind};
 
@@ -158,6 +162,12 @@ impl<S: Store> Failover<S> {
     /// The wrapped store.
     pub fn primary(&self) -> &S {
         &self.primary
+    }
+
+    /// The local store that decides under fail-open (the server counts its
+    /// refusals when it is full, [`MemoryStore::on_full`]).
+    pub fn fallback(&self) -> &MemoryStore {
+        &self.inner.fallback
     }
 
     /// Whether the shared store is considered down now.
@@ -436,6 +446,11 @@ impl<S: Store> Store for Failover<S> {
             .clear_provider(cooldown, aimd, params)
             .await?;
         Ok(cleared)
+    }
+
+    async fn claim_session(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        self.closed_only("claim_session", self.primary.claim_session(req))
+            .await
     }
 
     async fn session_acquire(
