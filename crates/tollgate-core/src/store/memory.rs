@@ -368,11 +368,23 @@ struct UserEntry {
 
 /// A user's session claims ([`Store::claim_session`]): session id → the
 /// claim's end.
+///
+/// Until `first_end` every claim is live, so an operation (a refused one
+/// above all) needs no scan of the claims.
 #[derive(Default)]
 struct Claims {
     ends: hashbrown::HashMap<Box<str>, u64>,
+    /// The earliest end.
+    first_end: u64,
     /// The latest end (the entry's expiry).
     last_end: u64,
+}
+
+impl Claims {
+    fn recompute(&mut self) {
+        self.first_end = self.ends.values().min().copied().unwrap_or(0);
+        self.last_end = self.ends.values().max().copied().unwrap_or(0);
+    }
 }
 
 #[derive(Default)]
@@ -982,23 +994,41 @@ impl MemoryStore {
         let until = now.saturating_add(hold);
         self.inner.users.with(req.user, now, |u| {
             let c = u.claims.get_or_insert_with(Box::default);
-            c.ends.retain(|_, end| *end > now);
+            if !c.ends.is_empty() && c.first_end <= now {
+                c.ends.retain(|_, end| *end > now);
+                c.recompute();
+            }
             let held = u32::try_from(c.ends.len()).unwrap_or(u32::MAX);
             let out = if let Some(end) = c.ends.get_mut(req.session) {
-                *end = (*end).max(until);
+                if until > *end {
+                    let was_first = *end == c.first_end;
+                    *end = until;
+                    c.last_end = c.last_end.max(until);
+                    if was_first {
+                        c.recompute();
+                    }
+                }
                 Claim::Claimed { sessions: held }
             } else if !req.create {
                 Claim::Unclaimed { sessions: held }
             } else if held >= req.max_sessions {
-                let first = c.ends.values().min().copied().unwrap_or(until);
+                let first = if c.ends.is_empty() {
+                    until
+                } else {
+                    c.first_end
+                };
                 Claim::Full {
                     retry_after_ms: first.saturating_sub(now).max(1),
                 }
             } else {
+                if c.ends.is_empty() {
+                    c.first_end = until;
+                }
                 c.ends.insert(req.session.into(), until);
+                c.first_end = c.first_end.min(until);
+                c.last_end = c.last_end.max(until);
                 Claim::Claimed { sessions: held + 1 }
             };
-            c.last_end = c.ends.values().max().copied().unwrap_or(0);
             if c.ends.is_empty() {
                 u.claims = None;
             }
