@@ -85,7 +85,10 @@ struct Inner {
     down_until: AtomicU64,
     down: AtomicBool,
     hook: Option<Hook>,
+    on_full: Arc<std::sync::OnceLock<FullHook>>,
 }
+
+type FullHook = Arc<dyn Fn(&'static str) + Send + Sync>;
 
 impl<S> std::fmt::Debug for Failover<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -126,6 +129,7 @@ impl<S: Store> Failover<S> {
                 down_until: AtomicU64::new(0),
                 down: AtomicBool::new(false),
                 hook: None,
+                on_full: Arc::default(),
             }),
         })
     }
@@ -151,11 +155,31 @@ impl<S: Store> Failover<S> {
             down_until: AtomicU64::new(i.down_until.load(Ordering::Relaxed)),
             down: AtomicBool::new(i.down.load(Ordering::Relaxed)),
             hook: i.hook.clone(),
+            on_full: i.on_full.clone(),
         };
         f(&mut inner);
         Self {
             primary: self.primary,
             inner: Arc::new(inner),
+        }
+    }
+
+    /// Calls `hook` with the operation's name each time an operation is
+    /// refused because a store is full: the shared one
+    /// ([`StoreErrorKind::Full`], Redis out of memory) or the local one
+    /// deciding under fail-open ([`MemoryStore::on_full`]). Set once.
+    pub fn on_full(&self, hook: impl Fn(&'static str) + Send + Sync + 'static) {
+        let hook: FullHook = Arc::new(hook);
+        let local = hook.clone();
+        self.inner.fallback.on_full(move |op| local(op));
+        let _ = self.inner.on_full.set(hook);
+    }
+
+    fn count_full(&self, op: &'static str, e: &StoreError) {
+        if e.is_full()
+            && let Some(hook) = self.inner.on_full.get()
+        {
+            hook(op);
         }
     }
 
@@ -249,7 +273,10 @@ impl<S: Store> Failover<S> {
                     self.mark_down(name, &e);
                     Some(e)
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    self.count_full(name, &e);
+                    return Err(e);
+                }
             },
             Route::Skip => None,
         };
@@ -281,6 +308,7 @@ impl<S: Store> Failover<S> {
                     self.mark_down(name, &e);
                     self.event(name, false, Some(&e));
                 }
+                self.count_full(name, &e);
                 Err(e)
             }
         }
