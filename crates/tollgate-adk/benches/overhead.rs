@@ -81,6 +81,7 @@ fn limiter() -> Arc<Limiter<MemoryStore>> {
         concurrency_retry_ms: None,
         max_llm_calls: None,
         estimate_tokens: Some(100),
+        max_sessions: None,
         shadow: false,
     };
     let cfg = PlansConfig {

@@ -147,6 +147,7 @@ fn plans() -> PlansConfig {
         concurrency_retry_ms: None,
         max_llm_calls: Some(4),
         estimate_tokens: Some(3_000),
+        max_sessions: None,
         shadow: false,
     };
     PlansConfig {

@@ -21,6 +21,8 @@ pub enum Limit {
     Bucket,
     /// A provider cooldown after a 429.
     Cooldown,
+    /// Live sessions per user (`max_sessions`, SPEC §4).
+    Sessions,
 }
 
 impl Limit {
@@ -33,6 +35,7 @@ impl Limit {
             Limit::MaxLlmCalls => "max_llm_calls",
             Limit::Bucket => "bucket",
             Limit::Cooldown => "cooldown",
+            Limit::Sessions => "sessions",
         }
     }
 }

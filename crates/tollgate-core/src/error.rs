@@ -19,6 +19,12 @@ pub enum StoreErrorKind {
     Protocol,
     /// The store refused the credentials or the command (configuration).
     Refused,
+    /// The store is at its size bound (the in-memory store's `max_entries`,
+    /// Redis out of memory): a request that needs a new key is refused,
+    /// one on existing state still works. Worth retrying later, but not an
+    /// outage: the failure policy does not apply ([`StoreError::is_transient`]
+    /// is `false`), so a full store never sends decisions to a fallback.
+    Full,
 }
 
 /// A store fault: no decision could be made.
@@ -59,6 +65,12 @@ impl StoreError {
             self.kind,
             StoreErrorKind::Unavailable | StoreErrorKind::Timeout
         )
+    }
+
+    /// Whether the store refused to hold a new key because it is full
+    /// ([`StoreErrorKind::Full`]).
+    pub fn is_full(&self) -> bool {
+        self.kind == StoreErrorKind::Full
     }
 }
 
@@ -118,5 +130,10 @@ mod tests {
         assert!(!StoreError::new(StoreErrorKind::Protocol, "bad script").is_transient());
         let l = LimiterError::from(StoreError::new(StoreErrorKind::Timeout, "slow"));
         assert!(l.is_transient());
+        let full = StoreError::new(StoreErrorKind::Full, "full");
+        assert!(
+            full.is_full() && !full.is_transient(),
+            "a full store is no outage"
+        );
     }
 }

@@ -52,7 +52,7 @@ pub use clock::{Clock, FakeClock, MonotonicClock, SystemClock};
 pub use decision::{Decision, Denial, Limit, Outcome};
 pub use error::{LimiterError, StoreError, StoreErrorKind};
 pub use gate::{Overloaded, ReplicaGate, ReplicaPermit};
-pub use limiter::{Limiter, Reservation, RunLease, Settled, TurnsTaken};
+pub use limiter::{Limiter, Reservation, RunLease, SessionsHeld, Settled, TurnsTaken};
 pub use plan::{Plan, PlanBook, PlanConfig, PlanOverride, PlansConfig, RateConfig};
 pub use store::memory::MemoryStore;
 pub use store::{ReservationId, Store};

@@ -13,8 +13,8 @@ use crate::error::LimiterError;
 use crate::lease::{Admit, TurnParams};
 use crate::plan::{Plan, PlanBook};
 use crate::store::{
-    BucketRef, ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome, SettleRequest, Store,
-    TakeRequest, TurnRequest,
+    BucketRef, Claim, ClaimRequest, ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome,
+    SettleRequest, Store, TakeRequest, TurnRequest,
 };
 
 /// Longest accepted user id, invocation id or reservation id, bytes.
@@ -73,6 +73,23 @@ impl Waited for TurnsTaken {
     }
 }
 
+/// A session counted among its user's live sessions
+/// ([`Limiter::claim_session`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionsHeld {
+    /// The user's live sessions now (claims, an over-estimate of records).
+    pub sessions: u32,
+    /// `false`: only an existing claim could be extended and there was none
+    /// (the session does not exist, or predates the bound).
+    pub claimed: bool,
+}
+
+impl Waited for SessionsHeld {
+    fn wait_ms(&self) -> u64 {
+        0
+    }
+}
+
 /// The result of a settle or refund.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settled {
@@ -108,6 +125,16 @@ fn check_id(field: &'static str, v: &str) -> Result<(), LimiterError> {
         return Err(LimiterError::invalid(
             field,
             format!("must be at most {MAX_ID_LEN} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_estimate(estimate: u64) -> Result<(), LimiterError> {
+    if estimate == 0 {
+        return Err(LimiterError::invalid(
+            "estimate",
+            "must be at least 1: a reservation holds store state, and one of 0 tokens would hold it for free",
         ));
     }
     Ok(())
@@ -312,9 +339,62 @@ impl<S: Store> Limiter<S> {
         })
     }
 
+    /// Counts session `session_id` of `user` against the plan's
+    /// `max_sessions` before a session lease operation with `lease_ttl_ms`
+    /// (SPEC §4): `create` for an acquire (a new session past the cap is
+    /// denied, [`Limit::Sessions`], with the time until the earliest claim
+    /// ends), not for a renew or release (which only extend a claim that
+    /// exists). The bound protects the store's memory, so shadow mode does
+    /// not waive it.
+    pub async fn claim_session(
+        &self,
+        user: &str,
+        session_id: &str,
+        lease_ttl_ms: u64,
+        create: bool,
+    ) -> Result<Decision<SessionsHeld>, LimiterError> {
+        check_id("user", user)?;
+        check_id("session_id", session_id)?;
+        let plan = self.plan_for(user)?;
+        let claim = self
+            .store
+            .claim_session(ClaimRequest {
+                user,
+                session: session_id,
+                lease_ttl_ms,
+                max_sessions: plan.max_sessions,
+                create,
+            })
+            .await?;
+        Ok(match claim {
+            Claim::Claimed { sessions } => Decision::Allowed {
+                grant: SessionsHeld {
+                    sessions,
+                    claimed: true,
+                },
+                shadow_denied: None,
+            },
+            Claim::Unclaimed { sessions } => Decision::Allowed {
+                grant: SessionsHeld {
+                    sessions,
+                    claimed: false,
+                },
+                shadow_denied: None,
+            },
+            Claim::Full { retry_after_ms } => Decision::Denied(Denial::Limited {
+                limit: Limit::Sessions,
+                retry_after_ms,
+            }),
+        })
+    }
+
     /// Reserves `estimate` tokens for a model call of `invocation_id` and
     /// answers how long to wait before calling (decide-only: nothing waits
     /// here). The run's model calls are counted against `max_llm_calls`.
+    ///
+    /// An `estimate` of 0 is invalid (field `estimate`): a reservation
+    /// holds a run record and an open reservation in the store, and one
+    /// that charges nothing would hold them for free (SPEC §2).
     pub async fn reserve_tokens(
         &self,
         user: &str,
@@ -322,6 +402,7 @@ impl<S: Store> Limiter<S> {
         estimate: u64,
     ) -> Result<Decision<Reservation>, LimiterError> {
         check_id("invocation_id", invocation_id)?;
+        check_estimate(estimate)?;
         let plan = self.plan_for(user)?;
         self.reserve_with(&plan, user, invocation_id, estimate)
             .await
@@ -391,6 +472,7 @@ impl<S: Store> Limiter<S> {
         S: Clone,
     {
         check_id("invocation_id", invocation_id)?;
+        check_estimate(estimate)?;
         // One plan for the reservation and its refund, even if plans are
         // swapped meanwhile.
         let plan = self.plan_for(user)?;

@@ -17,6 +17,12 @@ pub const DEFAULT_LEASE_TTL_MS: u64 = 120_000;
 pub const DEFAULT_CONCURRENCY_RETRY_MS: u64 = 1_000;
 /// Default model calls per run (SPEC §1): 500.
 pub const DEFAULT_MAX_LLM_CALLS: u64 = 500;
+/// Default live sessions per user (SPEC §4): 1,000.
+pub const DEFAULT_MAX_SESSIONS: u32 = 1_000;
+/// Most `max_sessions` a plan may set: 100,000 (each live session costs the
+/// store a record and a claim).
+pub const MAX_MAX_SESSIONS: u32 = 100_000;
+
 /// Default tokens estimated for a model call before anything is known about
 /// it: 1,000 (capped at the plan's token burst).
 pub const DEFAULT_ESTIMATE_TOKENS: u64 = 1_000;
@@ -61,6 +67,10 @@ pub struct PlanConfig {
     /// and learn from actual usage.
     #[serde(default)]
     pub estimate_tokens: Option<i64>,
+    /// Live sessions per user in the sidecar (default 1,000; at most
+    /// 100,000).
+    #[serde(default)]
+    pub max_sessions: Option<i64>,
     /// Shadow mode: decide and count, but never refuse.
     #[serde(default)]
     pub shadow: bool,
@@ -94,6 +104,9 @@ pub struct PlanOverride {
     /// Replaces `estimate_tokens`.
     #[serde(default)]
     pub estimate_tokens: Option<i64>,
+    /// Replaces `max_sessions`.
+    #[serde(default)]
+    pub max_sessions: Option<i64>,
     /// Replaces `shadow`.
     #[serde(default)]
     pub shadow: Option<bool>,
@@ -139,6 +152,8 @@ pub struct Plan {
     pub max_llm_calls: u64,
     /// Tokens a model call is estimated at before anything is known.
     pub estimate_tokens: u64,
+    /// Live sessions per user (sidecar session leases).
+    pub max_sessions: u32,
     /// Shadow mode.
     pub shadow: bool,
 }
@@ -293,6 +308,21 @@ impl Check {
             }
             None => DEFAULT_ESTIMATE_TOKENS.min(tokens.capacity()),
         };
+        let sessions_path = format!("{path}.max_sessions");
+        let sessions = self.positive(
+            &sessions_path,
+            c.max_sessions.unwrap_or(i64::from(DEFAULT_MAX_SESSIONS)),
+        );
+        let max_sessions = match u32::try_from(sessions) {
+            Ok(n) if n <= MAX_MAX_SESSIONS => n,
+            _ => {
+                self.err(
+                    &sessions_path,
+                    format!("must be at most {MAX_MAX_SESSIONS} (got {sessions})"),
+                );
+                1
+            }
+        };
         Plan {
             name: name.into(),
             turns,
@@ -303,6 +333,7 @@ impl Check {
             concurrency_retry_ms,
             max_llm_calls,
             estimate_tokens,
+            max_sessions,
             shadow: c.shadow,
         }
     }
@@ -318,6 +349,7 @@ fn apply(base: &PlanConfig, o: &PlanOverride) -> PlanConfig {
         concurrency_retry_ms: o.concurrency_retry_ms.or(base.concurrency_retry_ms),
         max_llm_calls: o.max_llm_calls.or(base.max_llm_calls),
         estimate_tokens: o.estimate_tokens.or(base.estimate_tokens),
+        max_sessions: o.max_sessions.or(base.max_sessions),
         shadow: o.shadow.unwrap_or(base.shadow),
     }
 }
@@ -427,6 +459,7 @@ mod tests {
             concurrency_retry_ms: None,
             max_llm_calls: None,
             estimate_tokens: Some(6_000),
+            max_sessions: None,
             shadow: false,
         }
     }
@@ -493,6 +526,7 @@ mod tests {
         bad.tokens.burst = Some(0);
         bad.max_wait_ms = -1;
         bad.concurrent_runs = -3;
+        bad.max_sessions = Some(100_001);
         let mut huge = support();
         huge.tokens = RateConfig {
             amount: 1,
@@ -513,6 +547,7 @@ mod tests {
             "plans.bad.tokens.burst",
             "plans.bad.max_wait_ms",
             "plans.bad.concurrent_runs",
+            "plans.bad.max_sessions",
             "plans.huge.tokens",
             "default_plan",
             "users.u1",
@@ -520,6 +555,10 @@ mod tests {
             assert!(paths.contains(&p), "missing {p} in {paths:?}");
         }
         assert!(err.to_string().contains("must be at least 1 (got 0)"));
+        assert!(
+            err.to_string()
+                .contains("must be at most 100000 (got 100001)")
+        );
     }
 
     #[test]

@@ -30,6 +30,17 @@ pub const RESERVATION_RETENTION_MS: u64 = 3_600_000;
 /// after the last activity (SPEC §4): 7 days.
 pub const DEFAULT_SESSION_RETENTION_MS: u64 = 7 * 24 * 3_600_000;
 
+/// Default time a session that holds no record (a lease and its fence
+/// only, as every sidecar session) is kept past the end of its lease, ms
+/// (SPEC §4): 10 minutes. Never longer than the session retention.
+pub const DEFAULT_SESSION_GRACE_MS: u64 = 600_000;
+
+/// How much longer than the session it counts a claim
+/// ([`Store::claim_session`]) lasts, ms: room for the clocks of two Redis
+/// Cluster nodes to differ (the claim and the session live in different
+/// slots) and for the time between the two steps.
+pub const CLAIM_SLACK_MS: u64 = 60_000;
+
 /// Names one token reservation: the run's invocation id and the model call's
 /// number within the run (1, 2, …). Its text form is `"{call}.{invocation_id}"`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -284,6 +295,46 @@ pub struct ProviderCleared {
     pub effective_permille: u32,
 }
 
+/// Counts a session among its user's live sessions ([`Store::claim_session`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimRequest<'a> {
+    /// The verified user who owns the session.
+    pub user: &'a str,
+    /// The session id as the client names it (unique within the user).
+    pub session: &'a str,
+    /// The lease TTL of the session operation that follows, ms (0 for a
+    /// release): the claim lasts at least as long as that operation can
+    /// keep the session's record.
+    pub lease_ttl_ms: u64,
+    /// Most live sessions the user may have; only a new claim is refused
+    /// past it.
+    pub max_sessions: u32,
+    /// `true`: make a new claim if there is none (acquire). `false`: only
+    /// extend an existing one (renew, release), so a request naming a
+    /// session that does not exist claims nothing.
+    pub create: bool,
+}
+
+/// The answer to a session claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// The session is counted (newly, or its claim extended).
+    Claimed {
+        /// The user's live claims now.
+        sessions: u32,
+    },
+    /// `create` was `false` and the session had no claim: nothing changed.
+    Unclaimed {
+        /// The user's live claims now.
+        sessions: u32,
+    },
+    /// The user already has `max_sessions` live claims: nothing changed.
+    Full {
+        /// When the earliest claim ends, ms from now (at least 1).
+        retry_after_ms: u64,
+    },
+}
+
 /// Whether a fence is the session's latest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FenceCheck {
@@ -449,6 +500,24 @@ pub trait Store: Send + Sync + 'static {
         aimd: &str,
         params: AimdParams,
     ) -> impl Future<Output = Result<ProviderCleared, StoreError>> + Send;
+
+    /// Count a session among its user's live sessions (SPEC §4), before the
+    /// session operation itself: a claim of `session` by `user` lasts until
+    /// at least `now + lease_ttl_ms + grace + `[`CLAIM_SLACK_MS`] (`grace`
+    /// the store's session grace), which is at least as long as a
+    /// following [`session_acquire`](Self::session_acquire),
+    /// [`session_renew`](Self::session_renew) or
+    /// [`session_release`](Self::session_release) with that TTL can keep
+    /// the record of a session that holds no record. A claim never shortens.
+    ///
+    /// The claim lives with the user's keys (in Redis Cluster, the slot of
+    /// `{user}`), the session in its own slot, so the two are separate
+    /// steps: claiming first makes the count an over-estimate, never an
+    /// under-estimate, of the user's live session records.
+    fn claim_session(
+        &self,
+        req: ClaimRequest<'_>,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
     /// Acquire a session lease for `holder` (SPEC §4).
     fn session_acquire(

@@ -313,6 +313,7 @@ pub fn derive<R: BufRead>(
             },
             estimate_tokens: tokens_per_call
                 .map(|e| to_i64(round_up(Rational::int(e)).clamp(1, tokens_amount))),
+            max_sessions: None,
             shadow: false,
         };
         out.insert(

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use tollgate_core::store::DEFAULT_SESSION_RETENTION_MS;
+use tollgate_core::store::{DEFAULT_SESSION_GRACE_MS, DEFAULT_SESSION_RETENTION_MS};
 
 /// Where Redis is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,9 +27,14 @@ pub struct RedisConfig {
     pub op_timeout: Duration,
     /// Longest wait to connect (default 1 s).
     pub connect_timeout: Duration,
-    /// How long a session's lease state, fence counter and records are kept
-    /// after its last activity (default 7 days).
+    /// How long a session with records (or that had records) is kept after
+    /// its last activity, with its lease state and fence counter (default
+    /// 7 days).
     pub session_retention_ms: u64,
+    /// How long a session that holds no record is kept past its lease's end
+    /// (or its last activity), ms (default 10 minutes; at most the
+    /// retention).
+    pub session_grace_ms: u64,
     /// For `rediss://`: a PEM CA certificate to trust instead of the system's
     /// roots (a private CA). `None`: the system's trust store.
     pub tls_ca_pem: Option<Vec<u8>>,
@@ -59,6 +64,7 @@ impl RedisConfig {
             op_timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_secs(1),
             session_retention_ms: DEFAULT_SESSION_RETENTION_MS,
+            session_grace_ms: DEFAULT_SESSION_GRACE_MS,
             tls_ca_pem: None,
         }
     }
@@ -85,5 +91,16 @@ impl RedisConfig {
     pub fn with_session_retention_ms(mut self, ms: u64) -> Self {
         self.session_retention_ms = ms;
         self
+    }
+
+    /// The same settings with another session grace.
+    pub fn with_session_grace_ms(mut self, ms: u64) -> Self {
+        self.session_grace_ms = ms;
+        self
+    }
+
+    /// The grace the scripts apply: at most the retention.
+    pub(crate) fn effective_grace_ms(&self) -> u64 {
+        self.session_grace_ms.min(self.session_retention_ms)
     }
 }

@@ -7,10 +7,14 @@ use tollgate_core::{StoreError, StoreErrorKind};
 ///
 /// Transient (worth retrying or failing open): timeouts, refused or dropped
 /// connections, I/O errors, and a cluster that is reconfiguring (`TRYAGAIN`,
-/// `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`, `BUSY`). Permanent: bad
-/// credentials, scripts that fail, answers this client does not understand.
+/// `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`, `BUSY`). Full: Redis at its
+/// `maxmemory` refusing a write (`OOM`), as the in-memory store at its
+/// bound. Permanent: bad credentials, scripts that fail, answers this
+/// client does not understand.
 pub(crate) fn classify(e: RedisError) -> StoreError {
-    let kind = if e.is_timeout() {
+    let kind = if e.code() == Some("OOM") {
+        StoreErrorKind::Full
+    } else if e.is_timeout() {
         StoreErrorKind::Timeout
     } else if e.is_connection_refusal() || e.is_connection_dropped() || e.is_io_error() {
         StoreErrorKind::Unavailable

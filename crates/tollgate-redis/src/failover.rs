@@ -12,7 +12,11 @@
 //! cleared it, this replica's fallback state for the key is cleared too, so
 //! a later outage does not bring the old cooldown back. Only transient faults (the store
 //! unreachable or slow) trigger the policy; a permanent one (bad credentials,
-//! a failing script) is passed through, never hidden by a fallback.
+//! a failing script) is passed through, never hidden by a fallback. So is a
+//! full store ([`StoreErrorKind::Full`]: Redis at `maxmemory`, or the local
+//! store at its entry bound under fail-open): the store answered, so it is
+//! not marked down and nothing is decided locally instead. Session claims
+//! ([`Store::claim_session`]) fail closed with the sessions they count.
 //!
 //! After a fault the store is not asked again for `probe_interval_ms`
 //! (default 1 s): decisions meanwhile come from the policy at once instead of
@@ -25,9 +29,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tollgate_core::aimd::AimdParams;
 use tollgate_core::lease::{SessionAcquire, SessionGrant, TurnParams};
 use tollgate_core::store::{
-    AppendOutcome, BucketTake, CooldownCheck, FenceCheck, MultiTake, ProviderCleared,
-    ReserveOutcome, ReserveRequest, SettleOutcome, SettleRequest, TakeOutcome, TakeRequest,
-    TopUser, TurnOutcome, TurnRequest, UserState,
+    AppendOutcome, BucketTake, Claim, ClaimRequest, CooldownCheck, FenceCheck, MultiTake,
+    ProviderCleared, ReserveOutcome, ReserveRequest, SettleOutcome, SettleRequest, TakeOutcome,
+    TakeRequest, TopUser, TurnOutcome, TurnRequest, UserState,
 };
 use tollgate_core::{BucketSpec, Clock, MemoryStore, Store, StoreError, StoreErrorKind};
 
@@ -81,7 +85,10 @@ struct Inner {
     down_until: AtomicU64,
     down: AtomicBool,
     hook: Option<Hook>,
+    on_full: Arc<std::sync::OnceLock<FullHook>>,
 }
+
+type FullHook = Arc<dyn Fn(&'static str) + Send + Sync>;
 
 impl<S> std::fmt::Debug for Failover<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -122,6 +129,7 @@ impl<S: Store> Failover<S> {
                 down_until: AtomicU64::new(0),
                 down: AtomicBool::new(false),
                 hook: None,
+                on_full: Arc::default(),
             }),
         })
     }
@@ -147,6 +155,7 @@ impl<S: Store> Failover<S> {
             down_until: AtomicU64::new(i.down_until.load(Ordering::Relaxed)),
             down: AtomicBool::new(i.down.load(Ordering::Relaxed)),
             hook: i.hook.clone(),
+            on_full: i.on_full.clone(),
         };
         f(&mut inner);
         Self {
@@ -155,9 +164,34 @@ impl<S: Store> Failover<S> {
         }
     }
 
+    /// Calls `hook` with the operation's name each time an operation is
+    /// refused because a store is full: the shared one
+    /// ([`StoreErrorKind::Full`], Redis out of memory) or the local one
+    /// deciding under fail-open ([`MemoryStore::on_full`]). Set once.
+    pub fn on_full(&self, hook: impl Fn(&'static str) + Send + Sync + 'static) {
+        let hook: FullHook = Arc::new(hook);
+        let local = hook.clone();
+        self.inner.fallback.on_full(move |op| local(op));
+        let _ = self.inner.on_full.set(hook);
+    }
+
+    fn count_full(&self, op: &'static str, e: &StoreError) {
+        if e.is_full()
+            && let Some(hook) = self.inner.on_full.get()
+        {
+            hook(op);
+        }
+    }
+
     /// The wrapped store.
     pub fn primary(&self) -> &S {
         &self.primary
+    }
+
+    /// The local store that decides under fail-open (the server counts its
+    /// refusals when it is full, [`MemoryStore::on_full`]).
+    pub fn fallback(&self) -> &MemoryStore {
+        &self.inner.fallback
     }
 
     /// Whether the shared store is considered down now.
@@ -239,7 +273,10 @@ impl<S: Store> Failover<S> {
                     self.mark_down(name, &e);
                     Some(e)
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    self.count_full(name, &e);
+                    return Err(e);
+                }
             },
             Route::Skip => None,
         };
@@ -271,6 +308,7 @@ impl<S: Store> Failover<S> {
                     self.mark_down(name, &e);
                     self.event(name, false, Some(&e));
                 }
+                self.count_full(name, &e);
                 Err(e)
             }
         }
@@ -436,6 +474,11 @@ impl<S: Store> Store for Failover<S> {
             .clear_provider(cooldown, aimd, params)
             .await?;
         Ok(cleared)
+    }
+
+    async fn claim_session(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        self.closed_only("claim_session", self.primary.claim_session(req))
+            .await
     }
 
     async fn session_acquire(

@@ -83,6 +83,12 @@ impl Keys {
         self.user("invs", user)
     }
 
+    /// The claims of a user's live sessions (a sorted set: session id, the
+    /// claim's end), in the user's slot.
+    pub(crate) fn session_claims(&self, user: &str) -> String {
+        self.user("sess", user)
+    }
+
     /// A session's lease hash and its records list.
     pub(crate) fn session(&self, session: &str) -> (String, String) {
         let s = esc(session);
@@ -115,6 +121,7 @@ mod tests {
         assert_eq!(k.tokens("u42"), "tg:tok:{u42}");
         assert_eq!(k.leases("u42"), "tg:lease:{u42}");
         assert_eq!(k.invocation("u42", "inv-1"), "tg:inv:{u42}:inv-1");
+        assert_eq!(k.session_claims("u42"), "tg:sess:{u42}");
         assert_eq!(k.turn("a}b{c"), "tg:turn:{a%7Db%7Bc}");
         assert_ne!(
             k.invocation("u", "x:y"),

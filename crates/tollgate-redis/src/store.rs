@@ -15,10 +15,10 @@ use tollgate_core::bucket::{Take, clamp_ttl};
 use tollgate_core::lease::{Admit, SessionAcquire, SessionGrant};
 use tollgate_core::store::memory::MAX_TRACKED_RUNS;
 use tollgate_core::store::{
-    AppendOutcome, BucketRef, BucketTake, CooldownCheck, FenceCheck, MultiTake, ProviderCleared,
-    RESERVATION_RETENTION_MS, ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome,
-    SettleRequest, TakeOutcome, TakeRequest, TopUser, TurnOutcome, TurnRequest, UserState,
-    rank_top, sliding_minute,
+    AppendOutcome, BucketRef, BucketTake, CLAIM_SLACK_MS, Claim, ClaimRequest, CooldownCheck,
+    FenceCheck, MultiTake, ProviderCleared, RESERVATION_RETENTION_MS, ReservationId,
+    ReserveOutcome, ReserveRequest, SettleOutcome, SettleRequest, TakeOutcome, TakeRequest,
+    TopUser, TurnOutcome, TurnRequest, UserState, rank_top, sliding_minute,
 };
 use tollgate_core::{BucketSpec, Clock, Denial, Limit, Store, StoreError};
 
@@ -79,6 +79,7 @@ struct Inner {
     keys: Keys,
     op_timeout: Duration,
     session_retention_ms: u64,
+    session_grace_ms: u64,
     clock: Option<Arc<dyn Clock>>,
 }
 
@@ -195,6 +196,7 @@ impl RedisStore {
                 keys: Keys::new(&config.key_prefix),
                 op_timeout: config.op_timeout,
                 session_retention_ms: config.session_retention_ms,
+                session_grace_ms: config.effective_grace_ms(),
                 clock: None,
             }),
         })
@@ -211,6 +213,7 @@ impl RedisStore {
             keys: shared.keys.clone(),
             op_timeout: shared.op_timeout,
             session_retention_ms: shared.session_retention_ms,
+            session_grace_ms: shared.session_grace_ms,
             clock: None,
         });
         Self {
@@ -295,7 +298,8 @@ impl RedisStore {
             .key(records)
             .arg(self.now_arg())
             .arg(op)
-            .arg(self.inner.session_retention_ms);
+            .arg(self.inner.session_retention_ms)
+            .arg(self.inner.session_grace_ms);
         inv
     }
 }
@@ -569,6 +573,29 @@ impl Store for RedisStore {
                     .unwrap_or(aimd::FULL),
             }),
             _ => Err(bad_reply("clear_provider", format!("{r:?}"))),
+        }
+    }
+
+    async fn claim_session(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        let hold = clamp_ttl(req.lease_ttl_ms)
+            .saturating_add(self.inner.session_grace_ms)
+            .saturating_add(CLAIM_SLACK_MS);
+        let mut inv = self.inner.scripts.claim_session.prepare_invoke();
+        inv.key(self.inner.keys.session_claims(req.user))
+            .arg(self.now_arg())
+            .arg(req.session)
+            .arg(lua_count(hold))
+            .arg(req.max_sessions)
+            .arg(u8::from(req.create));
+        let r: Vec<i64> = self.run("claim_session", &inv).await?;
+        let count = |n: i64| u32::try_from(n).unwrap_or(u32::MAX);
+        match r[..] {
+            [1, n] => Ok(Claim::Claimed { sessions: count(n) }),
+            [2, n] => Ok(Claim::Unclaimed { sessions: count(n) }),
+            [0, retry] => Ok(Claim::Full {
+                retry_after_ms: u(retry).max(1),
+            }),
+            _ => Err(bad_reply("claim_session", format!("{r:?}"))),
         }
     }
 

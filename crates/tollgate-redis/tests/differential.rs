@@ -61,9 +61,10 @@ use proptest::test_runner::TestCaseError;
 use tollgate_core::aimd::AimdParams;
 use tollgate_core::bucket::BucketSpec;
 use tollgate_core::lease::TurnParams;
+use tollgate_core::store::memory::MemoryConfig;
 use tollgate_core::store::{
-    BucketRef, BucketTake, CooldownCheck, ReservationId, ReserveOutcome, ReserveRequest,
-    SettleRequest, TakeRequest, TurnRequest, UserState,
+    BucketRef, BucketTake, ClaimRequest, CooldownCheck, ReservationId, ReserveOutcome,
+    ReserveRequest, SettleRequest, TakeRequest, TurnRequest, UserState,
 };
 use tollgate_core::{Clock, FakeClock, MemoryStore, Store, StoreError};
 use tollgate_redis::{RedisConfig, RedisStore};
@@ -73,6 +74,8 @@ use tollgate_testkit::redis::{shared_url, unique_prefix};
 const USERS: [&str; 3] = ["u0", "u1", "u:{2}%"];
 const INVOCATIONS: [&str; 4] = ["i0", "i1", "i.2", "r:{3}"];
 const SESSIONS: [&str; 2] = ["s0", "s:{1}"];
+/// Session ids a user claims (more than the largest cap drawn).
+const CLAIMED: [&str; 4] = ["c0", "c1", "c:{2}%", "c3"];
 const HOLDERS: [&str; 3] = ["h0", "h1", "h2"];
 const BUCKETS: [&str; 2] = ["{p}:a", "{p}:b"];
 const COOLDOWN: &str = "{p}:cd";
@@ -80,6 +83,9 @@ const AIMD: &str = "{p}:aimd";
 /// Session retention on both sides: short enough that the long clock moves
 /// cross it.
 const SESSION_RETENTION_MS: u64 = 600_000;
+/// Session grace on both sides: shorter than the retention, so sessions
+/// without records are forgotten first.
+const SESSION_GRACE_MS: u64 = 120_000;
 /// Real TTLs of lease sets and cooldowns under this are raised to it after
 /// each operation that may set them (see the module docs).
 const TTL_FLOOR_MS: i64 = 60_000;
@@ -207,6 +213,14 @@ enum Op {
     },
     /// Clears the cooldown and the AIMD state together.
     ClearProvider,
+    /// Counts a session against its user's cap.
+    ClaimSession {
+        user: usize,
+        session: usize,
+        ttl: Ttl,
+        cap: u32,
+        create: bool,
+    },
     SessionAcquire {
         session: usize,
         holder: usize,
@@ -431,6 +445,14 @@ fn op() -> impl Strategy<Value = Op> {
         3 => until().prop_map(Op::ExtendCooldown),
         3 => prop::bool::weighted(0.6).prop_map(|throttled| Op::Aimd { throttled }),
         1 => Just(Op::ClearProvider),
+        5 => (user(), 0..CLAIMED.len(), ttl(), 1u32..=3, prop::bool::weighted(0.7))
+            .prop_map(|(user, session, ttl, cap, create)| Op::ClaimSession {
+                user,
+                session,
+                ttl,
+                cap,
+                create,
+            }),
         6 => (session(), holder(), ttl())
             .prop_map(|(session, holder, ttl)| Op::SessionAcquire { session, holder, ttl }),
         3 => (session(), holder(), ttl())
@@ -540,7 +562,7 @@ fn case_keys(prefix: &str) -> Keys {
     for u in USERS {
         let u = esc(u);
         leases.push(format!("{prefix}:lease:{{{u}}}"));
-        for kind in ["turn", "tok", "lease", "use", "invs"] {
+        for kind in ["turn", "tok", "lease", "use", "invs", "sess"] {
             keys.push(format!("{prefix}:{kind}:{{{u}}}"));
         }
         for i in INVOCATIONS {
@@ -884,6 +906,31 @@ impl Run<'_> {
                 let r = self.redis.clear_provider(COOLDOWN, AIMD, p).await;
                 self.same("clear_provider".to_owned(), m, r)?;
             }
+            Op::ClaimSession {
+                user,
+                session,
+                ttl,
+                cap,
+                create,
+            } => {
+                let req = ClaimRequest {
+                    user: USERS[user],
+                    session: CLAIMED[session],
+                    lease_ttl_ms: ttl.ms(),
+                    max_sessions: cap,
+                    create,
+                };
+                let m = self.mem.claim_session(req).await;
+                let r = self.redis.claim_session(req).await;
+                self.same(
+                    format!(
+                        "claim_session({user}, {session}, {}, cap {cap}, create {create})",
+                        ttl.ms()
+                    ),
+                    m,
+                    r,
+                )?;
+            }
             Op::SessionAcquire {
                 session,
                 holder,
@@ -1019,12 +1066,20 @@ async fn run_case(case: &Case) -> Result<(), TestCaseError> {
     let clock = FakeClock::new(T0);
     let prefix = unique_prefix();
     let url = shared_url();
-    let mem = MemoryStore::with_session_retention(clock.clone(), SESSION_RETENTION_MS);
+    let mem = MemoryStore::with_config(
+        clock.clone(),
+        MemoryConfig {
+            session_retention_ms: SESSION_RETENTION_MS,
+            session_grace_ms: SESSION_GRACE_MS,
+            ..MemoryConfig::default()
+        },
+    );
     let redis = RedisStore::connect(
         RedisConfig::standalone(url.clone())
             .with_key_prefix(prefix.clone())
             .with_op_timeout(Duration::from_secs(2))
-            .with_session_retention_ms(SESSION_RETENTION_MS),
+            .with_session_retention_ms(SESSION_RETENTION_MS)
+            .with_session_grace_ms(SESSION_GRACE_MS),
     )
     .await
     .map_err(fail)?

@@ -36,6 +36,7 @@ fn plans() -> tollgate_core::PlanBook {
         concurrency_retry_ms: None,
         max_llm_calls: None,
         estimate_tokens: None,
+        max_sessions: None,
         shadow: false,
     };
     let mut cfg = PlansConfig {
@@ -261,4 +262,64 @@ async fn redis_down_at_startup_is_not_fatal_for_standalone() {
     })
     .await;
     assert!(ok);
+}
+
+/// Redis at its `maxmemory` (noeviction) refuses a script whose first
+/// write needs memory with `OOM`: that is a full store
+/// (`StoreErrorKind::Full`, the sidecar's 503 `store_full`), not an outage.
+/// Under fail-open nothing is decided locally, the store is not marked
+/// down, and once Redis has room again it decides as before. (A script that
+/// has already written, e.g. one that first drops expired leases, runs to
+/// its end: Redis keeps scripts atomic.)
+#[tokio::test]
+async fn redis_out_of_memory_is_full_and_never_falls_back() {
+    use tollgate_core::BucketSpec;
+    use tollgate_core::store::{BucketRef, TakeRequest};
+    let server =
+        RedisServer::start_with_args(&["--maxmemory-policy", "noeviction"]).expect("redis-server");
+    let clock = FakeClock::new(tollgate_testkit::T0);
+    let (local, refused) = counting();
+    let (l2, r2) = (local.clone(), refused.clone());
+    let store = Failover::new(
+        redis(server.url()).await.with_clock_override(clock.clone()),
+        FailurePolicy::FailOpen {
+            fallback_share: 1.0,
+        },
+        clock.clone(),
+    )
+    .expect("policy")
+    .with_hook(move |e| {
+        if e.local { &l2 } else { &r2 }.fetch_add(1, Ordering::Relaxed);
+    });
+    let take = |key| TakeRequest {
+        bucket: BucketRef::Named(key),
+        spec: BucketSpec::new(10, 60_000, 10).expect("spec"),
+        cost: 1,
+    };
+    assert_eq!(store.take_one(take("{t}:a")).await.unwrap().remaining, 9);
+    let mut raw = redis::Client::open(server.url())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let set = |v: &'static str| {
+        let mut c = redis::cmd("CONFIG");
+        c.arg("SET").arg("maxmemory").arg(v);
+        c
+    };
+    let () = set("1").query_async(&mut raw).await.expect("config set");
+    for key in ["{t}:a", "{t}:b"] {
+        let e = store.take_one(take(key)).await.unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Full, "{e}");
+        assert!(!e.is_transient());
+    }
+    assert!(!store.is_down(), "a full store answered: it is not down");
+    assert_eq!(local.load(Ordering::Relaxed), 0, "nothing decided locally");
+    assert_eq!(refused.load(Ordering::Relaxed), 0);
+    let () = set("0").query_async(&mut raw).await.expect("config set");
+    assert_eq!(
+        store.take_one(take("{t}:a")).await.unwrap().remaining,
+        8,
+        "the refusals took nothing"
+    );
 }

@@ -280,16 +280,25 @@ pub struct StoreConfig {
     /// How long session state is kept after its last activity, ms (default 7 days).
     #[serde(default)]
     pub session_retention_ms: Option<u64>,
+    /// How long a session without records (every sidecar session) is kept
+    /// past its lease's end, ms (default 600,000; at most the retention).
+    #[serde(default)]
+    pub session_grace_ms: Option<u64>,
+    /// `memory`: most entries the store holds (default 1,000,000; 1 ..=
+    /// 100,000,000). Past it requests that need a new key are 503
+    /// `store_full`.
+    #[serde(default)]
+    pub max_entries: Option<u64>,
 }
+
+/// Most `[store] max_entries` accepted.
+pub const MAX_MAX_ENTRIES: u64 = 100_000_000;
 
 /// The store to build.
 #[derive(Debug, Clone)]
 pub enum StoreSettings {
     /// In memory.
-    Memory {
-        /// How long session state is kept after its last activity, ms.
-        session_retention_ms: u64,
-    },
+    Memory(tollgate_core::store::memory::MemoryConfig),
     /// Redis or Redis Cluster, with a failure policy.
     Redis {
         /// Connection settings.
@@ -771,6 +780,30 @@ impl FileConfig {
 }
 
 impl StoreConfig {
+    /// `session_retention_ms` (at least 1) and `session_grace_ms` (1 ..=
+    /// the retention), with their defaults.
+    fn sessions(&self, errors: &mut Vec<FieldError>) -> (u64, u64) {
+        let retention = self
+            .session_retention_ms
+            .unwrap_or(tollgate_core::store::DEFAULT_SESSION_RETENTION_MS);
+        if retention == 0 {
+            errors.push(err("store.session_retention_ms", "must be at least 1"));
+        }
+        let grace = match self.session_grace_ms {
+            None => tollgate_core::store::DEFAULT_SESSION_GRACE_MS.min(retention),
+            Some(g) => {
+                if g == 0 || g > retention {
+                    errors.push(err(
+                        "store.session_grace_ms",
+                        format!("must be between 1 and session_retention_ms ({retention})"),
+                    ));
+                }
+                g
+            }
+        };
+        (retention, grace)
+    }
+
     fn validate(&self, base_dir: &Path, errors: &mut Vec<FieldError>) -> Option<StoreSettings> {
         let before = errors.len();
         let target = match self.kind {
@@ -792,15 +825,27 @@ impl StoreConfig {
                         ));
                     }
                 }
-                let session_retention_ms = self
-                    .session_retention_ms
-                    .unwrap_or(tollgate_core::store::DEFAULT_SESSION_RETENTION_MS);
-                if session_retention_ms == 0 {
-                    errors.push(err("store.session_retention_ms", "must be at least 1"));
-                }
-                return (errors.len() == before).then_some(StoreSettings::Memory {
-                    session_retention_ms,
-                });
+                let (session_retention_ms, session_grace_ms) = self.sessions(errors);
+                let max_entries = match self.max_entries {
+                    None => tollgate_core::store::memory::DEFAULT_MAX_ENTRIES,
+                    Some(n) if (1..=MAX_MAX_ENTRIES).contains(&n) => {
+                        usize::try_from(n).unwrap_or(usize::MAX)
+                    }
+                    Some(_) => {
+                        errors.push(err(
+                            "store.max_entries",
+                            format!("must be between 1 and {MAX_MAX_ENTRIES}"),
+                        ));
+                        1
+                    }
+                };
+                return (errors.len() == before).then_some(StoreSettings::Memory(
+                    tollgate_core::store::memory::MemoryConfig {
+                        session_retention_ms,
+                        session_grace_ms,
+                        max_entries,
+                    },
+                ));
             }
             StoreKind::Redis if !self.nodes.is_empty() => {
                 errors.push(err(
@@ -877,12 +922,15 @@ impl StoreConfig {
         if let Some(ms) = self.connect_timeout_ms {
             redis.connect_timeout = Duration::from_millis(ms);
         }
-        if let Some(ms) = self.session_retention_ms {
-            if ms == 0 {
-                errors.push(err("store.session_retention_ms", "must be at least 1"));
-            }
-            redis.session_retention_ms = ms;
+        if self.max_entries.is_some() {
+            errors.push(err(
+                "store.max_entries",
+                "only applies to kind = \"memory\"",
+            ));
         }
+        let (retention, grace) = self.sessions(errors);
+        redis.session_retention_ms = retention;
+        redis.session_grace_ms = grace;
         let tls = match &self.url {
             Some(u) => u.starts_with("rediss://"),
             None => self.nodes.iter().any(|n| n.starts_with("rediss://")),

@@ -252,10 +252,9 @@ pub async fn serve_with(
     };
     let metrics = Arc::new(metrics::Metrics::new());
     match &config.store {
-        StoreSettings::Memory {
-            session_retention_ms,
-        } => {
-            let store = MemoryStore::with_session_retention(clock.clone(), *session_retention_ms);
+        StoreSettings::Memory(memory) => {
+            let store = MemoryStore::with_config(clock.clone(), *memory);
+            store.on_full(full_hook(&metrics, memory.max_entries));
             run(
                 &config,
                 store,
@@ -291,11 +290,30 @@ pub async fn serve_with(
                 };
                 counted.fallbacks.get_or_create(&labels).inc();
             });
+            store.on_full(full_hook(&metrics, store.fallback().max_entries()));
             run(
                 &config, store, clock, wall, metrics, listeners, desc, on_start, shutdown,
             )
             .await
         }
+    }
+}
+
+/// Counts and logs an operation refused because the store is full
+/// (`tollgate_store_full_total{op}`): the memory store at `max_entries`
+/// entries, or Redis out of memory.
+fn full_hook(metrics: &Arc<metrics::Metrics>, max_entries: usize) -> impl Fn(&'static str) + use<> {
+    let metrics = metrics.clone();
+    move |op| {
+        metrics
+            .store_full
+            .get_or_create(&metrics::OpLabels { op })
+            .inc();
+        tracing::warn!(
+            op,
+            max_entries,
+            "store full: an operation that needs a new key was refused"
+        );
     }
 }
 

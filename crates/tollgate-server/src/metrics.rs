@@ -127,6 +127,8 @@ pub struct Metrics {
     pub store_errors: Counter,
     /// Decisions taken without the shared store.
     pub fallbacks: Family<FallbackLabels, Counter>,
+    /// Operations refused because the store is full, by operation.
+    pub store_full: Family<OpLabels, Counter>,
     /// Leaked run leases reclaimed by expiry.
     pub reclaimed: Counter,
     /// Fence checks answered stale.
@@ -191,6 +193,12 @@ impl Metrics {
             "Decisions taken while the shared store was unreachable",
             fallbacks.clone(),
         );
+        let store_full = Family::<OpLabels, Counter>::default();
+        registry.register(
+            "store_full",
+            "Operations refused because the store is full (the memory store at max_entries, or Redis out of memory), by store operation",
+            store_full.clone(),
+        );
         let reclaimed = Counter::default();
         registry.register(
             "leases_reclaimed",
@@ -251,6 +259,7 @@ impl Metrics {
             wait,
             store_errors,
             fallbacks,
+            store_full,
             reclaimed,
             fence_rejected,
             requests_in_flight,

@@ -356,6 +356,30 @@ fn session_key(user: &str, session: &str) -> String {
     format!("{}:{user}/{session}", user.len())
 }
 
+/// Counts session `session_id` among `user`'s live sessions (SPEC §4)
+/// before a session lease operation with `ttl_ms` (0: a release): `create`
+/// for an acquire, which past the plan's `max_sessions` is refused
+/// (`sessions`), not for a renew or release, which only extend a claim
+/// that exists. Always before the session step: the count may then only
+/// over-estimate the user's session records.
+async fn claim_session<S: Store + Clone>(
+    app: &App<S>,
+    user: &str,
+    session_id: &str,
+    ttl_ms: u64,
+    create: bool,
+) -> Result<(), ApiError> {
+    let decision = app
+        .limiter()
+        .claim_session(user, session_id, ttl_ms, create)
+        .await?;
+    observe(app, "session", user, &decision);
+    match decision {
+        Decision::Allowed { .. } => Ok(()),
+        Decision::Denied(d) => Err(ApiError::Denied(d)),
+    }
+}
+
 fn tokens(field: &str, v: u64) -> Result<u64, ApiError> {
     if v > MAX_TOKENS {
         return Err(ApiError::invalid(
@@ -431,7 +455,7 @@ fn observe<S: Store + Clone, T: tollgate_core::decision::Waited>(
 ///
 /// # Errors
 ///
-/// `turn_rate` / `concurrency` ([`ApiError::Denied`]), `session_busy`,
+/// `turn_rate` / `concurrency` / `sessions` ([`ApiError::Denied`]), `session_busy`,
 /// invalid input, a store fault.
 pub async fn admit_run<S: Store + Clone>(
     app: &App<S>,
@@ -447,6 +471,7 @@ pub async fn admit_run<S: Store + Clone>(
                 req.session_ttl_ms.unwrap_or(DEFAULT_SESSION_TTL_MS),
             )?;
             let key = session_key(user, sid);
+            claim_session(app, user, sid, ttl, true).await?;
             match app
                 .store()
                 .session_acquire(&key, &req.invocation_id, ttl)
@@ -526,6 +551,7 @@ pub async fn release_run<S: Store + Clone>(
         app.metrics().turn_ended();
     }
     if let Some(sid) = session_id {
+        claim_session(app, user, sid, 0, false).await?;
         app.store()
             .session_release(&session_key(user, sid), invocation_id)
             .await?;
@@ -648,7 +674,8 @@ fn lease_request(
 ///
 /// # Errors
 ///
-/// `session_busy` (with the holder's remaining TTL), invalid input, a
+/// `sessions` (the user is at `max_sessions`), `session_busy` (with the
+/// holder's remaining TTL), invalid input, a
 /// store fault (session leases always fail closed).
 pub async fn acquire_session_lease<S: Store + Clone>(
     app: &App<S>,
@@ -657,6 +684,7 @@ pub async fn acquire_session_lease<S: Store + Clone>(
     req: SessionLeaseRequest,
 ) -> Result<SessionLeaseBody, ApiError> {
     let (key, ttl) = lease_request(user, session_id, &req)?;
+    claim_session(app, user, session_id, ttl, true).await?;
     match app.store().session_acquire(&key, &req.holder, ttl).await? {
         SessionAcquire::Acquired(g) => Ok(g.into()),
         SessionAcquire::Busy { retry_after_ms } => Err(ApiError::SessionBusy { retry_after_ms }),
@@ -675,6 +703,7 @@ pub async fn renew_session_lease<S: Store + Clone>(
     req: SessionLeaseRequest,
 ) -> Result<SessionLeaseBody, ApiError> {
     let (key, ttl) = lease_request(user, session_id, &req)?;
+    claim_session(app, user, session_id, ttl, false).await?;
     match app.store().session_renew(&key, &req.holder, ttl).await? {
         Some(g) => Ok(g.into()),
         None => Err(ApiError::NotHolder),
@@ -694,6 +723,7 @@ pub async fn release_session_lease<S: Store + Clone>(
 ) -> Result<ReleasedResponse, ApiError> {
     check_id("session_id", session_id)?;
     check_id("holder", holder)?;
+    claim_session(app, user, session_id, 0, false).await?;
     if app
         .store()
         .session_release(&session_key(user, session_id), holder)

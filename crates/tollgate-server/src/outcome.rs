@@ -6,7 +6,7 @@
 //!
 //! | `error` | HTTP | gRPC | retry hint |
 //! |---|---|---|---|
-//! | `turn_rate`, `concurrency`, `token_rate` | 429 | `RESOURCE_EXHAUSTED` | yes |
+//! | `turn_rate`, `concurrency`, `token_rate`, `sessions` | 429 | `RESOURCE_EXHAUSTED` | yes |
 //! | `provider_rate`, `provider_cooldown` | 429 | `RESOURCE_EXHAUSTED` | yes |
 //! | `overloaded` (replica in-flight cap) | 429 | `RESOURCE_EXHAUSTED` | 1,000 ms |
 //! | `too_many_waits` (`wait=true` bounds, `[limits]`) | 429 | `RESOURCE_EXHAUSTED` | 1,000 ms |
@@ -21,6 +21,7 @@
 //! | `unauthorized` | 401 | `UNAUTHENTICATED` | no |
 //! | `forbidden` (the credential lacks a privilege) | 403 | `PERMISSION_DENIED` | no |
 //! | `store_unavailable` (fail_closed) | 503 | `UNAVAILABLE` | no |
+//! | `store_full` (the store at its size bound) | 503 | `RESOURCE_EXHAUSTED` | 1,000 ms |
 //! | `internal` | 500 | `INTERNAL` | no |
 //!
 //! A retry hint is, over HTTP, `Retry-After` (whole seconds, rounded up)
@@ -109,6 +110,11 @@ pub enum ApiError {
     /// The store failed (fail closed).
     #[error("store unavailable: {0}")]
     StoreUnavailable(String),
+    /// The store is at its size bound (`[store] max_entries`, Redis
+    /// `maxmemory`): a request that needs a new key is refused; existing
+    /// state still works.
+    #[error("store full: {0}")]
+    StoreFull(String),
     /// This replica is at its in-flight cap.
     #[error("overloaded")]
     Overloaded,
@@ -139,7 +145,9 @@ impl ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
-        if e.is_transient() {
+        if e.is_full() {
+            ApiError::StoreFull(e.to_string())
+        } else if e.is_transient() {
             ApiError::StoreUnavailable(e.to_string())
         } else {
             ApiError::Internal(e.to_string())
@@ -200,8 +208,9 @@ pub struct ErrorBody {
     /// `max_llm_calls`, `exceeds_capacity`, `session_busy`, `lease_lost`,
     /// `not_holder`, `stale_fence`, `unknown_reservation`, `provider_rate`,
     /// `provider_cooldown`, `provider_exhausted`, `unknown_provider`,
-    /// `invalid_request`, `unauthorized`, `forbidden`, `store_unavailable`,
-    /// `overloaded`, `too_many_waits`, `request_timeout`, `internal`.
+    /// `sessions`, `invalid_request`, `unauthorized`, `forbidden`,
+    /// `store_unavailable`, `store_full`, `overloaded`, `too_many_waits`,
+    /// `request_timeout`, `internal`.
     pub error: &'static str,
     /// The limit that refused, for limit errors.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -280,7 +289,10 @@ impl ApiError {
     /// one: a bug or misconfiguration), counted in
     /// `tollgate_store_errors_total`.
     pub fn is_fault(&self) -> bool {
-        matches!(self, ApiError::StoreUnavailable(_) | ApiError::Internal(_))
+        matches!(
+            self,
+            ApiError::StoreUnavailable(_) | ApiError::StoreFull(_) | ApiError::Internal(_)
+        )
     }
 
     /// The table (SPEC §8): HTTP status, gRPC code, retry hint and body of
@@ -306,6 +318,10 @@ impl ApiError {
                         ),
                         Limit::TokenRate => format!(
                             "token rate exceeded: retry in {} s",
+                            retry_after_ms.div_ceil(1_000)
+                        ),
+                        Limit::Sessions => format!(
+                            "too many live sessions: reuse one, or retry a new one in {} s",
                             retry_after_ms.div_ceil(1_000)
                         ),
                         _ => d.to_string(),
@@ -465,6 +481,24 @@ impl ApiError {
                         "the limit store is unreachable; retry shortly",
                     ),
                 )
+            }
+            // Retryable, but not an outage: the store answered. gRPC
+            // RESOURCE_EXHAUSTED (a resource is used up), not UNAVAILABLE:
+            // a client's retry policy retries UNAVAILABLE at once, and
+            // Envoy-style callers treat it as the store being down, while
+            // a full store needs its state to expire first. The hint is a
+            // backoff, not a limit of the client's.
+            ApiError::StoreFull(detail) => {
+                tracing::warn!(error = %detail, "store full");
+                let mut b = body(
+                    "store_full",
+                    "the limit store is full; existing runs and sessions still work, retry new ones shortly",
+                );
+                b.retry_after_ms = Some(OVERLOADED_RETRY_MS);
+                Row {
+                    retry: Retry::Backoff(OVERLOADED_RETRY_MS),
+                    ..Row::new(H::SERVICE_UNAVAILABLE, G::ResourceExhausted, b)
+                }
             }
             ApiError::Overloaded => {
                 let mut b = body(

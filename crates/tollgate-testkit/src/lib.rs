@@ -76,7 +76,10 @@ macro_rules! for_each_scenario {
             renew_never_shortens,
             reclaimed_leases_are_counted,
             run_records_are_bounded,
-            take_one_shares_budgets
+            take_one_shares_budgets,
+            sessions_are_bounded_per_user,
+            sessions_without_records_are_kept_for_the_grace,
+            zero_token_reservations_are_invalid
         );
     };
 }

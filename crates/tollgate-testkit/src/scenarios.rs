@@ -39,6 +39,7 @@ pub fn support() -> PlanConfig {
         concurrency_retry_ms: None,
         max_llm_calls: None,
         estimate_tokens: Some(6_000),
+        max_sessions: None,
         shadow: false,
     }
 }
@@ -1548,4 +1549,151 @@ pub async fn take_one_shares_budgets<S: Store + Clone>(store: S, clock: FakeCloc
             full_in_ms: 4_500
         }
     );
+}
+
+/// SPEC §4 session bound: a user holds at most `max_sessions` session
+/// claims; a new session past it is denied ([`Limit::Sessions`]) with the
+/// time until the earliest claim ends, while an existing one is extended
+/// and other users are unaffected. A claim that may only be extended
+/// (renew, release) never creates one. Claims end `lease_ttl + grace +
+/// slack` after their last extension.
+pub async fn sessions_are_bounded_per_user<S: Store + Clone>(store: S, clock: FakeClock) {
+    use tollgate_core::SessionsHeld;
+    use tollgate_core::store::{CLAIM_SLACK_MS, DEFAULT_SESSION_GRACE_MS};
+    let mut plan = support();
+    plan.max_sessions = Some(3);
+    let l = limiter_with(store, &clock, plan);
+    let hold = 30_000 + DEFAULT_SESSION_GRACE_MS + CLAIM_SLACK_MS;
+    let held = |sessions, claimed| SessionsHeld { sessions, claimed };
+    for (i, s) in ["s1", "s2", "s3"].iter().enumerate() {
+        let d = l.claim_session("u1", s, 30_000, true).await.unwrap();
+        assert_eq!(allowed(&d), held(i as u32 + 1, true), "{s}");
+    }
+    let d = l.claim_session("u1", "s4", 30_000, true).await.unwrap();
+    assert_eq!(limited(&d), (Limit::Sessions, hold), "the 4th session");
+    clock.advance(1_000);
+    let d = l.claim_session("u1", "s4", 30_000, true).await.unwrap();
+    assert_eq!(limited(&d), (Limit::Sessions, hold - 1_000));
+    // An existing session is extended, whatever the count.
+    let d = l.claim_session("u1", "s1", 30_000, true).await.unwrap();
+    assert_eq!(allowed(&d), held(3, true));
+    let d = l.claim_session("u1", "s2", 0, false).await.unwrap();
+    assert_eq!(
+        allowed(&d),
+        held(3, true),
+        "a release keeps its claim (never shortened)"
+    );
+    // Renewing or releasing a session that was never claimed claims nothing.
+    let d = l.claim_session("u1", "ghost", 30_000, false).await.unwrap();
+    assert_eq!(allowed(&d), held(3, false));
+    // Another user has a bound of their own.
+    let d = l.claim_session("u2", "s4", 30_000, true).await.unwrap();
+    assert_eq!(allowed(&d), held(1, true));
+    // s2's and s3's claims end at their hold; s1's, extended, a second later.
+    clock.advance(hold - 1_000);
+    let d = l.claim_session("u1", "s4", 30_000, true).await.unwrap();
+    assert_eq!(
+        allowed(&d),
+        held(2, true),
+        "s2's and s3's places are free again"
+    );
+    let d = l.claim_session("u1", "s5", 30_000, true).await.unwrap();
+    assert_eq!(allowed(&d), held(3, true));
+    let d = l.claim_session("u1", "s6", 30_000, true).await.unwrap();
+    assert_eq!(
+        limited(&d),
+        (Limit::Sessions, 1_000),
+        "s1's claim ends first"
+    );
+    clock.advance(1_000);
+    let d = l.claim_session("u1", "s6", 30_000, true).await.unwrap();
+    assert_eq!(allowed(&d), held(3, true));
+}
+
+/// SPEC §4 retention: a session with no record (a lease and its fence
+/// only) is kept until its lease's end (or its last operation) plus the
+/// grace, then forgotten (its fence counter starts again at 1); one with a
+/// record is kept for the retention, even after its records are deleted.
+pub async fn sessions_without_records_are_kept_for_the_grace<S: Store + Clone>(
+    store: S,
+    clock: FakeClock,
+) {
+    use tollgate_core::store::DEFAULT_SESSION_GRACE_MS as GRACE;
+    let s = &store;
+    let fence = |n: u64| {
+        SessionAcquire::Acquired(SessionGrant {
+            fence: n,
+            expires_at_ms: clock.now_ms() + 30_000,
+        })
+    };
+    assert_eq!(
+        s.session_acquire("bare", "h", 30_000).await.unwrap(),
+        fence(1)
+    );
+    assert_eq!(
+        s.session_acquire("kept", "h", 30_000).await.unwrap(),
+        fence(1)
+    );
+    assert_eq!(
+        s.append_fenced("kept", 1, b"r").await.unwrap(),
+        AppendOutcome::Appended { index: 0 }
+    );
+    assert_eq!(
+        s.session_acquire("freed", "h", 30_000).await.unwrap(),
+        fence(1)
+    );
+    clock.advance(10_000);
+    // Released at +10 s: what the acquire kept (the lease's end at +30 s
+    // plus the grace) is never cut short.
+    assert!(s.session_release("freed", "h").await.unwrap());
+    clock.advance(20_000 + GRACE - 1);
+    assert_eq!(s.fence_check("bare", 1).await.unwrap().latest, 1);
+    assert_eq!(s.fence_check("freed", 1).await.unwrap().latest, 1);
+    clock.advance(1);
+    assert_eq!(s.fence_check("freed", 1).await.unwrap().latest, 0);
+    assert_eq!(
+        s.fence_check("bare", 1).await.unwrap(),
+        FenceCheck {
+            current: false,
+            latest: 0
+        },
+        "forgotten"
+    );
+    assert_eq!(
+        s.session_acquire("bare", "h2", 30_000).await.unwrap(),
+        fence(1)
+    );
+    // The session with a record is kept for the retention.
+    assert_eq!(s.fence_check("kept", 1).await.unwrap().latest, 1);
+    assert_eq!(s.delete_records("kept").await.unwrap(), 1);
+    clock.advance(GRACE + 30_000);
+    assert_eq!(
+        s.fence_check("kept", 1).await.unwrap().latest,
+        1,
+        "deleting its records keeps the counter for the retention"
+    );
+}
+
+/// SPEC §2: a reservation of 0 tokens is invalid (field `estimate`) and
+/// records nothing: it would hold a run record for free.
+pub async fn zero_token_reservations_are_invalid<S: Store + Clone>(store: S, clock: FakeClock) {
+    let l = limiter_with(store, &clock, support());
+    for r in [
+        l.reserve_tokens("u1", "run", 0).await,
+        l.reserve_tokens_and_wait("u1", "run", 0).await,
+    ] {
+        assert!(
+            matches!(
+                r,
+                Err(LimiterError::InvalidRequest {
+                    field: "estimate",
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+    }
+    // Nothing was recorded: the run's first reservation is call 1.
+    let g = allowed(&l.reserve_tokens("u1", "run", 1).await.unwrap());
+    assert_eq!(g.id.to_string(), "1.run");
 }

@@ -305,6 +305,12 @@ impl Store for Flaky {
     {
         self.inner.clear_provider(cooldown, aimd, params)
     }
+    fn claim_session(
+        &self,
+        req: tollgate_core::store::ClaimRequest<'_>,
+    ) -> impl Future<Output = Result<tollgate_core::store::Claim, StoreError>> + Send {
+        self.inner.claim_session(req)
+    }
     fn session_acquire(
         &self,
         session: &str,

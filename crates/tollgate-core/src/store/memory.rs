@@ -13,24 +13,36 @@
 //! its memory is returned by a sweep of its shard that runs inline on a write
 //! when the shard has doubled since the last sweep or a minute has passed,
 //! or on demand through [`MemoryStore::purge_expired`].
+//!
+//! The store holds at most [`MemoryConfig::max_entries`] entries in all
+//! (users, sessions and named keys together; default
+//! [`DEFAULT_MAX_ENTRIES`]). At the bound an operation that would add a key
+//! first sweeps every shard for expired entries (at most once a second),
+//! and if there is still no room it is refused with [`StoreErrorKind::Full`] and
+//! changes nothing; operations on existing entries keep working, and
+//! nothing is ever evicted to make room (a live lease stays live). The
+//! bound is exact for single-key operations; a multi-key take checks for
+//! room for all its new keys before it writes, so operations running at
+//! the same instant on other shards may pass it by their own few keys.
 
 use std::hash::BuildHasher;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use hashbrown::{DefaultHashBuilder, HashTable};
 use parking_lot::{Mutex, MutexGuard};
 
 use super::{
-    AppendOutcome, BucketRef, BucketTake, CooldownCheck, DEFAULT_SESSION_RETENTION_MS, FenceCheck,
-    MultiTake, ProviderCleared, RESERVATION_RETENTION_MS, ReservationId, ReserveOutcome,
-    ReserveRequest, SettleOutcome, SettleRequest, Store, TakeOutcome, TakeRequest, TopUser,
-    TurnOutcome, TurnRequest, UserState,
+    AppendOutcome, BucketRef, BucketTake, CLAIM_SLACK_MS, Claim, ClaimRequest, CooldownCheck,
+    DEFAULT_SESSION_GRACE_MS, DEFAULT_SESSION_RETENTION_MS, FenceCheck, MultiTake, ProviderCleared,
+    RESERVATION_RETENTION_MS, ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome,
+    SettleRequest, Store, TakeOutcome, TakeRequest, TopUser, TurnOutcome, TurnRequest, UserState,
 };
 use crate::aimd::{AimdParams, AimdState};
 use crate::bucket::{self, BucketSpec, BucketState, EXPIRY_GRACE_MS, MAX_SCALED, Take};
 use crate::clock::Clock;
 use crate::decision::{Denial, Limit};
-use crate::error::StoreError;
+use crate::error::{StoreError, StoreErrorKind};
 use crate::lease::{self, LeaseSet, SessionAcquire, SessionGrant, SessionLease};
 
 const SHARDS: usize = 64;
@@ -41,6 +53,76 @@ const SHARDS: usize = 64;
 pub const MAX_TRACKED_RUNS: usize = 256;
 const SWEEP_EVERY_MS: u64 = 60_000;
 const MIN_SWEEP_LEN: usize = 1_024;
+/// At the entry bound, every shard is swept for room at most this often, ms.
+const FULL_SWEEP_EVERY_MS: u64 = 1_000;
+
+/// Default bound on the entries a [`MemoryStore`] holds
+/// ([`MemoryConfig::max_entries`]): 1,000,000. An entry costs about 200
+/// bytes plus its key (a user id, a session key, a bucket name) and what it
+/// holds (a user's open runs and session claims, a session's records), so
+/// with 36-byte ids this is some 250 MB; with 512-byte ids at most about
+/// 1 GB.
+pub const DEFAULT_MAX_ENTRIES: usize = 1_000_000;
+
+/// Settings of a [`MemoryStore`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryConfig {
+    /// How long a session with records (or that had records) is kept after
+    /// its last operation, ms (default 7 days).
+    pub session_retention_ms: u64,
+    /// How long a session that holds no record is kept past its lease's
+    /// end (or its last operation), ms (default 10 minutes; at most the
+    /// retention).
+    pub session_grace_ms: u64,
+    /// Most entries held in all (default [`DEFAULT_MAX_ENTRIES`];
+    /// `usize::MAX`: no bound).
+    pub max_entries: usize,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        Self {
+            session_retention_ms: DEFAULT_SESSION_RETENTION_MS,
+            session_grace_ms: DEFAULT_SESSION_GRACE_MS,
+            max_entries: DEFAULT_MAX_ENTRIES,
+        }
+    }
+}
+
+/// The entry bound, shared by the three tables.
+struct EntryCap {
+    max: usize,
+    count: AtomicUsize,
+}
+
+impl EntryCap {
+    /// Takes room for one more entry, if there is any.
+    fn try_add(&self) -> bool {
+        self.count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    fn add(&self) {
+        self.count.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn sub(&self, n: usize) {
+        if n > 0 {
+            self.count.fetch_sub(n, Ordering::AcqRel);
+        }
+    }
+
+    fn has_room(&self, n: usize) -> bool {
+        self.count.load(Ordering::Acquire).saturating_add(n) <= self.max
+    }
+}
+
+/// An operation needed a new entry and the store is at its bound.
+#[derive(Debug)]
+struct Full;
 
 trait Expiring: Default {
     /// After this time (ms) the entry is as good as missing.
@@ -63,13 +145,15 @@ struct Shard<V> {
 
 struct Shards<V> {
     hasher: DefaultHashBuilder,
+    cap: Arc<EntryCap>,
     shards: Box<[Padded<Mutex<Shard<V>>>]>,
 }
 
 impl<V: Expiring> Shards<V> {
-    fn new() -> Self {
+    fn new(cap: Arc<EntryCap>) -> Self {
         Self {
             hasher: DefaultHashBuilder::default(),
+            cap,
             shards: (0..SHARDS)
                 .map(|_| {
                     Padded(Mutex::new(Shard {
@@ -88,12 +172,14 @@ impl<V: Expiring> Shards<V> {
     }
 
     /// Runs `f` on the live entry of `key` (a default one if missing or
-    /// expired). Entries left expired by `f` are removed.
-    fn with<R>(&self, key: &str, now: u64, f: impl FnOnce(&mut V) -> R) -> R {
+    /// expired). Entries left expired by `f` are removed. A missing key is
+    /// added only if `f` leaves it live and there is room: else [`Full`],
+    /// and nothing changed.
+    fn with<R>(&self, key: &str, now: u64, f: impl FnOnce(&mut V) -> R) -> Result<R, Full> {
         let (hash, i) = self.locate(key);
         let mut shard = self.shards[i].0.lock();
-        let r = shard.with(&self.hasher, hash, key, now, f);
-        shard.maybe_sweep(&self.hasher, now);
+        let r = shard.with(&self.hasher, &self.cap, true, hash, key, now, f);
+        shard.maybe_sweep(&self.hasher, &self.cap, now);
         r
     }
 
@@ -125,6 +211,7 @@ impl<V: Expiring> Shards<V> {
         let guards = idx.iter().map(|&i| (i, self.shards[i].0.lock())).collect();
         Multi {
             hasher: &self.hasher,
+            cap: &self.cap,
             located,
             guards,
         }
@@ -136,7 +223,7 @@ impl<V: Expiring> Shards<V> {
 
     fn purge(&self, now: u64) {
         for s in self.shards.iter() {
-            s.0.lock().sweep(&self.hasher, now);
+            s.0.lock().sweep(&self.hasher, &self.cap, now);
         }
     }
 
@@ -153,37 +240,63 @@ impl<V: Expiring> Shards<V> {
 }
 
 impl<V: Expiring> Shard<V> {
+    /// As [`Shards::with`]. With `check`, a new key needs room under `cap`
+    /// (a multi-key step checks for room first and passes `false`).
+    #[allow(clippy::too_many_arguments)]
     fn with<R>(
         &mut self,
         hasher: &DefaultHashBuilder,
+        cap: &EntryCap,
+        check: bool,
         hash: u64,
         key: &str,
         now: u64,
         f: impl FnOnce(&mut V) -> R,
-    ) -> R {
-        let entry = self
-            .table
-            .entry(hash, |(k, _)| &**k == key, |(k, _)| hasher.hash_one(&**k));
-        let mut occupied = entry.or_insert_with(|| (key.into(), V::default()));
-        let v = &mut occupied.get_mut().1;
-        if v.expires_at() <= now {
-            v.reset();
+    ) -> Result<R, Full> {
+        let eq = |(k, _): &(Box<str>, V)| &**k == key;
+        match self.table.entry(hash, eq, |(k, _)| hasher.hash_one(&**k)) {
+            hashbrown::hash_table::Entry::Occupied(mut occupied) => {
+                let v = &mut occupied.get_mut().1;
+                if v.expires_at() <= now {
+                    v.reset();
+                }
+                let r = f(v);
+                if v.expires_at() <= now {
+                    occupied.remove();
+                    cap.sub(1);
+                }
+                Ok(r)
+            }
+            hashbrown::hash_table::Entry::Vacant(vacant) => {
+                // Decide on a fresh entry first: one left expired (a read,
+                // a refusal) is never stored, so it needs no room.
+                let mut v = V::default();
+                let r = f(&mut v);
+                if v.expires_at() > now {
+                    if check {
+                        if !cap.try_add() {
+                            return Err(Full);
+                        }
+                    } else {
+                        cap.add();
+                    }
+                    vacant.insert((key.into(), v));
+                }
+                Ok(r)
+            }
         }
-        let r = f(v);
-        if v.expires_at() <= now {
-            occupied.remove();
-        }
-        r
     }
 
-    fn maybe_sweep(&mut self, hasher: &DefaultHashBuilder, now: u64) {
+    fn maybe_sweep(&mut self, hasher: &DefaultHashBuilder, cap: &EntryCap, now: u64) {
         if self.table.len() > self.sweep_len || now >= self.next_sweep_at {
-            self.sweep(hasher, now);
+            self.sweep(hasher, cap, now);
         }
     }
 
-    fn sweep(&mut self, hasher: &DefaultHashBuilder, now: u64) {
+    fn sweep(&mut self, hasher: &DefaultHashBuilder, cap: &EntryCap, now: u64) {
+        let before = self.table.len();
         self.table.retain(|(_, v)| v.expires_at() > now);
+        cap.sub(before - self.table.len());
         // Rehashing moves entries: it must be given their real hashes.
         self.table
             .shrink_to(self.table.len() * 2, |(k, _)| hasher.hash_one(&**k));
@@ -194,21 +307,49 @@ impl<V: Expiring> Shard<V> {
 
 struct Multi<'a, 'k, V> {
     hasher: &'a DefaultHashBuilder,
+    cap: &'a EntryCap,
     located: Vec<(&'k str, u64, usize)>,
     guards: Vec<(usize, MutexGuard<'a, Shard<V>>)>,
 }
 
 impl<V: Expiring> Multi<'_, '_, V> {
-    /// Runs `f` on the entry of the `n`th key given to `lock_many`.
-    fn with<R>(&mut self, n: usize, now: u64, f: impl FnOnce(&mut V) -> R) -> R {
-        let (key, hash, i) = self.located[n];
-        let guard = self
-            .guards
+    fn guard(&mut self, i: usize) -> &mut Shard<V> {
+        self.guards
             .iter_mut()
             .find(|(j, _)| *j == i)
-            .map(|(_, g)| g)
-            .expect("lock_many locked every key's shard");
-        guard.with(self.hasher, hash, key, now, f)
+            .map(|(_, g)| &mut **g)
+            .expect("lock_many locked every key's shard")
+    }
+
+    /// [`Full`] unless there is room for every key not held now (each
+    /// counted once).
+    fn check_room(&mut self, now: u64) -> Result<(), Full> {
+        let mut missing: Vec<&str> = Vec::new();
+        for n in 0..self.located.len() {
+            let (key, hash, i) = self.located[n];
+            let held = self
+                .guard(i)
+                .table
+                .find(hash, |(k, _)| &**k == key)
+                .is_some_and(|(_, v)| v.expires_at() > now);
+            if !held && !missing.contains(&key) {
+                missing.push(key);
+            }
+        }
+        if self.cap.has_room(missing.len()) {
+            Ok(())
+        } else {
+            Err(Full)
+        }
+    }
+
+    /// Runs `f` on the entry of the `n`th key given to `lock_many` (room
+    /// for a new key was checked by [`check_room`](Self::check_room), so
+    /// this never answers [`Full`]).
+    fn with<R>(&mut self, n: usize, now: u64, f: impl FnOnce(&mut V) -> R) -> Result<R, Full> {
+        let (key, hash, i) = self.located[n];
+        let (hasher, cap) = (self.hasher, self.cap);
+        self.guard(i).with(hasher, cap, false, hash, key, now, f)
     }
 }
 
@@ -222,6 +363,28 @@ struct UserEntry {
     turns: Option<(BucketState, u64)>,
     leases: LeaseSet,
     calls: Option<Box<CallState>>,
+    claims: Option<Box<Claims>>,
+}
+
+/// A user's session claims ([`Store::claim_session`]): session id → the
+/// claim's end.
+///
+/// Until `first_end` every claim is live, so an operation (a refused one
+/// above all) needs no scan of the claims.
+#[derive(Default)]
+struct Claims {
+    ends: hashbrown::HashMap<Box<str>, u64>,
+    /// The earliest end.
+    first_end: u64,
+    /// The latest end (the entry's expiry).
+    last_end: u64,
+}
+
+impl Claims {
+    fn recompute(&mut self) {
+        self.first_end = self.ends.values().min().copied().unwrap_or(0);
+        self.last_end = self.ends.values().max().copied().unwrap_or(0);
+    }
 }
 
 #[derive(Default)]
@@ -292,6 +455,7 @@ impl Expiring for UserEntry {
     fn reset(&mut self) {
         self.turns = None;
         self.calls = None;
+        self.claims = None;
     }
 
     fn expires_at(&self) -> u64 {
@@ -309,6 +473,7 @@ impl Expiring for UserEntry {
         slot_expiry(&self.turns)
             .max(self.leases.expires_at().unwrap_or(0))
             .max(calls)
+            .max(self.claims.as_ref().map_or(0, |c| c.last_end))
     }
 }
 
@@ -380,12 +545,19 @@ pub struct MemoryStore {
     inner: Arc<Inner>,
 }
 
+type FullHook = Arc<dyn Fn(&'static str) + Send + Sync>;
+
 struct Inner {
     clock: Arc<dyn Clock>,
+    cap: Arc<EntryCap>,
     users: Shards<UserEntry>,
     sessions: Shards<SessionEntry>,
     keys: Shards<KeyEntry>,
     session_retention_ms: u64,
+    session_grace_ms: u64,
+    on_full: OnceLock<FullHook>,
+    /// When the last sweep for room ran (at the bound), ms.
+    last_full_sweep: AtomicU64,
 }
 
 impl std::fmt::Debug for MemoryStore {
@@ -407,23 +579,104 @@ pub struct MemoryStats {
     pub keys: usize,
 }
 
+impl MemoryStats {
+    /// All entries: what [`MemoryConfig::max_entries`] bounds.
+    pub fn total(&self) -> usize {
+        self.users + self.sessions + self.keys
+    }
+}
+
 impl MemoryStore {
-    /// A store that reads time from `clock`, keeping sessions for the
-    /// default retention (7 days).
+    /// A store that reads time from `clock`, with the default settings
+    /// ([`MemoryConfig::default`]: sessions kept 7 days, or 10 minutes
+    /// past their lease without a record; at most 1,000,000 entries).
     pub fn new(clock: impl Clock) -> Self {
-        Self::with_session_retention(clock, DEFAULT_SESSION_RETENTION_MS)
+        Self::with_config(clock, MemoryConfig::default())
     }
 
-    /// A store with a chosen session retention, ms.
+    /// A store with a chosen session retention, ms (the other settings
+    /// their defaults; the grace at most the retention).
     pub fn with_session_retention(clock: impl Clock, session_retention_ms: u64) -> Self {
+        Self::with_config(
+            clock,
+            MemoryConfig {
+                session_retention_ms,
+                ..MemoryConfig::default()
+            },
+        )
+    }
+
+    /// A store with `config`.
+    pub fn with_config(clock: impl Clock, config: MemoryConfig) -> Self {
+        let cap = Arc::new(EntryCap {
+            max: config.max_entries,
+            count: AtomicUsize::new(0),
+        });
         Self {
             inner: Arc::new(Inner {
                 clock: Arc::new(clock),
-                users: Shards::new(),
-                sessions: Shards::new(),
-                keys: Shards::new(),
-                session_retention_ms,
+                users: Shards::new(cap.clone()),
+                sessions: Shards::new(cap.clone()),
+                keys: Shards::new(cap.clone()),
+                cap,
+                session_retention_ms: config.session_retention_ms,
+                session_grace_ms: config.session_grace_ms.min(config.session_retention_ms),
+                on_full: OnceLock::new(),
+                last_full_sweep: AtomicU64::new(0),
             }),
+        }
+    }
+
+    /// Calls `hook` with the operation's name each time an operation is
+    /// refused because the store is full (the server counts them). Set once:
+    /// a second hook is ignored.
+    pub fn on_full(&self, hook: impl Fn(&'static str) + Send + Sync + 'static) {
+        let _ = self.inner.on_full.set(Arc::new(hook));
+    }
+
+    /// The bound on entries ([`MemoryConfig::max_entries`]).
+    pub fn max_entries(&self) -> usize {
+        self.inner.cap.max
+    }
+
+    fn full(&self, op: &'static str) -> StoreError {
+        if let Some(hook) = self.inner.on_full.get() {
+            hook(op);
+        }
+        StoreError::new(
+            StoreErrorKind::Full,
+            format!(
+                "memory store full ({} entries): {op} needs a new entry",
+                self.inner.cap.max
+            ),
+        )
+    }
+
+    /// Runs operation `op`; when it needs a new entry at the bound, sweeps
+    /// every shard (at most once a second) and runs it once more, else
+    /// answers its [`StoreErrorKind::Full`] error. A refused run changed
+    /// nothing, so running it again is safe.
+    fn room<R>(&self, op: &'static str, f: impl Fn() -> Result<R, Full>) -> Result<R, StoreError> {
+        match f() {
+            Ok(r) => Ok(r),
+            Err(Full) => {
+                let now = self.now();
+                let last = self.inner.last_full_sweep.load(Ordering::Acquire);
+                let due = last == 0 || now >= last.saturating_add(FULL_SWEEP_EVERY_MS);
+                if due
+                    && self
+                        .inner
+                        .last_full_sweep
+                        .compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                {
+                    self.purge_expired();
+                    if let Ok(r) = f() {
+                        return Ok(r);
+                    }
+                }
+                Err(self.full(op))
+            }
         }
     }
 
@@ -453,7 +706,7 @@ impl MemoryStore {
         }
     }
 
-    fn admit(&self, req: TurnRequest<'_>) -> TurnOutcome {
+    fn admit(&self, req: TurnRequest<'_>) -> Result<TurnOutcome, Full> {
         let now = self.now();
         self.inner.users.with(req.user, now, |u| {
             let t = lease::admit_turn(
@@ -473,7 +726,7 @@ impl MemoryStore {
         })
     }
 
-    fn reserve(&self, req: ReserveRequest<'_>) -> ReserveOutcome {
+    fn reserve(&self, req: ReserveRequest<'_>) -> Result<ReserveOutcome, Full> {
         let now = self.now();
         self.inner.users.with(req.user, now, |u| {
             let c = u.calls();
@@ -534,7 +787,7 @@ impl MemoryStore {
         })
     }
 
-    fn settle_now(&self, req: SettleRequest<'_>) -> SettleOutcome {
+    fn settle_now(&self, req: SettleRequest<'_>) -> Result<SettleOutcome, Full> {
         let now = self.now();
         let spec = req.tokens;
         let balance =
@@ -579,7 +832,7 @@ impl MemoryStore {
         &self,
         takes: &[BucketTake<'_>],
         cooldown: Option<CooldownCheck<'_>>,
-    ) -> MultiTake {
+    ) -> Result<MultiTake, Full> {
         let now = self.now();
         if let ([t], None) = (takes, cooldown) {
             // One bucket: a single probe under a single lock.
@@ -605,6 +858,8 @@ impl MemoryStore {
             keys.push(c.key);
         }
         let mut locked = self.inner.keys.lock_many(&keys);
+        // Room for every new key first: a refusal must change nothing.
+        locked.check_room(now)?;
         let states: Vec<Option<BucketState>> = (0..takes.len())
             .map(|n| {
                 locked.with(n, now, |e| match *e {
@@ -612,7 +867,7 @@ impl MemoryStore {
                     _ => None,
                 })
             })
-            .collect();
+            .collect::<Result<_, Full>>()?;
         // A key named twice is taken twice, in order: each take starts from
         // the state the previous take of that key left.
         let mut transitions: Vec<bucket::Transition<Take>> = Vec::with_capacity(takes.len());
@@ -643,7 +898,7 @@ impl MemoryStore {
             let until = locked.with(takes.len(), now, |e| match *e {
                 KeyEntry::Cooldown(u) => u,
                 _ => 0,
-            });
+            })?;
             let remaining = until.saturating_sub(now);
             if remaining > c.max_wait_ms {
                 let hint = remaining - c.max_wait_ms;
@@ -662,9 +917,9 @@ impl MemoryStore {
                 let r = bucket::refill(&t.spec, *s, now);
                 (r, bucket::expires_at(&t.spec, r.level, now))
             };
-            locked.with(n, now, |e| *e = KeyEntry::Bucket(state, exp));
+            locked.with(n, now, |e| *e = KeyEntry::Bucket(state, exp))?;
         }
-        if let Some(index) = exceeds {
+        Ok(if let Some(index) = exceeds {
             MultiTake::ExceedsCapacity { index }
         } else if let Some((index, retry_after_ms)) = refused {
             MultiTake::Refused {
@@ -673,10 +928,10 @@ impl MemoryStore {
             }
         } else {
             MultiTake::Granted { wait_ms: wait }
-        }
+        })
     }
 
-    fn take_one_now(&self, req: TakeRequest<'_>) -> TakeOutcome {
+    fn take_one_now(&self, req: TakeRequest<'_>) -> Result<TakeOutcome, Full> {
         let now = self.now();
         let spec = req.spec;
         match req.bucket {
@@ -704,19 +959,80 @@ impl MemoryStore {
         }
     }
 
-    fn session<R>(&self, session: &str, f: impl FnOnce(&mut SessionEntry, u64) -> R) -> R {
+    /// Runs `f` on a session's entry, then keeps the session (SPEC §4): one
+    /// with records for the retention past now, one without until its
+    /// lease's end (or now, if later) plus the grace; never less than it
+    /// was kept before, nor less than its lease.
+    fn session<R>(
+        &self,
+        session: &str,
+        f: impl FnOnce(&mut SessionEntry, u64) -> R,
+    ) -> Result<R, Full> {
         let now = self.now();
         let retention = self.inner.session_retention_ms;
+        let grace = self.inner.session_grace_ms;
         self.inner.sessions.with(session, now, |s| {
             let r = f(s, now);
             if s.lease.fence > 0 || !s.records.is_empty() {
                 let lease_end = s.lease.holder.as_ref().map_or(0, |(_, exp)| *exp);
-                s.expires_at = now
-                    .saturating_add(retention)
-                    .max(s.expires_at)
-                    .max(lease_end);
+                let keep = if s.records.is_empty() {
+                    lease_end.max(now).saturating_add(grace)
+                } else {
+                    now.saturating_add(retention)
+                };
+                s.expires_at = keep.max(s.expires_at).max(lease_end);
             }
             r
+        })
+    }
+
+    fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, Full> {
+        let now = self.now();
+        let hold = crate::bucket::clamp_ttl(req.lease_ttl_ms)
+            .saturating_add(self.inner.session_grace_ms)
+            .saturating_add(CLAIM_SLACK_MS);
+        let until = now.saturating_add(hold);
+        self.inner.users.with(req.user, now, |u| {
+            let c = u.claims.get_or_insert_with(Box::default);
+            if !c.ends.is_empty() && c.first_end <= now {
+                c.ends.retain(|_, end| *end > now);
+                c.recompute();
+            }
+            let held = u32::try_from(c.ends.len()).unwrap_or(u32::MAX);
+            let out = if let Some(end) = c.ends.get_mut(req.session) {
+                if until > *end {
+                    let was_first = *end == c.first_end;
+                    *end = until;
+                    c.last_end = c.last_end.max(until);
+                    if was_first {
+                        c.recompute();
+                    }
+                }
+                Claim::Claimed { sessions: held }
+            } else if !req.create {
+                Claim::Unclaimed { sessions: held }
+            } else if held >= req.max_sessions {
+                let first = if c.ends.is_empty() {
+                    until
+                } else {
+                    c.first_end
+                };
+                Claim::Full {
+                    retry_after_ms: first.saturating_sub(now).max(1),
+                }
+            } else {
+                if c.ends.is_empty() {
+                    c.first_end = until;
+                }
+                c.ends.insert(req.session.into(), until);
+                c.first_end = c.first_end.min(until);
+                c.last_end = c.last_end.max(until);
+                Claim::Claimed { sessions: held + 1 }
+            };
+            if c.ends.is_empty() {
+                u.claims = None;
+            }
+            out
         })
     }
 }
@@ -772,15 +1088,16 @@ impl CallState {
 
 impl Store for MemoryStore {
     async fn admit_turn(&self, req: TurnRequest<'_>) -> Result<TurnOutcome, StoreError> {
-        Ok(self.admit(req))
+        self.room("admit_turn", || self.admit(req))
     }
 
     async fn release_run(&self, user: &str, invocation_id: &str) -> Result<bool, StoreError> {
         let now = self.now();
-        Ok(self
-            .inner
-            .users
-            .with(user, now, |u| u.leases.release(now, invocation_id)))
+        self.room("release_run", || {
+            self.inner
+                .users
+                .with(user, now, |u| u.leases.release(now, invocation_id))
+        })
     }
 
     async fn renew_run(
@@ -790,18 +1107,19 @@ impl Store for MemoryStore {
         ttl_ms: u64,
     ) -> Result<Option<u64>, StoreError> {
         let now = self.now();
-        Ok(self
-            .inner
-            .users
-            .with(user, now, |u| u.leases.renew(now, invocation_id, ttl_ms)))
+        self.room("renew_run", || {
+            self.inner
+                .users
+                .with(user, now, |u| u.leases.renew(now, invocation_id, ttl_ms))
+        })
     }
 
     async fn reserve_tokens(&self, req: ReserveRequest<'_>) -> Result<ReserveOutcome, StoreError> {
-        Ok(self.reserve(req))
+        self.room("reserve_tokens", || self.reserve(req))
     }
 
     async fn settle(&self, req: SettleRequest<'_>) -> Result<SettleOutcome, StoreError> {
-        Ok(self.settle_now(req))
+        self.room("settle", || self.settle_now(req))
     }
 
     async fn take_many(
@@ -809,29 +1127,31 @@ impl Store for MemoryStore {
         takes: &[BucketTake<'_>],
         cooldown: Option<CooldownCheck<'_>>,
     ) -> Result<MultiTake, StoreError> {
-        Ok(self.take_many_now(takes, cooldown))
+        self.room("take_many", || self.take_many_now(takes, cooldown))
     }
 
     async fn take_one(&self, req: TakeRequest<'_>) -> Result<TakeOutcome, StoreError> {
-        Ok(self.take_one_now(req))
+        self.room("take_one", || self.take_one_now(req))
     }
 
     async fn extend_cooldown(&self, key: &str, until_ms: u64) -> Result<u64, StoreError> {
         let now = self.now();
-        Ok(self.inner.keys.with(key, now, |e| {
-            // As the Redis script: a cooldown that has passed counts as none.
-            let current = match *e {
-                KeyEntry::Cooldown(u) if u > now => u,
-                _ => 0,
-            };
-            let until = current.max(until_ms.min(MAX_SCALED as u64));
-            *e = if until > now {
-                KeyEntry::Cooldown(until)
-            } else {
-                KeyEntry::Empty
-            };
-            until
-        }))
+        self.room("extend_cooldown", || {
+            self.inner.keys.with(key, now, |e| {
+                // As the Redis script: a cooldown that has passed counts as none.
+                let current = match *e {
+                    KeyEntry::Cooldown(u) if u > now => u,
+                    _ => 0,
+                };
+                let until = current.max(until_ms.min(MAX_SCALED as u64));
+                *e = if until > now {
+                    KeyEntry::Cooldown(until)
+                } else {
+                    KeyEntry::Empty
+                };
+                until
+            })
+        })
     }
 
     async fn aimd(
@@ -842,25 +1162,27 @@ impl Store for MemoryStore {
     ) -> Result<u32, StoreError> {
         let now = self.now();
         let p = params.clamped();
-        Ok(self.inner.keys.with(key, now, |e| {
-            let state = match *e {
-                KeyEntry::Aimd(s, exp) if exp > now => s,
-                _ => AimdState::FULL_RATE,
-            };
-            if !throttled {
-                return state.effective(now, &p);
-            }
-            let next = state.throttled(now, &p);
-            // Back at the configured rate, the state can be forgotten (after
-            // a grace period, for a clock that steps back).
-            let until = next
-                .full_at(&p)
-                .unwrap_or(now)
-                .max(now.saturating_add(1))
-                .saturating_add(EXPIRY_GRACE_MS);
-            *e = KeyEntry::Aimd(next, until);
-            next.effective(now, &p)
-        }))
+        self.room("aimd", || {
+            self.inner.keys.with(key, now, |e| {
+                let state = match *e {
+                    KeyEntry::Aimd(s, exp) if exp > now => s,
+                    _ => AimdState::FULL_RATE,
+                };
+                if !throttled {
+                    return state.effective(now, &p);
+                }
+                let next = state.throttled(now, &p);
+                // Back at the configured rate, the state can be forgotten (after
+                // a grace period, for a clock that steps back).
+                let until = next
+                    .full_at(&p)
+                    .unwrap_or(now)
+                    .max(now.saturating_add(1))
+                    .saturating_add(EXPIRY_GRACE_MS);
+                *e = KeyEntry::Aimd(next, until);
+                next.effective(now, &p)
+            })
+        })
     }
 
     async fn clear_provider(
@@ -873,26 +1195,34 @@ impl Store for MemoryStore {
         let p = params.clamped();
         // Both keys under their locks at once: one step, as the Redis script.
         let mut locked = self.inner.keys.lock_many(&[cooldown, aimd]);
-        let cooldown_until_ms = locked.with(0, now, |e| {
-            let until = match *e {
-                KeyEntry::Cooldown(u) if u > now => Some(u),
-                _ => None,
-            };
-            *e = KeyEntry::Empty;
-            until
-        });
-        let effective_permille = locked.with(1, now, |e| {
-            let state = match *e {
-                KeyEntry::Aimd(s, exp) if exp > now => s,
-                _ => AimdState::FULL_RATE,
-            };
-            *e = KeyEntry::Empty;
-            state.effective(now, &p)
-        });
+        let cooldown_until_ms = locked
+            .with(0, now, |e| {
+                let until = match *e {
+                    KeyEntry::Cooldown(u) if u > now => Some(u),
+                    _ => None,
+                };
+                *e = KeyEntry::Empty;
+                until
+            })
+            .map_err(|Full| self.full("clear_provider"))?;
+        let effective_permille = locked
+            .with(1, now, |e| {
+                let state = match *e {
+                    KeyEntry::Aimd(s, exp) if exp > now => s,
+                    _ => AimdState::FULL_RATE,
+                };
+                *e = KeyEntry::Empty;
+                state.effective(now, &p)
+            })
+            .map_err(|Full| self.full("clear_provider"))?;
         Ok(ProviderCleared {
             cooldown_until_ms,
             effective_permille,
         })
+    }
+
+    async fn claim_session(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        self.room("claim_session", || self.claim(req))
     }
 
     async fn session_acquire(
@@ -901,7 +1231,9 @@ impl Store for MemoryStore {
         holder: &str,
         ttl_ms: u64,
     ) -> Result<SessionAcquire, StoreError> {
-        Ok(self.session(session, |s, now| s.lease.acquire(now, holder, ttl_ms)))
+        self.room("session_acquire", || {
+            self.session(session, |s, now| s.lease.acquire(now, holder, ttl_ms))
+        })
     }
 
     async fn session_renew(
@@ -910,11 +1242,15 @@ impl Store for MemoryStore {
         holder: &str,
         ttl_ms: u64,
     ) -> Result<Option<SessionGrant>, StoreError> {
-        Ok(self.session(session, |s, now| s.lease.renew(now, holder, ttl_ms)))
+        self.room("session_renew", || {
+            self.session(session, |s, now| s.lease.renew(now, holder, ttl_ms))
+        })
     }
 
     async fn session_release(&self, session: &str, holder: &str) -> Result<bool, StoreError> {
-        Ok(self.session(session, |s, now| s.lease.release(now, holder)))
+        self.room("session_release", || {
+            self.session(session, |s, now| s.lease.release(now, holder))
+        })
     }
 
     async fn fence_check(&self, session: &str, fence: u64) -> Result<FenceCheck, StoreError> {
@@ -934,17 +1270,19 @@ impl Store for MemoryStore {
         fence: u64,
         record: &[u8],
     ) -> Result<AppendOutcome, StoreError> {
-        Ok(self.session(session, |s, _| {
-            if !s.lease.fence_is_current(fence) {
-                return AppendOutcome::Stale {
-                    latest: s.lease.fence,
-                };
-            }
-            s.records.push(record.into());
-            AppendOutcome::Appended {
-                index: s.records.len() as u64 - 1,
-            }
-        }))
+        self.room("append_fenced", || {
+            self.session(session, |s, _| {
+                if !s.lease.fence_is_current(fence) {
+                    return AppendOutcome::Stale {
+                        latest: s.lease.fence,
+                    };
+                }
+                s.records.push(record.into());
+                AppendOutcome::Appended {
+                    index: s.records.len() as u64 - 1,
+                }
+            })
+        })
     }
 
     async fn read_records(
@@ -968,11 +1306,13 @@ impl Store for MemoryStore {
     }
 
     async fn delete_records(&self, session: &str) -> Result<u64, StoreError> {
-        Ok(self.session(session, |s, _| {
-            let n = s.records.len() as u64;
-            s.records = Vec::new();
-            n
-        }))
+        self.room("delete_records", || {
+            self.session(session, |s, _| {
+                let n = s.records.len() as u64;
+                s.records = Vec::new();
+                n
+            })
+        })
     }
 
     async fn user_state(
@@ -1024,14 +1364,16 @@ impl Store for MemoryStore {
 
     async fn reset_user(&self, user: &str) -> Result<bool, StoreError> {
         let now = self.now();
-        Ok(self.inner.users.with(user, now, |u| {
-            let had = live(u.turns, now).is_some() || live(u.tokens(), now).is_some();
-            u.turns = None;
-            if let Some(c) = u.calls.as_deref_mut() {
-                c.tokens = None;
-            }
-            had
-        }))
+        self.room("reset_user", || {
+            self.inner.users.with(user, now, |u| {
+                let had = live(u.turns, now).is_some() || live(u.tokens(), now).is_some();
+                u.turns = None;
+                if let Some(c) = u.calls.as_deref_mut() {
+                    c.tokens = None;
+                }
+                had
+            })
+        })
     }
 }
 
@@ -1057,6 +1399,7 @@ mod tests {
                 invocation_id: inv,
                 params: params(),
             })
+            .expect("room")
             .admit
     }
 
@@ -1113,7 +1456,10 @@ mod tests {
                 invocation_id: "r",
                 params: p,
             };
-            assert!(matches!(store.admit(req).admit, Admit::Admitted { .. }));
+            assert!(matches!(
+                store.admit(req).expect("room").admit,
+                Admit::Admitted { .. }
+            ));
         }
         // The idle users expire (3 s + 60 s grace); the sweep shrinks the
         // tables and must keep every busy user findable.
@@ -1127,7 +1473,7 @@ mod tests {
                 params: p,
             };
             assert!(
-                matches!(store.admit(req).admit, Admit::Denied(_)),
+                matches!(store.admit(req).expect("room").admit, Admit::Denied(_)),
                 "busy{i} still holds its only slot"
             );
         }
@@ -1163,7 +1509,15 @@ mod tests {
             g,
             SessionAcquire::Acquired(SessionGrant { fence: 1, .. })
         ));
-        clock.advance(9_999);
+        // A record: the retention applies (without one, the grace would,
+        // here cut to the retention).
+        assert!(matches!(
+            store.append_fenced("s", 1, b"r").into_inner_ready(),
+            AppendOutcome::Appended { index: 0 }
+        ));
+        // Kept for the retention past the append (11,000), and never less
+        // than the lease's end plus the grace the acquire gave it (11,100).
+        clock.advance(10_099);
         assert_eq!(store.fence_check("s", 1).into_inner_ready().latest, 1);
         clock.advance(1);
         assert_eq!(store.fence_check("s", 1).into_inner_ready().latest, 0);
@@ -1171,7 +1525,133 @@ mod tests {
         assert_eq!(store.stats().sessions, 0);
     }
 
+    fn small(clock: &FakeClock, max_entries: usize) -> MemoryStore {
+        MemoryStore::with_config(
+            clock.clone(),
+            MemoryConfig {
+                max_entries,
+                ..MemoryConfig::default()
+            },
+        )
+    }
+
+    fn turn(store: &MemoryStore, user: &str, inv: &str) -> Result<Admit, StoreError> {
+        store
+            .admit_turn(TurnRequest {
+                user,
+                invocation_id: inv,
+                params: params(),
+            })
+            .into_result_ready()
+            .map(|o| o.admit)
+    }
+
+    #[test]
+    fn past_max_entries_new_keys_are_refused_and_existing_ones_work() {
+        let clock = FakeClock::new(1_000_000);
+        let store = small(&clock, 3);
+        let refused = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = refused.clone();
+        store.on_full(move |_op| {
+            counted.fetch_add(1, Ordering::Relaxed);
+        });
+        for u in ["a", "b", "c"] {
+            assert!(matches!(turn(&store, u, "r1"), Ok(Admit::Admitted { .. })));
+        }
+        let e = turn(&store, "d", "r1").unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Full);
+        assert!(!e.is_transient(), "a full store is not an outage");
+        assert_eq!(refused.load(Ordering::Relaxed), 1);
+        assert_eq!(store.stats().total(), 3, "the refusal stored nothing");
+        // Existing users keep working: a second run, renewals.
+        assert!(matches!(
+            turn(&store, "a", "r2"),
+            Ok(Admit::Admitted { .. })
+        ));
+        assert!(
+            store
+                .renew_run("b", "r1", 1_000)
+                .into_inner_ready()
+                .is_some()
+        );
+        assert!(
+            store
+                .renew_run("c", "r1", 120_000)
+                .into_inner_ready()
+                .is_some()
+        );
+        // An operation that stores nothing needs no room.
+        assert!(!store.release_run("d", "r1").into_inner_ready());
+        assert_eq!(store.session_renew("s", "h", 10).into_inner_ready(), None);
+        // A multi-key take with a new key changes nothing.
+        let spec = BucketSpec::new(10, 1_000, 10).unwrap();
+        let take = |key| BucketTake {
+            key,
+            spec,
+            cost: 1,
+            max_wait_ms: 0,
+        };
+        let e = store
+            .take_many(&[take("k1"), take("k2")], None)
+            .into_result_ready()
+            .unwrap_err();
+        assert!(e.is_full());
+        assert_eq!(store.stats().keys, 0);
+        // Live leases are never evicted: they expire (120 s) and make room.
+        clock.advance(119_999);
+        assert!(turn(&store, "d", "r1").is_err(), "all leases still live");
+        clock.advance(2_000);
+        assert!(matches!(
+            turn(&store, "d", "r1"),
+            Ok(Admit::Admitted { .. })
+        ));
+    }
+
+    #[test]
+    fn the_bound_counts_every_table_and_sweeps_follow_it() {
+        let clock = FakeClock::new(1_000_000);
+        let store = small(&clock, 2);
+        assert!(matches!(
+            store.session_acquire("s1", "h", 1_000).into_result_ready(),
+            Ok(SessionAcquire::Acquired(_))
+        ));
+        let spec = BucketSpec::new(10, 1_000, 10).unwrap();
+        let take = TakeRequest {
+            bucket: BucketRef::Named("k"),
+            spec,
+            cost: 1,
+        };
+        assert!(store.take_one(take).into_result_ready().is_ok());
+        assert!(
+            store
+                .session_acquire("s2", "h", 1_000)
+                .into_result_ready()
+                .unwrap_err()
+                .is_full()
+        );
+        // The bucket is full again after 100 ms (+ 60 s grace), the session
+        // 1 s + 10 min later; at the bound a write sweeps its shard.
+        clock.advance(61_000);
+        store.purge_expired();
+        assert_eq!(store.stats().total(), 1);
+        assert!(
+            store
+                .session_acquire("s2", "h", 1_000)
+                .into_result_ready()
+                .is_ok()
+        );
+    }
+
     trait ReadyExt: Future + Sized {
+        fn into_result_ready(self) -> Self::Output {
+            let mut fut = std::pin::pin!(self);
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            match fut.as_mut().poll(&mut cx) {
+                std::task::Poll::Ready(out) => out,
+                std::task::Poll::Pending => panic!("MemoryStore futures are ready"),
+            }
+        }
+
         fn into_inner_ready(self) -> <Self::Output as Unwrap>::T
         where
             Self::Output: Unwrap,

@@ -16,7 +16,7 @@ use std::task::{Context, Poll, Waker};
 
 use tollgate_core::lease::SessionAcquire;
 use tollgate_core::provider::{PermitRequest, ProviderError, ProviderGovernor};
-use tollgate_core::store::memory::MemoryStore;
+use tollgate_core::store::memory::{MemoryConfig, MemoryStore};
 use tollgate_core::{
     Clock, Decision, Denial, FakeClock, Limit, Limiter, LimiterError, Outcome, Plan, ReservationId,
     Store,
@@ -291,7 +291,16 @@ impl Engine {
                     errors,
                 })?;
         let clock = FakeClock::new(0);
-        let store = MemoryStore::with_session_retention(clock.clone(), SESSION_RETENTION_MS);
+        // A replay holds a whole trace's users: no entry bound (the
+        // sidecar's `[store] max_entries` protects a live process).
+        let store = MemoryStore::with_config(
+            clock.clone(),
+            MemoryConfig {
+                session_retention_ms: SESSION_RETENTION_MS,
+                max_entries: usize::MAX,
+                ..MemoryConfig::default()
+            },
+        );
         Ok(Self {
             src: source_name.to_owned(),
             limiter: Limiter::new(store.clone(), clock.clone(), plans),

@@ -447,6 +447,10 @@ impl<S: Store + Clone> RlsService<S> {
             // The failover logs the outage once; each refused call is a metric.
             tracing::debug!(error = %e, "rate-limit service: store unavailable");
             Status::unavailable("tollgate: store unavailable")
+        } else if e.is_full() {
+            // As the API's `store_full`; Envoy's failure_mode_deny decides.
+            tracing::warn!(error = %e, "rate-limit service: store full");
+            Status::resource_exhausted("tollgate: store full")
         } else {
             tracing::warn!(error = %e, "rate-limit service: store fault");
             Status::internal("tollgate: store error")

@@ -77,7 +77,7 @@ fn shadowed<T: Serialize>(out: Shadowed<T>) -> Response {
 }
 
 #[utoipa::path(post, path = "/v1/runs", request_body = AdmitRequest,
-    responses((status = 200, body = AdmitResponse), (status = 429, body = ErrorBody, description = "turn_rate or concurrency"),
+    responses((status = 200, body = AdmitResponse), (status = 429, body = ErrorBody, description = "turn_rate, concurrency, or sessions (a new session past max_sessions)"),
               (status = 409, body = ErrorBody, description = "session_busy"), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
 async fn admit_run<S: Store + Clone>(
     State(app): State<App<S>>,
@@ -149,7 +149,7 @@ async fn refund<S: Store + Clone>(
 
 #[utoipa::path(post, path = "/v1/sessions/{session_id}/lease", request_body = SessionLeaseRequest,
     params(("session_id" = String, Path, description = "the conversation")),
-    responses((status = 200, body = SessionLeaseBody), (status = 409, body = ErrorBody, description = "session_busy, with retry_after_ms"), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+    responses((status = 200, body = SessionLeaseBody), (status = 409, body = ErrorBody, description = "session_busy, with retry_after_ms"), (status = 429, body = ErrorBody, description = "sessions: a new session past max_sessions (Retry-After)"), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
 async fn session_acquire<S: Store + Clone>(
     State(app): State<App<S>>,
     User(user): User,
