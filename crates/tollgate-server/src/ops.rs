@@ -34,6 +34,54 @@ pub const MAX_TOKENS: u64 = 1 << 53;
 /// provider, model, tenant), bytes.
 pub const MAX_ID: usize = 512;
 
+/// A JSON integer for a `u64` field. JSON Schema's `integer` (the
+/// OpenAPI document's type of these fields) is any number with a zero
+/// fraction, so `5.0` and `5e3` are 5 and 5,000, as a generated client may
+/// send them; a fraction, a negative number or one past `u64::MAX` is
+/// refused (400 naming the field).
+fn integer<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    use serde::de::{Error, Unexpected, Visitor};
+
+    struct NonNegativeInteger;
+
+    impl Visitor<'_> for NonNegativeInteger {
+        type Value = u64;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a non-negative integer")
+        }
+
+        fn visit_u64<E: Error>(self, v: u64) -> Result<u64, E> {
+            Ok(v)
+        }
+
+        fn visit_i64<E: Error>(self, v: i64) -> Result<u64, E> {
+            u64::try_from(v).map_err(|_| E::invalid_value(Unexpected::Signed(v), &self))
+        }
+
+        fn visit_f64<E: Error>(self, v: f64) -> Result<u64, E> {
+            // 2^64, the first f64 past u64::MAX; below it an integral f64
+            // converts exactly.
+            const PAST_U64: f64 = 18_446_744_073_709_551_616.0;
+            if v.fract() == 0.0 && (0.0..PAST_U64).contains(&v) {
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                Ok(v as u64)
+            } else {
+                Err(E::invalid_value(Unexpected::Float(v), &self))
+            }
+        }
+    }
+
+    d.deserialize_any(NonNegativeInteger)
+}
+
+/// [`integer`] for an optional field (`null` or absent: `None`).
+fn optional_integer<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    #[derive(Deserialize)]
+    struct Integer(#[serde(deserialize_with = "integer")] u64);
+    Ok(Option::<Integer>::deserialize(d)?.map(|Integer(v)| v))
+}
+
 // The request and answer types below are the JSON bodies of the HTTP API
 // (their docs are its OpenAPI schemas, so they speak HTTP); the gRPC
 // messages carry the same fields under the same names.
@@ -42,12 +90,23 @@ pub const MAX_ID: usize = 512;
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct AdmitRequest {
     /// The run (ADK invocation id); retrying with it is idempotent.
+    #[schema(
+        min_length = 1,
+        max_length = 512,
+        pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$"
+    )]
     pub invocation_id: String,
     /// The conversation, to hold its session lease for the turn.
     #[serde(default)]
+    #[schema(
+        min_length = 1,
+        max_length = 512,
+        pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$"
+    )]
     pub session_id: Option<String>,
     /// Session lease TTL, ms (default 30,000; at most 3,600,000).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "optional_integer")]
+    #[schema(minimum = 1, maximum = 3600000)]
     pub session_ttl_ms: Option<u64>,
 }
 
@@ -97,8 +156,15 @@ pub struct RenewResponse {
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct ReserveRequest {
     /// The run making the model call.
+    #[schema(
+        min_length = 1,
+        max_length = 512,
+        pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$"
+    )]
     pub invocation_id: String,
-    /// Estimated tokens of the call.
+    /// Estimated tokens of the call, at least 1.
+    #[serde(deserialize_with = "integer")]
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_992_u64)]
     pub estimate: u64,
     /// `true`: the server waits before answering (`wait_ms` is then 0).
     #[serde(default)]
@@ -118,8 +184,15 @@ pub struct ReserveResponse {
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct SettleRequest {
     /// The reservation.
+    #[schema(
+        min_length = 3,
+        max_length = 532,
+        pattern = r"^[1-9][0-9]{0,18}\.[^\u0000-\u001f\u007f-\u009f]{1,512}$"
+    )]
     pub reservation_id: String,
     /// Tokens the call really used.
+    #[serde(deserialize_with = "integer")]
+    #[schema(minimum = 0, maximum = 9_007_199_254_740_992_u64)]
     pub actual: u64,
 }
 
@@ -127,6 +200,11 @@ pub struct SettleRequest {
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct RefundRequest {
     /// The reservation.
+    #[schema(
+        min_length = 3,
+        max_length = 532,
+        pattern = r"^[1-9][0-9]{0,18}\.[^\u0000-\u001f\u007f-\u009f]{1,512}$"
+    )]
     pub reservation_id: String,
 }
 
@@ -141,8 +219,15 @@ pub struct BalanceResponse {
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct SessionLeaseRequest {
     /// The holder's token (e.g. the invocation id).
+    #[schema(
+        min_length = 1,
+        max_length = 512,
+        pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$"
+    )]
     pub holder: String,
     /// Lease TTL, ms (1 ..= 3,600,000).
+    #[serde(deserialize_with = "integer")]
+    #[schema(minimum = 1, maximum = 3600000)]
     pub ttl_ms: u64,
 }
 
@@ -150,6 +235,8 @@ pub struct SessionLeaseRequest {
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct FenceRequest {
     /// The fence the writer holds.
+    #[serde(deserialize_with = "integer")]
+    #[schema(minimum = 0, maximum = 18_446_744_073_709_551_615_u64)]
     pub fence: u64,
 }
 
@@ -165,25 +252,40 @@ pub struct FenceResponse {
 pub struct PermitBody {
     /// The model, e.g. `gpt-4o`: with the provider in the path, the
     /// provider key `[providers."<provider>:<model>"]` of the config.
+    #[schema(
+        min_length = 1,
+        max_length = 512,
+        pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$"
+    )]
     pub model: String,
     /// The tenant whose share applies (`[providers.….tenants.<name>]`); an
     /// unconfigured tenant, or none, uses the pool alone.
     #[serde(default)]
+    #[schema(
+        min_length = 1,
+        max_length = 512,
+        pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$"
+    )]
     pub tenant: Option<String>,
     /// Estimated tokens of the call, input and output (0 when unknown):
     /// charged to the key's `tokens` rate. At most 2^53.
+    #[serde(deserialize_with = "integer")]
+    #[schema(minimum = 0, maximum = 9_007_199_254_740_992_u64)]
     pub tokens: u64,
     /// Estimated input tokens (default `tokens`): charged to
     /// `input_tokens`. At most 2^53.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "optional_integer")]
+    #[schema(minimum = 0, maximum = 9_007_199_254_740_992_u64)]
     pub input_tokens: Option<u64>,
     /// Estimated output tokens (default 0): charged to `output_tokens`. At
     /// most 2^53.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "optional_integer")]
+    #[schema(minimum = 0, maximum = 9_007_199_254_740_992_u64)]
     pub output_tokens: Option<u64>,
     /// What is left of the call's one deadline, ms: the permit's wait must
     /// fit it as well as the key's `max_wait_ms` (policy `block`).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "optional_integer")]
+    #[schema(minimum = 0, maximum = 18_446_744_073_709_551_615_u64)]
     pub max_wait_ms: Option<u64>,
     /// `true`: the server waits before answering (`wait_ms` is then 0).
     #[serde(default)]
@@ -206,8 +308,15 @@ pub struct PermitResponse {
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct FeedbackBody {
     /// The model called.
+    #[schema(
+        min_length = 1,
+        max_length = 512,
+        pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$"
+    )]
     pub model: String,
     /// The provider's HTTP status (100 ..= 599).
+    #[serde(deserialize_with = "integer")]
+    #[schema(minimum = 100, maximum = 599)]
     pub status: u64,
     /// The provider's response headers, name → value (names in any case;
     /// `{}` when there are none). Rate-limit and `Retry-After` headers are
@@ -463,13 +572,15 @@ pub async fn admit_run<S: Store + Clone>(
     req: AdmitRequest,
 ) -> Result<Shadowed<AdmitResponse>, ApiError> {
     check_id("invocation_id", &req.invocation_id)?;
+    // Checked even when no session is named: a field out of its range is
+    // refused wherever it appears.
+    let ttl = session_ttl(
+        "session_ttl_ms",
+        req.session_ttl_ms.unwrap_or(DEFAULT_SESSION_TTL_MS),
+    )?;
     let session = match &req.session_id {
         Some(sid) => {
             check_id("session_id", sid)?;
-            let ttl = session_ttl(
-                "session_ttl_ms",
-                req.session_ttl_ms.unwrap_or(DEFAULT_SESSION_TTL_MS),
-            )?;
             let key = session_key(user, sid);
             claim_session(app, user, sid, ttl, true).await?;
             match app

@@ -1589,6 +1589,264 @@ async fn openapi_document_matches_the_routes() {
     srv.shutdown().await;
 }
 
+/// The schema of a request body's `field`, or of `name`'s parameter, of
+/// `method path` in `doc`, with `$ref`s to components followed.
+fn param_schema<'a>(doc: &'a Value, method: &str, path: &str, name: &str) -> &'a Value {
+    let op = &doc["paths"][path][method];
+    if let Some(p) = op["parameters"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == name))
+    {
+        return &p["schema"];
+    }
+    let body = &op["requestBody"]["content"]["application/json"]["schema"];
+    let body = match body["$ref"].as_str() {
+        Some(r) => &doc["components"]["schemas"][r.trim_start_matches("#/components/schemas/")],
+        None => body,
+    };
+    &body["properties"][name]
+}
+
+#[tokio::test]
+async fn openapi_document_states_every_bound_refusal_and_link() {
+    use tollgate_server::http::routes::{MAX_SESSION_TTL_MS, MAX_TOKENS, ROUTES};
+    use tollgate_server::ops::MAX_ID;
+    let srv = Server::start(&memory_config(64)).await;
+    let r = srv.get("/openapi.json").await;
+    let doc = r.ok();
+    srv.shutdown().await;
+    let id_pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$";
+
+    // Every /v1 route: the bearer credential and the refusals any of them
+    // can answer, each with the JSON error body; 429 and 409 with their
+    // retry headers.
+    for (method, path) in ROUTES.iter().filter(|(_, p)| p.starts_with("/v1/")) {
+        let op = &doc["paths"][path][method];
+        assert_eq!(op["security"], json!([{"bearer": []}]), "{method} {path}");
+        for status in ["200", "400", "401", "429", "500", "503"] {
+            assert!(
+                op["responses"][status].is_object(),
+                "{method} {path} does not document {status}"
+            );
+        }
+        for (status, r) in op["responses"].as_object().expect("responses") {
+            if status.starts_with('2') {
+                continue;
+            }
+            assert_eq!(
+                r["content"]["application/json"]["schema"]["$ref"],
+                "#/components/schemas/ErrorBody",
+                "{method} {path} {status}"
+            );
+            if status == "429" || status == "409" {
+                for h in ["Retry-After", "RateLimit-Remaining", "RateLimit-Reset"] {
+                    assert_eq!(
+                        r["headers"][h]["schema"]["type"], "integer",
+                        "{method} {path} {status} {h}"
+                    );
+                }
+            }
+        }
+    }
+    assert_eq!(
+        doc["components"]["securitySchemes"]["bearer"]["scheme"],
+        "bearer"
+    );
+    assert!(doc["paths"]["/readyz"]["get"]["responses"]["503"].is_object());
+    let permit = &doc["paths"]["/v1/providers/{provider}/permits"]["post"]["responses"];
+    let feedback = &doc["paths"]["/v1/providers/{provider}/feedback"]["post"]["responses"];
+    for r in [permit, feedback] {
+        for status in ["403", "404"] {
+            assert!(r[status].is_object(), "{status}");
+        }
+    }
+
+    // Every id: 1–512, no control characters; path and query too.
+    let ids = [
+        ("post", "/v1/runs", "invocation_id"),
+        ("post", "/v1/runs", "session_id"),
+        ("delete", "/v1/runs/{invocation_id}", "invocation_id"),
+        ("delete", "/v1/runs/{invocation_id}", "session_id"),
+        ("post", "/v1/runs/{invocation_id}/renew", "invocation_id"),
+        ("post", "/v1/tokens/reserve", "invocation_id"),
+        ("post", "/v1/sessions/{session_id}/lease", "session_id"),
+        ("post", "/v1/sessions/{session_id}/lease", "holder"),
+        ("post", "/v1/sessions/{session_id}/lease/renew", "holder"),
+        ("delete", "/v1/sessions/{session_id}/lease", "holder"),
+        ("post", "/v1/sessions/{session_id}/fence", "session_id"),
+        ("post", "/v1/providers/{provider}/permits", "provider"),
+        ("post", "/v1/providers/{provider}/permits", "model"),
+        ("post", "/v1/providers/{provider}/permits", "tenant"),
+        ("post", "/v1/providers/{provider}/feedback", "model"),
+    ];
+    for (method, path, name) in ids {
+        let s = param_schema(doc, method, path, name);
+        assert_eq!(s["minLength"], 1, "{method} {path} {name}: {s}");
+        assert_eq!(s["maxLength"], MAX_ID, "{method} {path} {name}: {s}");
+        assert_eq!(s["pattern"], id_pattern, "{method} {path} {name}: {s}");
+    }
+    for path in ["/v1/tokens/settle", "/v1/tokens/refund"] {
+        let s = param_schema(doc, "post", path, "reservation_id");
+        assert_eq!(
+            s["pattern"], r"^[1-9][0-9]{0,18}\.[^\u0000-\u001f\u007f-\u009f]{1,512}$",
+            "{path}"
+        );
+    }
+    // Every integer's range.
+    let ranges = [
+        ("post", "/v1/runs", "session_ttl_ms", 1, MAX_SESSION_TTL_MS),
+        ("post", "/v1/tokens/reserve", "estimate", 1, MAX_TOKENS),
+        ("post", "/v1/tokens/settle", "actual", 0, MAX_TOKENS),
+        (
+            "post",
+            "/v1/sessions/{session_id}/lease",
+            "ttl_ms",
+            1,
+            MAX_SESSION_TTL_MS,
+        ),
+        (
+            "post",
+            "/v1/sessions/{session_id}/lease/renew",
+            "ttl_ms",
+            1,
+            MAX_SESSION_TTL_MS,
+        ),
+        (
+            "post",
+            "/v1/sessions/{session_id}/fence",
+            "fence",
+            0,
+            u64::MAX,
+        ),
+        (
+            "post",
+            "/v1/providers/{provider}/permits",
+            "tokens",
+            0,
+            MAX_TOKENS,
+        ),
+        (
+            "post",
+            "/v1/providers/{provider}/permits",
+            "input_tokens",
+            0,
+            MAX_TOKENS,
+        ),
+        (
+            "post",
+            "/v1/providers/{provider}/permits",
+            "output_tokens",
+            0,
+            MAX_TOKENS,
+        ),
+        (
+            "post",
+            "/v1/providers/{provider}/permits",
+            "max_wait_ms",
+            0,
+            u64::MAX,
+        ),
+        (
+            "post",
+            "/v1/providers/{provider}/feedback",
+            "status",
+            100,
+            599,
+        ),
+    ];
+    for (method, path, name, min, max) in ranges {
+        let s = param_schema(doc, method, path, name);
+        assert_eq!(s["minimum"], min, "{path} {name}: {s}");
+        assert_eq!(s["maximum"], max, "{path} {name}: {s}");
+    }
+
+    // Links, in the OpenAPI spelling, to operations that exist.
+    let operation_ids: std::collections::BTreeSet<&str> = doc["paths"]
+        .as_object()
+        .expect("paths")
+        .values()
+        .flat_map(|item| item.as_object().expect("item").values())
+        .filter_map(|op| op["operationId"].as_str())
+        .collect();
+    let links = [
+        ("/v1/runs", "renew", "renew_run"),
+        ("/v1/runs", "release", "release_run"),
+        ("/v1/runs", "reserve", "reserve"),
+        ("/v1/tokens/reserve", "settle", "settle"),
+        ("/v1/tokens/reserve", "refund", "refund"),
+        ("/v1/sessions/{session_id}/lease", "renew", "session_renew"),
+        (
+            "/v1/sessions/{session_id}/lease",
+            "release",
+            "session_release",
+        ),
+        ("/v1/sessions/{session_id}/lease", "fence", "fence_check"),
+    ];
+    for (path, name, target) in links {
+        let link = &doc["paths"][path]["post"]["responses"]["200"]["links"][name];
+        assert_eq!(link["operationId"], target, "{path} {name}: {link}");
+        assert!(operation_ids.contains(target), "{target}");
+        assert!(link.get("operation_id").is_none(), "{link}");
+    }
+    let settle = &doc["paths"]["/v1/tokens/reserve"]["post"]["responses"]["200"]["links"]["settle"];
+    assert_eq!(
+        settle["requestBody"]["reservation_id"],
+        "$response.body#/reservation_id"
+    );
+}
+
+/// JSON Schema's `integer` (the document's type of every count and time)
+/// includes `5.0`: the server takes it as 5, and refuses a fraction, a
+/// negative number or one past `u64::MAX`; a field is checked against its
+/// range even when it would be unused.
+#[tokio::test]
+async fn integral_numbers_are_integers_and_every_field_is_checked() {
+    let srv = Server::start(&memory_config(64)).await;
+    let r = srv
+        .post(
+            "alice",
+            "/v1/runs",
+            json!({"invocation_id": "f1", "session_id": "s", "session_ttl_ms": 5e3}),
+        )
+        .await;
+    assert!(r.ok()["session"]["fence"].is_u64());
+    let r = srv
+        .post(
+            "alice",
+            "/v1/tokens/reserve",
+            json!({"invocation_id": "f1", "estimate": 10.0}),
+        )
+        .await;
+    assert!(r.ok()["reservation_id"].is_string());
+    for (body, field) in [
+        (json!({"invocation_id": "f1", "estimate": 1.5}), "estimate"),
+        (json!({"invocation_id": "f1", "estimate": -1.0}), "estimate"),
+        (json!({"invocation_id": "f1", "estimate": -1}), "estimate"),
+        (
+            json!({"invocation_id": "f1", "estimate": 1.8446744073709552e19}),
+            "estimate",
+        ),
+        (json!({"invocation_id": "f1", "estimate": "1"}), "estimate"),
+    ] {
+        let r = srv.post("alice", "/v1/tokens/reserve", body.clone()).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{body}: {r:?}");
+        assert_eq!(r.body["field"], field, "{body}: {r:?}");
+    }
+    // No session named: session_ttl_ms is still held to 1..=3,600,000.
+    for ttl in [json!(0), json!(3_600_001)] {
+        let r = srv
+            .post(
+                "alice",
+                "/v1/runs",
+                json!({"invocation_id": "f2", "session_ttl_ms": ttl}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{ttl}: {r:?}");
+        assert_eq!(r.body["field"], "session_ttl_ms");
+    }
+    srv.shutdown().await;
+}
+
 #[test]
 fn the_embedded_default_config_parses() {
     let c = Config::default_config().expect("the embedded default config is valid");

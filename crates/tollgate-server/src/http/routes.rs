@@ -77,8 +77,20 @@ fn shadowed<T: Serialize>(out: Shadowed<T>) -> Response {
 }
 
 #[utoipa::path(post, path = "/v1/runs", request_body = AdmitRequest,
-    responses((status = 200, body = AdmitResponse), (status = 429, body = ErrorBody, description = "turn_rate, concurrency, or sessions (a new session past max_sessions)"),
-              (status = 409, body = ErrorBody, description = "session_busy"), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+    responses(
+        (status = 200, body = AdmitResponse, description = "admitted (a retry with the same invocation id refreshes and charges nothing)",
+            headers(("x-tollgate-shadow-denied" = String, description = "the limit that would have refused, had the plan not been in shadow mode")),
+            links(
+                ("renew" = (operation_id = "renew_run", parameters(("invocation_id" = "$request.body#/invocation_id")),
+                    description = "renew the run lease")),
+                ("release" = (operation_id = "release_run", parameters(("invocation_id" = "$request.body#/invocation_id")),
+                    description = "release the run")),
+                ("reserve" = (operation_id = "reserve", request_body = json!({"invocation_id": "$request.body#/invocation_id"}),
+                    description = "reserve tokens for a model call of the run")),
+            )),
+        (status = 429, body = ErrorBody, description = "turn_rate, concurrency, or sessions: a new session past max_sessions (Retry-After)"),
+        (status = 409, body = ErrorBody, description = "session_busy: another holder has the session (Retry-After)"),
+    ))]
 async fn admit_run<S: Store + Clone>(
     State(app): State<App<S>>,
     User(user): User,
@@ -88,8 +100,8 @@ async fn admit_run<S: Store + Clone>(
 }
 
 #[utoipa::path(delete, path = "/v1/runs/{invocation_id}",
-    params(("invocation_id" = String, Path, description = "the run"), ("session_id" = Option<String>, Query, description = "also release this session's lease held by the run")),
-    responses((status = 200, body = ReleasedResponse), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+    params(("invocation_id" = String, Path, description = "the run", min_length = 1, max_length = 512, pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$"), ("session_id" = Option<String>, Query, description = "also release this session's lease held by the run", min_length = 1, max_length = 512, pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$")),
+    responses((status = 200, body = ReleasedResponse, description = "`released: false`: the run held nothing (not an error)")))]
 async fn release_run<S: Store + Clone>(
     State(app): State<App<S>>,
     User(user): User,
@@ -103,8 +115,8 @@ async fn release_run<S: Store + Clone>(
 }
 
 #[utoipa::path(post, path = "/v1/runs/{invocation_id}/renew",
-    params(("invocation_id" = String, Path, description = "the run")),
-    responses((status = 200, body = RenewResponse), (status = 404, body = ErrorBody, description = "lease_lost"), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+    params(("invocation_id" = String, Path, description = "the run", min_length = 1, max_length = 512, pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$")),
+    responses((status = 200, body = RenewResponse, description = "renewed"), (status = 404, body = ErrorBody, description = "lease_lost: the run lease expired or was released")))]
 async fn renew_run<S: Store + Clone>(
     State(app): State<App<S>>,
     User(user): User,
@@ -115,8 +127,18 @@ async fn renew_run<S: Store + Clone>(
 }
 
 #[utoipa::path(post, path = "/v1/tokens/reserve", request_body = ReserveRequest,
-    responses((status = 200, body = ReserveResponse), (status = 429, body = ErrorBody, description = "token_rate (Retry-After) or max_llm_calls (not retryable)"),
-              (status = 400, body = ErrorBody, description = "exceeds_capacity or invalid_request"), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+    responses(
+        (status = 200, body = ReserveResponse, description = "reserved",
+            headers(("x-tollgate-shadow-denied" = String, description = "the limit that would have refused, had the plan not been in shadow mode")),
+            links(
+                ("settle" = (operation_id = "settle", request_body = json!({"reservation_id": "$response.body#/reservation_id"}),
+                    description = "settle the reservation at the tokens used")),
+                ("refund" = (operation_id = "refund", request_body = json!({"reservation_id": "$response.body#/reservation_id"}),
+                    description = "refund the reservation")),
+            )),
+        (status = 429, body = ErrorBody, description = "token_rate (Retry-After) or max_llm_calls (not retryable: no Retry-After)"),
+        (status = 400, body = ErrorBody, description = "exceeds_capacity: the estimate can never fit the plan (`limit: token_rate`); or invalid_request"),
+    ))]
 async fn reserve<S: Store + Clone>(
     State(app): State<App<S>>,
     User(user): User,
@@ -128,7 +150,8 @@ async fn reserve<S: Store + Clone>(
 }
 
 #[utoipa::path(post, path = "/v1/tokens/settle", request_body = SettleRequest,
-    responses((status = 200, body = BalanceResponse), (status = 404, body = ErrorBody, description = "unknown_reservation"), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+    responses((status = 200, body = BalanceResponse, description = "settled (a repeat changes nothing)"), (status = 404, body = ErrorBody, description = "unknown_reservation"),
+        (status = 400, body = ErrorBody, description = "invalid_request, e.g. an `actual` beyond what the plan's bucket holds exactly (2^53 / period)")))]
 async fn settle<S: Store + Clone>(
     State(app): State<App<S>>,
     User(user): User,
@@ -138,7 +161,7 @@ async fn settle<S: Store + Clone>(
 }
 
 #[utoipa::path(post, path = "/v1/tokens/refund", request_body = RefundRequest,
-    responses((status = 200, body = BalanceResponse), (status = 404, body = ErrorBody, description = "unknown_reservation"), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+    responses((status = 200, body = BalanceResponse, description = "refunded (a repeat changes nothing)"), (status = 404, body = ErrorBody, description = "unknown_reservation")))]
 async fn refund<S: Store + Clone>(
     State(app): State<App<S>>,
     User(user): User,
@@ -148,8 +171,20 @@ async fn refund<S: Store + Clone>(
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{session_id}/lease", request_body = SessionLeaseRequest,
-    params(("session_id" = String, Path, description = "the conversation")),
-    responses((status = 200, body = SessionLeaseBody), (status = 409, body = ErrorBody, description = "session_busy, with retry_after_ms"), (status = 429, body = ErrorBody, description = "sessions: a new session past max_sessions (Retry-After)"), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+    params(("session_id" = String, Path, description = "the conversation", min_length = 1, max_length = 512, pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$")),
+    responses(
+        (status = 200, body = SessionLeaseBody, description = "acquired, with a new fence",
+            links(
+                ("renew" = (operation_id = "session_renew", parameters(("session_id" = "$request.path.session_id")),
+                    request_body = json!({"holder": "$request.body#/holder"}), description = "renew the lease")),
+                ("release" = (operation_id = "session_release", parameters(("session_id" = "$request.path.session_id"), ("holder" = "$request.body#/holder")),
+                    description = "release the lease")),
+                ("fence" = (operation_id = "fence_check", parameters(("session_id" = "$request.path.session_id")),
+                    request_body = json!({"fence": "$response.body#/fence"}), description = "check the fence before a write")),
+            )),
+        (status = 409, body = ErrorBody, description = "session_busy: another holder has the session, with retry_after_ms (Retry-After)"),
+        (status = 429, body = ErrorBody, description = "sessions: a new session past max_sessions (Retry-After)"),
+    ))]
 async fn session_acquire<S: Store + Clone>(
     State(app): State<App<S>>,
     User(user): User,
@@ -163,8 +198,8 @@ async fn session_acquire<S: Store + Clone>(
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{session_id}/lease/renew", request_body = SessionLeaseRequest,
-    params(("session_id" = String, Path, description = "the conversation")),
-    responses((status = 200, body = SessionLeaseBody), (status = 404, body = ErrorBody, description = "not_holder"), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+    params(("session_id" = String, Path, description = "the conversation", min_length = 1, max_length = 512, pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$")),
+    responses((status = 200, body = SessionLeaseBody, description = "renewed"), (status = 404, body = ErrorBody, description = "not_holder: this holder does not hold the lease")))]
 async fn session_renew<S: Store + Clone>(
     State(app): State<App<S>>,
     User(user): User,
@@ -178,8 +213,8 @@ async fn session_renew<S: Store + Clone>(
 }
 
 #[utoipa::path(delete, path = "/v1/sessions/{session_id}/lease",
-    params(("session_id" = String, Path, description = "the conversation"), ("holder" = String, Query, description = "the holder's token")),
-    responses((status = 200, body = ReleasedResponse), (status = 404, body = ErrorBody, description = "not_holder"), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+    params(("session_id" = String, Path, description = "the conversation", min_length = 1, max_length = 512, pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$"), ("holder" = String, Query, description = "the holder's token", min_length = 1, max_length = 512, pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$")),
+    responses((status = 200, body = ReleasedResponse, description = "released (`released` is always true)"), (status = 404, body = ErrorBody, description = "not_holder: this holder does not hold the lease")))]
 async fn session_release<S: Store + Clone>(
     State(app): State<App<S>>,
     User(user): User,
@@ -194,8 +229,8 @@ async fn session_release<S: Store + Clone>(
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{session_id}/fence", request_body = FenceRequest,
-    params(("session_id" = String, Path, description = "the conversation")),
-    responses((status = 200, body = FenceResponse), (status = 409, body = ErrorBody, description = "stale_fence"), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+    params(("session_id" = String, Path, description = "the conversation", min_length = 1, max_length = 512, pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$")),
+    responses((status = 200, body = FenceResponse, description = "the fence is the latest"), (status = 409, body = ErrorBody, description = "stale_fence, with latest_fence: the writer must stop")))]
 async fn fence_check<S: Store + Clone>(
     State(app): State<App<S>>,
     User(user): User,
@@ -207,12 +242,12 @@ async fn fence_check<S: Store + Clone>(
 }
 
 #[utoipa::path(post, path = "/v1/providers/{provider}/permits", request_body = PermitBody,
-    params(("provider" = String, Path, description = "the provider, e.g. openai")),
-    responses((status = 200, body = PermitResponse),
+    params(("provider" = String, Path, description = "the provider, e.g. openai", min_length = 1, max_length = 512, pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$")),
+    responses((status = 200, body = PermitResponse, description = "permitted"),
               (status = 429, body = ErrorBody, description = "provider_rate or provider_cooldown (Retry-After)"),
               (status = 403, body = ErrorBody, description = "provider_exhausted: per-day or billing quota; not retryable (no Retry-After); or forbidden: a tenant other than the verified one"),
-              (status = 404, body = ErrorBody, description = "unknown_provider"),
-              (status = 400, body = ErrorBody, description = "exceeds_capacity or invalid_request"), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+              (status = 404, body = ErrorBody, description = "unknown_provider: no limits configured for this provider and model"),
+              (status = 400, body = ErrorBody, description = "exceeds_capacity: the call can never fit the key's limits; or invalid_request")))]
 async fn provider_permit<S: Store + Clone>(
     State(app): State<App<S>>,
     Caller(caller): Caller,
@@ -226,11 +261,10 @@ async fn provider_permit<S: Store + Clone>(
 }
 
 #[utoipa::path(post, path = "/v1/providers/{provider}/feedback", request_body = FeedbackBody,
-    params(("provider" = String, Path, description = "the provider, e.g. openai")),
-    responses((status = 200, body = FeedbackResponse),
+    params(("provider" = String, Path, description = "the provider, e.g. openai", min_length = 1, max_length = 512, pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$")),
+    responses((status = 200, body = FeedbackResponse, description = "classified and applied"),
               (status = 403, body = ErrorBody, description = "forbidden: the credential lacks the feedback scope"),
-              (status = 404, body = ErrorBody, description = "unknown_provider"),
-              (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+              (status = 404, body = ErrorBody, description = "unknown_provider: no limits configured for this provider and model")))]
 async fn provider_feedback<S: Store + Clone>(
     State(app): State<App<S>>,
     Caller(caller): Caller,
@@ -243,12 +277,13 @@ async fn provider_feedback<S: Store + Clone>(
     ))
 }
 
-#[utoipa::path(get, path = "/healthz", responses((status = 200, body = HealthResponse)))]
+#[utoipa::path(get, path = "/healthz", responses((status = 200, body = HealthResponse, description = "the process serves")))]
 async fn healthz() -> Json<HealthResponse> {
     Json(HealthResponse { status: "ok" })
 }
 
-#[utoipa::path(get, path = "/readyz", responses((status = 200, body = HealthResponse), (status = 503, body = ErrorBody)))]
+#[utoipa::path(get, path = "/readyz", responses((status = 200, body = HealthResponse, description = "ready"),
+    (status = 503, body = ErrorBody, description = "store_unavailable: the store is down under fail_closed")))]
 async fn readyz<S: Store + Clone>(
     State(app): State<App<S>>,
 ) -> Result<Json<HealthResponse>, ApiError> {
@@ -276,8 +311,78 @@ async fn metrics_text<S: Store + Clone>(State(app): State<App<S>>) -> Response {
         .into_response()
 }
 
-async fn openapi() -> Json<utoipa::openapi::OpenApi> {
-    Json(ApiDoc::openapi())
+async fn openapi() -> Json<serde_json::Value> {
+    Json(openapi_document())
+}
+
+/// The document `GET /openapi.json` serves: [`ApiDoc`] as JSON, with its
+/// links' fields in the OpenAPI spelling (`operationId`, `operationRef`,
+/// `requestBody`), which utoipa 5's `Link` serializes in snake case.
+pub fn openapi_document() -> serde_json::Value {
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
+    let operations = doc
+        .get_mut("paths")
+        .and_then(serde_json::Value::as_object_mut)
+        .into_iter()
+        .flat_map(|paths| paths.values_mut())
+        .filter_map(serde_json::Value::as_object_mut)
+        .flat_map(|item| item.values_mut());
+    for op in operations {
+        let links = op
+            .get_mut("responses")
+            .and_then(serde_json::Value::as_object_mut)
+            .into_iter()
+            .flat_map(|r| r.values_mut())
+            .filter_map(|r| r.get_mut("links"))
+            .filter_map(serde_json::Value::as_object_mut)
+            .flat_map(|links| links.values_mut())
+            .filter_map(serde_json::Value::as_object_mut);
+        for link in links {
+            for (from, to) in [
+                ("operation_id", "operationId"),
+                ("operation_ref", "operationRef"),
+                ("request_body", "requestBody"),
+            ] {
+                if let Some(v) = link.remove(from) {
+                    link.insert(to.to_owned(), v);
+                }
+            }
+        }
+    }
+    state_byte_limits(&mut doc);
+    doc
+}
+
+/// Says in every id's description what its `maxLength` cannot: JSON
+/// Schema counts characters, tollgate bytes of UTF-8.
+fn state_byte_limits(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(o) => {
+            let is_string = match o.get("type") {
+                Some(serde_json::Value::String(t)) => t == "string",
+                Some(serde_json::Value::Array(ts)) => ts.iter().any(|t| t == "string"),
+                _ => false,
+            };
+            let is_id = is_string
+                && o.get("maxLength").and_then(serde_json::Value::as_u64)
+                    == Some(ops::MAX_ID as u64)
+                && o.contains_key("pattern");
+            if is_id {
+                let note = format!(
+                    "1 to {} bytes of UTF-8 (as many characters when all are ASCII, fewer otherwise); no control characters",
+                    ops::MAX_ID
+                );
+                let text = match o.get("description").and_then(serde_json::Value::as_str) {
+                    Some(d) => format!("{d} ({note})"),
+                    None => note,
+                };
+                o.insert("description".to_owned(), serde_json::Value::String(text));
+            }
+            o.values_mut().for_each(state_byte_limits);
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(state_byte_limits),
+        _ => {}
+    }
 }
 
 async fn not_found() -> impl IntoResponse {
@@ -369,9 +474,165 @@ async fn admit<S: Store + Clone>(State(app): State<App<S>>, req: Request, next: 
         healthz,
         readyz
     ),
-    components(schemas(ErrorBody))
+    components(schemas(ErrorBody)),
+    modifiers(&V1Contract)
 )]
 pub struct ApiDoc;
+
+/// What every `/v1` operation shares, added to each so that no route can
+/// forget it (SPEC §8): the bearer credential; 400 `invalid_request`
+/// (a body that is not JSON or is over 64 KiB, a path parameter or query),
+/// 401, 429 `overloaded` (the replica's in-flight cap), 500 `internal` and
+/// 503 `store_unavailable`, each with [`ErrorBody`]; and the retry headers
+/// of every 429 and 409.
+struct V1Contract;
+
+/// The security scheme's name in the document.
+const BEARER: &str = "bearer";
+
+impl utoipa::Modify for V1Contract {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{
+            Http, HttpAuthScheme, SecurityRequirement, SecurityScheme,
+        };
+
+        doc.components
+            .get_or_insert_with(Default::default)
+            .add_security_scheme(
+                BEARER,
+                SecurityScheme::Http(
+                    Http::builder()
+                        .scheme(HttpAuthScheme::Bearer)
+                        .bearer_format("JWT")
+                        .description(Some(
+                            "the user's JWT (or, in trusted_header mode, the trusted header from a trusted proxy)",
+                        ))
+                        .build(),
+                ),
+            );
+        for (path, item) in doc.paths.paths.iter_mut() {
+            if !path.starts_with("/v1/") {
+                continue;
+            }
+            for op in [&mut item.get, &mut item.post, &mut item.delete]
+                .into_iter()
+                .flatten()
+            {
+                op.security = Some(vec![SecurityRequirement::new(BEARER, Vec::<String>::new())]);
+                let responses = &mut op.responses.responses;
+                for (status, text) in COMMON_V1_RESPONSES {
+                    add_error_response(responses, status, text);
+                }
+                for status in ["409", "429"] {
+                    if let Some(utoipa::openapi::RefOr::T(r)) = responses.get_mut(status) {
+                        add_retry_headers(r);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The refusals every `/v1` operation can answer, whatever its own.
+const COMMON_V1_RESPONSES: [(&str, &str); 6] = [
+    (
+        "400",
+        "invalid_request: `field` names the JSON path, path parameter or query out of its schema, or `body` for a body that is not a JSON object or is over 64 KiB",
+    ),
+    (
+        "401",
+        "unauthorized: no verified identity, or a user no plan covers",
+    ),
+    (
+        "408",
+        "request_timeout: the body did not arrive within the body timeout; the connection is closed",
+    ),
+    (
+        "429",
+        "overloaded: the replica is at its in-flight cap (`retry_after_ms: 1000`, Retry-After: 1); or too_many_waits: a `wait=true` request past the per-user or total bound of waiting requests (Retry-After: 1)",
+    ),
+    (
+        "500",
+        "internal: a store fault that is not transient (a bug or misconfiguration); never client input",
+    ),
+    (
+        "503",
+        "store_unavailable: the store is unreachable under fail_closed; or store_full: the memory store is at its entry cap (Retry-After: 1)",
+    ),
+];
+
+/// Adds an [`ErrorBody`] response for `status`, or appends `text` to the
+/// description of the one the operation declares itself.
+fn add_error_response(
+    responses: &mut std::collections::BTreeMap<
+        String,
+        utoipa::openapi::RefOr<utoipa::openapi::Response>,
+    >,
+    status: &str,
+    text: &str,
+) {
+    use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+    match responses.get_mut(status) {
+        Some(RefOr::T(r)) => {
+            if !r.description.is_empty() {
+                r.description.push_str("; or ");
+            }
+            r.description.push_str(text);
+        }
+        Some(RefOr::Ref(_)) => {}
+        None => {
+            let content = ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("ErrorBody")))
+                .build();
+            responses.insert(
+                status.to_owned(),
+                RefOr::T(
+                    ResponseBuilder::new()
+                        .description(text)
+                        .content("application/json", content)
+                        .build(),
+                ),
+            );
+        }
+    }
+}
+
+/// `Retry-After` and `RateLimit-*` on a retryable refusal (SPEC §8).
+fn add_retry_headers(r: &mut utoipa::openapi::Response) {
+    use utoipa::openapi::header::HeaderBuilder;
+    use utoipa::openapi::schema::{ObjectBuilder, Type};
+    let integer = |min: u64| {
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .minimum(Some(min as usize))
+            .build()
+    };
+    for (name, min, text) in [
+        (
+            "Retry-After",
+            1,
+            "seconds to wait, rounded up, at least 1 (retryable refusals; absent on those that are not: max_llm_calls, exceeds_capacity, stale_fence)",
+        ),
+        (
+            "RateLimit-Remaining",
+            0,
+            "0 (with Retry-After, on a limit's refusal; not on overloaded)",
+        ),
+        (
+            "RateLimit-Reset",
+            1,
+            "seconds until a retry can succeed, the same as Retry-After",
+        ),
+    ] {
+        r.headers.insert(
+            name.to_owned(),
+            HeaderBuilder::new()
+                .schema(integer(min))
+                .description(Some(text))
+                .build(),
+        );
+    }
+}
 
 /// The routes, as (method, path) pairs: the router and the OpenAPI test
 /// both use this list.
