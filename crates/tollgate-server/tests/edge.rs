@@ -286,17 +286,22 @@ async fn idle_connections() {
             other => panic!("connect: {other:?}"),
         }
     }
-    // Past the cap, connections are closed at once.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut open = 0;
-    for s in &mut idle {
-        let mut b = [0u8; 1];
-        match s.try_read(&mut b) {
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => open += 1,
-            _ => {}
-        }
-    }
-    assert!(open <= 500, "{open} idle connections held");
+    // Past the cap, connections are closed at once: wait (real time, the
+    // server's sockets) until the closes have arrived.
+    let still_open = |conns: &[TcpStream]| {
+        conns
+            .iter()
+            .filter(|s| {
+                let mut b = [0u8; 1];
+                matches!(s.try_read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+            })
+            .count()
+    };
+    let conns = &idle;
+    let capped =
+        tollgate_testkit::redis::wait_until(5, || async move { still_open(conns) <= 500 }).await;
+    let open = still_open(&idle);
+    assert!(capped && open <= 500, "{open} idle connections held");
     assert!(open >= 400, "{open}: the cap's connections were served");
     // The held ones send nothing: closed after the header timeout, and a
     // normal request is served again.
