@@ -706,8 +706,15 @@ impl FileConfig {
                 None
             }
         };
-        if self.max_in_flight == 0 {
-            errors.push(err("max_in_flight", "must be at least 1"));
+        if self.max_in_flight == 0 || self.max_in_flight > crate::rls::MAX_MAX_IN_FLIGHT {
+            errors.push(err(
+                "max_in_flight",
+                format!(
+                    "must be 1 to {} (got {})",
+                    crate::rls::MAX_MAX_IN_FLIGHT,
+                    self.max_in_flight
+                ),
+            ));
         }
         let limits = self.limits.validate(self.max_in_flight, &mut errors);
         if let Some(t) = &self.admin_token

@@ -1918,6 +1918,16 @@ concurrent_runs = 2
     );
     assert_eq!(code, Some(64), "{stderr}");
     assert!(stderr.contains("max_in_flight"), "{stderr}");
+    // A cap past a million is refused, not a panic at start.
+    let (code, _, stderr) = run(
+        "huge.toml",
+        &memory_config(8).replace("max_in_flight = 8", "max_in_flight = 18446744073709551615"),
+    );
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(
+        stderr.contains("max_in_flight: must be 1 to 1000000"),
+        "{stderr}"
+    );
     let (code, _, stderr) = run("unknown.toml", &format!("colour = 1\n{}", memory_config(8)));
     assert_eq!(code, Some(64), "{stderr}");
     assert!(stderr.contains("colour"), "{stderr}");
