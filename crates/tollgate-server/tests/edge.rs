@@ -14,15 +14,13 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tollgate_core::FakeClock;
-use tollgate_server::Listeners;
 use tollgate_server::config::Config;
 use tollgate_server::grpc::proto;
 use tollgate_server::grpc::proto::tollgate_client::TollgateClient;
-use tollgate_testkit::T0;
 
 use common::{AUDIENCE, ISSUER, Resp, send_with, valid_token, wait_for_sleepers};
 
@@ -77,27 +75,14 @@ struct Server {
 
 impl Server {
     async fn start(config: Config) -> Self {
-        let bind = || async { TcpListener::bind("127.0.0.1:0").await.expect("bind") };
-        let (http, grpc) = (bind().await, bind().await);
-        let (http_addr, grpc_addr) = (http.local_addr().unwrap(), grpc.local_addr().unwrap());
-        let clock = FakeClock::new(T0);
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(tollgate_server::serve_with(
-            config,
-            Listeners::new(http).with_grpc(grpc),
-            Some(Arc::new(clock.clone())),
-            |_| {},
-            async move {
-                let _ = stopped.await;
-            },
-        ));
+        let s = common::serve_loopback(config, false).await;
         Self {
-            http: http_addr,
-            grpc: grpc_addr,
-            clock,
+            http: s.http,
+            grpc: s.grpc,
+            clock: s.clock,
             web: reqwest::Client::new(),
-            stop: Some(stop),
-            task,
+            stop: s.stop,
+            task: s.task,
         }
     }
 

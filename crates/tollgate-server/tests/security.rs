@@ -4,15 +4,11 @@
 //! refuse to run. Every test is one row of that table.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tollgate_core::FakeClock;
-use tollgate_server::Listeners;
 use tollgate_server::config::Config;
 use tollgate_server::grpc::proto;
 use tollgate_server::grpc::proto::tollgate_client::TollgateClient;
@@ -71,33 +67,14 @@ struct Server {
 impl Server {
     async fn start(toml: &str, admin_apart: bool) -> Self {
         let config = Config::parse(toml, "test", std::path::Path::new(".")).expect("valid config");
-        let bind = || async { TcpListener::bind("127.0.0.1:0").await.expect("bind") };
-        let (http, grpc) = (bind().await, bind().await);
-        let (http_addr, grpc_addr) = (http.local_addr().unwrap(), grpc.local_addr().unwrap());
-        let mut listeners = Listeners::new(http).with_grpc(grpc);
-        let mut admin = None;
-        if admin_apart {
-            let l = bind().await;
-            admin = Some(l.local_addr().unwrap());
-            listeners = listeners.with_admin(l);
-        }
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(tollgate_server::serve_with(
-            config,
-            listeners,
-            Some(Arc::new(FakeClock::new(T0))),
-            |_| {},
-            async move {
-                let _ = stopped.await;
-            },
-        ));
+        let s = common::serve_loopback(config, admin_apart).await;
         Self {
-            http: http_addr,
-            grpc: grpc_addr,
-            admin,
+            http: s.http,
+            grpc: s.grpc,
+            admin: s.admin,
             web: reqwest::Client::new(),
-            stop: Some(stop),
-            task,
+            stop: s.stop,
+            task: s.task,
         }
     }
 

@@ -5,16 +5,13 @@
 //! store filled to its bound. Every test is one row of that table.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 use reqwest::Method;
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tollgate_core::store::{CLAIM_SLACK_MS, DEFAULT_SESSION_GRACE_MS};
 use tollgate_core::{Clock, Decision, FakeClock, Limiter, MemoryStore, PlansConfig, Store};
-use tollgate_server::Listeners;
 use tollgate_server::config::Config;
 use tollgate_server::grpc::proto;
 use tollgate_server::grpc::proto::tollgate_client::TollgateClient;
@@ -70,27 +67,14 @@ struct Server {
 impl Server {
     async fn start(toml: &str) -> Self {
         let config = Config::parse(toml, "test", std::path::Path::new(".")).expect("valid config");
-        let bind = || async { TcpListener::bind("127.0.0.1:0").await.expect("bind") };
-        let (http, grpc) = (bind().await, bind().await);
-        let (http_addr, grpc_addr) = (http.local_addr().unwrap(), grpc.local_addr().unwrap());
-        let clock = FakeClock::new(T0);
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(tollgate_server::serve_with(
-            config,
-            Listeners::new(http).with_grpc(grpc),
-            Some(Arc::new(clock.clone())),
-            |_| {},
-            async move {
-                let _ = stopped.await;
-            },
-        ));
+        let s = common::serve_loopback(config, false).await;
         Self {
-            http: http_addr,
-            grpc: grpc_addr,
-            clock,
+            http: s.http,
+            grpc: s.grpc,
+            clock: s.clock,
             web: reqwest::Client::new(),
-            stop: Some(stop),
-            task,
+            stop: s.stop,
+            task: s.task,
         }
     }
 

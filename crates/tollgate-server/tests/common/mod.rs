@@ -165,6 +165,57 @@ pub async fn spawn(config: Config) -> Spawned {
     }
 }
 
+/// A server started by [`serve_loopback`].
+pub struct Loopback {
+    /// The HTTP API.
+    pub http: SocketAddr,
+    /// The gRPC API.
+    pub grpc: SocketAddr,
+    /// The operator's port, when asked for.
+    pub admin: Option<SocketAddr>,
+    /// The server's clock (a fake one at [`T0`]).
+    pub clock: FakeClock,
+    /// Stops it (see [`shutdown`]).
+    pub stop: Option<oneshot::Sender<()>>,
+    /// The server task.
+    pub task: JoinHandle<Result<(), tollgate_server::StartError>>,
+}
+
+/// Serves `config` with `serve_with` on a [`FakeClock`] at [`T0`], HTTP and
+/// gRPC each on its own loopback listener, and with `admin_apart` the
+/// operator's routes on a third.
+pub async fn serve_loopback(config: Config, admin_apart: bool) -> Loopback {
+    let bind = || async { TcpListener::bind("127.0.0.1:0").await.expect("bind") };
+    let (http, grpc) = (bind().await, bind().await);
+    let (http_addr, grpc_addr) = (http.local_addr().unwrap(), grpc.local_addr().unwrap());
+    let mut listeners = tollgate_server::Listeners::new(http).with_grpc(grpc);
+    let mut admin = None;
+    if admin_apart {
+        let l = bind().await;
+        admin = Some(l.local_addr().unwrap());
+        listeners = listeners.with_admin(l);
+    }
+    let clock = FakeClock::new(T0);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(tollgate_server::serve_with(
+        config,
+        listeners,
+        Some(Arc::new(clock.clone())),
+        |_| {},
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    Loopback {
+        http: http_addr,
+        grpc: grpc_addr,
+        admin,
+        clock,
+        stop: Some(stop),
+        task,
+    }
+}
+
 /// Waits (real time: the request runs concurrently) until `n` sleeps are
 /// parked on `clock`.
 pub async fn wait_for_sleepers(clock: &FakeClock, n: usize) {
