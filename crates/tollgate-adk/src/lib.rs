@@ -179,11 +179,13 @@ impl<S: Store> AdmissionPlugin<S> {
 
     /// The `after_run` action: releases the run lease of `invocation_id`.
     /// Returns whether a lease was released; `false` for a turn that was
-    /// denied (it never took one) or already released. Errors are logged,
-    /// not returned: the lease then expires by its TTL.
+    /// denied (it never took one) or already released, and for a release
+    /// the store journalled while the shared store is down (applied when
+    /// it answers). Errors are logged, not returned: the lease then expires
+    /// by its TTL.
     pub async fn release(&self, user_id: &str, invocation_id: &str) -> bool {
         match self.limiter.release_run(user_id, invocation_id).await {
-            Ok(released) => released,
+            Ok(released) => released.released(),
             Err(error) => {
                 tracing::warn!(
                     user = user_id,

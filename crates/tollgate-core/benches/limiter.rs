@@ -117,6 +117,7 @@ fn reserve_req<'a>(user: &'a str, invocation_id: &'a str) -> ReserveRequest<'a> 
         max_wait_ms: 2_000,
         max_llm_calls: u64::MAX,
         shadow: false,
+        request_id: None,
     }
 }
 
@@ -139,7 +140,7 @@ fn admit_release(store: &MemoryStore, thread: usize, user: &str) -> (Admit, bool
     }))
     .expect("memory store");
     let released = now(store.release_run(user, inv)).expect("memory store");
-    (admitted.admit, released)
+    (admitted.admit, released.released())
 }
 
 fn reserve(store: &MemoryStore, thread: usize, user: &str) -> ReserveOutcome {

@@ -71,6 +71,7 @@ fn main() {
                     max_wait_ms: 0,
                     max_llm_calls: 500,
                     shadow: false,
+                    request_id: None,
                 }))
                 .expect("memory store");
                 if let tollgate_core::store::ReserveOutcome::Granted { reservation, .. } = r {

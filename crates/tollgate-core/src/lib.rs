@@ -31,7 +31,7 @@
 //! let call = limiter.reserve_tokens("u42", "inv-1", 6_000).await.unwrap();
 //! let id = call.grant().unwrap().id.clone();
 //! limiter.settle("u42", &id, 4_500).await.unwrap();
-//! assert!(limiter.release_run("u42", "inv-1").await.unwrap());
+//! assert!(limiter.release_run("u42", "inv-1").await.unwrap().released());
 //! # });
 //! ```
 
@@ -52,7 +52,7 @@ pub use clock::{Clock, FakeClock, MonotonicClock, SystemClock};
 pub use decision::{Decision, Denial, Limit, Outcome};
 pub use error::{LimiterError, StoreError, StoreErrorKind};
 pub use gate::{Overloaded, ReplicaGate, ReplicaPermit};
-pub use limiter::{Limiter, Reservation, RunLease, SessionsHeld, Settled, TurnsTaken};
+pub use limiter::{Limiter, Reservation, Reserve, RunLease, SessionsHeld, Settled, TurnsTaken};
 pub use plan::{Plan, PlanBook, PlanConfig, PlanOverride, PlansConfig, RateConfig};
 pub use store::memory::MemoryStore;
 pub use store::{ReservationId, Store};

@@ -13,8 +13,8 @@ use crate::error::LimiterError;
 use crate::lease::{Admit, TurnParams};
 use crate::plan::{Plan, PlanBook};
 use crate::store::{
-    BucketRef, Claim, ClaimRequest, ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome,
-    SettleRequest, Store, TakeRequest, TurnRequest,
+    BucketRef, Claim, ClaimRequest, Release, ReservationId, ReserveOutcome, ReserveRequest,
+    SettleOutcome, SettleRequest, Store, TakeRequest, TurnRequest,
 };
 
 /// Longest accepted user id, invocation id or reservation id, bytes.
@@ -93,10 +93,30 @@ impl Waited for SessionsHeld {
 /// The result of a settle or refund.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settled {
-    /// The user's token level after it, whole tokens (negative: debt).
+    /// The user's token level after it, whole tokens (negative: debt); 0
+    /// while `pending` (not known yet).
     pub balance: i64,
-    /// `false`: the reservation was already closed and nothing changed.
+    /// `false`: the reservation was already closed and nothing changed (or
+    /// the close is pending).
     pub applied: bool,
+    /// `true`: accepted while the store of record is unreachable; it is
+    /// applied when the store answers again (SPEC §6).
+    pub pending: bool,
+}
+
+/// One token reservation to make ([`Limiter::reserve`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Reserve<'a> {
+    /// The run making the model call.
+    pub invocation_id: &'a str,
+    /// Estimated tokens.
+    pub estimate: u64,
+    /// The caller's id for this request, so a retry never charges twice
+    /// ([`ReserveRequest::request_id`]).
+    pub request_id: Option<&'a str>,
+    /// Wait out the grant's wait here before answering
+    /// ([`Limiter::reserve_tokens_and_wait`]).
+    pub wait: bool,
 }
 
 /// Admission decisions for users, on a [`Store`] and a [`Clock`].
@@ -311,9 +331,13 @@ impl<S: Store> Limiter<S> {
         })
     }
 
-    /// Releases the run lease of `invocation_id`. `false`: it held none
-    /// (a denied turn, a second release); not an error.
-    pub async fn release_run(&self, user: &str, invocation_id: &str) -> Result<bool, LimiterError> {
+    /// Releases the run lease of `invocation_id`. [`Release::NotHeld`]: it
+    /// held none (a denied turn, a second release); not an error.
+    pub async fn release_run(
+        &self,
+        user: &str,
+        invocation_id: &str,
+    ) -> Result<Release, LimiterError> {
         check_id("user", user)?;
         check_id("invocation_id", invocation_id)?;
         Ok(self.store.release_run(user, invocation_id).await?)
@@ -401,30 +425,69 @@ impl<S: Store> Limiter<S> {
         invocation_id: &str,
         estimate: u64,
     ) -> Result<Decision<Reservation>, LimiterError> {
-        check_id("invocation_id", invocation_id)?;
-        check_estimate(estimate)?;
-        let plan = self.plan_for(user)?;
-        self.reserve_with(&plan, user, invocation_id, estimate)
-            .await
+        let call = Reserve {
+            invocation_id,
+            estimate,
+            request_id: None,
+            wait: false,
+        };
+        let plan = self.reserve_plan(user, &call)?;
+        self.reserve_with(&plan, user, call).await
+    }
+
+    /// Checks a reservation's input and answers the user's plan.
+    fn reserve_plan(&self, user: &str, call: &Reserve<'_>) -> Result<Arc<Plan>, LimiterError> {
+        check_id("invocation_id", call.invocation_id)?;
+        if let Some(id) = call.request_id {
+            check_id("request_id", id)?;
+        }
+        check_estimate(call.estimate)?;
+        self.plan_for(user)
+    }
+
+    /// Reserves tokens for a model call as `call` says: with a request id
+    /// (a retry answers the first grant instead of charging again) and
+    /// waiting or not. [`reserve_tokens`](Self::reserve_tokens) and
+    /// [`reserve_tokens_and_wait`](Self::reserve_tokens_and_wait) are this
+    /// without a request id.
+    ///
+    /// # Errors
+    ///
+    /// As [`reserve_tokens`](Self::reserve_tokens); also an invalid
+    /// `request_id`, or one a fallback answered during an outage that was
+    /// reconciled since (field `request_id`: use a new one).
+    pub async fn reserve(
+        &self,
+        user: &str,
+        call: Reserve<'_>,
+    ) -> Result<Decision<Reservation>, LimiterError>
+    where
+        S: Clone,
+    {
+        let plan = self.reserve_plan(user, &call)?;
+        if call.wait {
+            return self.reserve_and_wait(&plan, user, call).await;
+        }
+        self.reserve_with(&plan, user, call).await
     }
 
     async fn reserve_with(
         &self,
         plan: &Plan,
         user: &str,
-        invocation_id: &str,
-        estimate: u64,
+        call: Reserve<'_>,
     ) -> Result<Decision<Reservation>, LimiterError> {
         let out = self
             .store
             .reserve_tokens(ReserveRequest {
                 user,
-                invocation_id,
+                invocation_id: call.invocation_id,
                 tokens: plan.tokens,
-                estimate,
+                estimate: call.estimate,
                 max_wait_ms: plan.max_wait_ms,
                 max_llm_calls: plan.max_llm_calls,
                 shadow: plan.shadow,
+                request_id: call.request_id,
             })
             .await?;
         Ok(match out {
@@ -451,6 +514,13 @@ impl<S: Store> Limiter<S> {
                 shadow_denied: Some(denial),
             },
             ReserveOutcome::Denied { denial, .. } => Decision::Denied(denial),
+            ReserveOutcome::Superseded => {
+                return Err(LimiterError::invalid(
+                    "request_id",
+                    "was answered by a replica's fallback during a store outage and has been \
+                     reconciled since: use a new request id",
+                ));
+            }
         })
     }
 
@@ -471,14 +541,31 @@ impl<S: Store> Limiter<S> {
     where
         S: Clone,
     {
-        check_id("invocation_id", invocation_id)?;
-        check_estimate(estimate)?;
-        // One plan for the reservation and its refund, even if plans are
-        // swapped meanwhile.
-        let plan = self.plan_for(user)?;
-        let mut decision = self
-            .reserve_with(&plan, user, invocation_id, estimate)
-            .await?;
+        self.reserve(
+            user,
+            Reserve {
+                invocation_id,
+                estimate,
+                request_id: None,
+                wait: true,
+            },
+        )
+        .await
+    }
+
+    /// Reserves, then waits out the grant's wait (refunding if dropped
+    /// meanwhile). One plan for the reservation and its refund, even if
+    /// plans are swapped meanwhile.
+    async fn reserve_and_wait(
+        &self,
+        plan: &Plan,
+        user: &str,
+        call: Reserve<'_>,
+    ) -> Result<Decision<Reservation>, LimiterError>
+    where
+        S: Clone,
+    {
+        let mut decision = self.reserve_with(plan, user, call).await?;
         if let Decision::Allowed { grant, .. } = &mut decision
             && grant.wait_ms > 0
         {
@@ -556,10 +643,17 @@ impl<S: Store> Limiter<S> {
             SettleOutcome::Applied { balance } => Ok(Settled {
                 balance,
                 applied: true,
+                pending: false,
             }),
             SettleOutcome::AlreadyClosed { balance } => Ok(Settled {
                 balance,
                 applied: false,
+                pending: false,
+            }),
+            SettleOutcome::Pending => Ok(Settled {
+                balance: 0,
+                applied: false,
+                pending: true,
             }),
             SettleOutcome::Unknown => {
                 Err(LimiterError::UnknownReservation(reservation.to_string()))

@@ -42,22 +42,43 @@ pub const DEFAULT_SESSION_GRACE_MS: u64 = 600_000;
 pub const CLAIM_SLACK_MS: u64 = 60_000;
 
 /// Names one token reservation: the run's invocation id and the model call's
-/// number within the run (1, 2, …). Its text form is `"{call}.{invocation_id}"`.
+/// number within the run (1, 2, …). Its text form is `"{call}.{invocation_id}"`,
+/// or `"f{tag}.{call}.{invocation_id}"` for one a replica's fallback store
+/// issued while the shared store was unreachable (`tag`: the replica's
+/// fallback tag, 8 lowercase hex digits), so the two never collide.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ReservationId {
     /// The run.
     pub invocation_id: String,
     /// The model call number within the run, from 1.
     pub call: u64,
+    /// `Some(tag)`: issued by the fallback store of the replica whose tag
+    /// this is (SPEC §6), not by the store of record.
+    pub fallback: Option<u32>,
+}
+
+impl ReservationId {
+    /// A reservation the store of record issued.
+    pub fn new(invocation_id: impl Into<String>, call: u64) -> Self {
+        Self {
+            invocation_id: invocation_id.into(),
+            call,
+            fallback: None,
+        }
+    }
 }
 
 impl fmt::Display for ReservationId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(tag) = self.fallback {
+            write!(f, "f{tag:08x}.")?;
+        }
         write!(f, "{}.{}", self.call, self.invocation_id)
     }
 }
 
-/// A reservation id that is not `"{call}.{invocation_id}"`.
+/// A reservation id that is not `"{call}.{invocation_id}"` (or
+/// `"f{tag}.{call}.{invocation_id}"`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("malformed reservation id (expected \"<call>.<invocation_id>\")")]
 pub struct MalformedReservationId;
@@ -65,6 +86,21 @@ pub struct MalformedReservationId;
 impl FromStr for ReservationId {
     type Err = MalformedReservationId;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (fallback, s) = match s.strip_prefix('f') {
+            Some(rest) => {
+                let (hex, rest) = rest.split_once('.').ok_or(MalformedReservationId)?;
+                let canonical = hex.len() == 8
+                    && hex
+                        .bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+                if !canonical {
+                    return Err(MalformedReservationId);
+                }
+                let tag = u32::from_str_radix(hex, 16).map_err(|_| MalformedReservationId)?;
+                (Some(tag), rest)
+            }
+            None => (None, s),
+        };
         let (digits, inv) = s.split_once('.').ok_or(MalformedReservationId)?;
         let call: u64 = digits.parse().map_err(|_| MalformedReservationId)?;
         // Canonical form only: no sign, no leading zeros.
@@ -74,6 +110,7 @@ impl FromStr for ReservationId {
         Ok(ReservationId {
             invocation_id: inv.to_owned(),
             call,
+            fallback,
         })
     }
 }
@@ -129,6 +166,13 @@ pub struct ReserveRequest<'a> {
     /// Shadow mode: a refusal still takes nothing, but the call is counted and
     /// a reservation (charging nothing) is recorded so it can be settled.
     pub shadow: bool,
+    /// The caller's id for this request (unique within the run): a repeat
+    /// with the same id while the run's record is kept
+    /// ([`RESERVATION_RETENTION_MS`]) answers the first grant (the same
+    /// reservation, what is left of its wait) instead of charging again. A
+    /// denial is not remembered: its repeat is decided anew. Stores keep
+    /// at most one id per model call of the run.
+    pub request_id: Option<&'a str>,
 }
 
 /// The answer to a token reservation.
@@ -148,6 +192,11 @@ pub enum ReserveOutcome {
         /// In shadow mode, the zero-charge reservation recorded instead.
         shadow_reservation: Option<ReservationId>,
     },
+    /// The request id was settled elsewhere: a replica's fallback answered
+    /// it during an outage and reconciliation ([`Store::reconcile`]) marked
+    /// it here, so this attempt (a late copy, or a retry that reached
+    /// another replica) takes nothing.
+    Superseded,
 }
 
 /// Closes a reservation: settle with the real usage, or refund.
@@ -183,6 +232,69 @@ pub enum SettleOutcome {
     /// No such reservation for this user (never made, or forgotten after
     /// [`RESERVATION_RETENTION_MS`]).
     Unknown,
+    /// Accepted but not applied yet: the store of record is unreachable, so
+    /// the close waits in the replica's journal and is applied when it
+    /// answers again (SPEC §6). Only a failure-policy wrapper answers this.
+    Pending,
+}
+
+/// The answer to a run release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// The run held a lease; it is gone.
+    Released,
+    /// The run held no live lease (not an error).
+    NotHeld,
+    /// Accepted but not applied yet: the store of record is unreachable, so
+    /// the release waits in the replica's journal (SPEC §6).
+    Pending,
+}
+
+impl Release {
+    /// Whether a lease was released now.
+    pub fn released(self) -> bool {
+        self == Release::Released
+    }
+}
+
+/// What a failure-policy fallback decided for one user during an outage,
+/// charged to the store of record when it answers again
+/// ([`Store::reconcile`], SPEC §6).
+#[derive(Debug, Clone, Copy)]
+pub struct ReconcileRequest<'a> {
+    /// The user.
+    pub user: &'a str,
+    /// The user's turn bucket (the plan's, unscaled).
+    pub turns: BucketSpec,
+    /// The user's token bucket (the plan's, unscaled).
+    pub tokens: BucketSpec,
+    /// Turns the fallback took.
+    pub turns_taken: u64,
+    /// Tokens the fallback charged, net: estimates reserved plus settle
+    /// adjustments minus refunds (negative: more was given back than
+    /// taken since the last reconciliation).
+    pub tokens_net: i64,
+    /// Reserves that failed here ambiguously (sent, no answer) before the
+    /// fallback decided them: `(invocation id, request id)`. One this store
+    /// did run is refunded here (the fallback's charge replaces it); one
+    /// it did not run is marked so a late copy takes nothing
+    /// ([`ReserveOutcome::Superseded`]).
+    pub ambiguous_reserves: &'a [(&'a str, &'a str)],
+    /// Admissions that failed here ambiguously before the fallback admitted
+    /// them: a run that holds a live lease here was admitted (and charged a
+    /// turn) here, so one turn fewer is charged for it.
+    pub ambiguous_admissions: &'a [&'a str],
+}
+
+/// What [`Store::reconcile`] charged.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reconciled {
+    /// Turns charged to the turn bucket.
+    pub turns: u64,
+    /// Tokens charged to the token bucket (net).
+    pub tokens: i64,
+    /// Ambiguous reserves found run here and refunded.
+    pub refunded: u32,
 }
 
 /// One bucket of a multi-bucket take, with its own parameters.
@@ -415,12 +527,12 @@ pub trait Store: Send + Sync + 'static {
         req: TurnRequest<'_>,
     ) -> impl Future<Output = Result<TurnOutcome, StoreError>> + Send;
 
-    /// Release the run lease of `invocation_id` only. `false`: it held none.
+    /// Release the run lease of `invocation_id` only.
     fn release_run(
         &self,
         user: &str,
         invocation_id: &str,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Release, StoreError>> + Send;
 
     /// Renew a live run lease to `now + ttl_ms`; `None`: the lease is lost.
     fn renew_run(
@@ -585,6 +697,17 @@ pub trait Store: Send + Sync + 'static {
     /// Clear a user's buckets (full again); leases and reservations stay.
     /// `true` if there was anything to clear.
     fn reset_user(&self, user: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Charge what a fallback decided for a user during an outage (SPEC
+    /// §6), in one atomic step on the user's keys: first the ambiguous
+    /// reserves and admissions are resolved (see [`ReconcileRequest`]),
+    /// then the turns and the net tokens are charged. Buckets may go into
+    /// debt (a level below zero): the user waits it off. Tokens also count
+    /// in the user's per-minute usage.
+    fn reconcile(
+        &self,
+        req: ReconcileRequest<'_>,
+    ) -> impl Future<Output = Result<Reconciled, StoreError>> + Send;
 }
 
 #[cfg(test)]
@@ -593,13 +716,30 @@ mod tests {
 
     #[test]
     fn reservation_id_round_trips() {
-        let id = ReservationId {
-            invocation_id: "inv.with.dots".into(),
-            call: 12,
-        };
+        let id = ReservationId::new("inv.with.dots", 12);
         assert_eq!(id.to_string(), "12.inv.with.dots");
         assert_eq!("12.inv.with.dots".parse::<ReservationId>().unwrap(), id);
-        for bad in ["", "x.inv", "0.inv", "3.", "03.inv", "12", "+1.inv"] {
+        let local = ReservationId {
+            fallback: Some(0xab),
+            ..id.clone()
+        };
+        assert_eq!(local.to_string(), "f000000ab.12.inv.with.dots");
+        assert_eq!(local.to_string().parse::<ReservationId>().unwrap(), local);
+        assert_ne!(local, id);
+        for bad in [
+            "",
+            "x.inv",
+            "0.inv",
+            "3.",
+            "03.inv",
+            "12",
+            "+1.inv",
+            "f.1.inv",
+            "fab.1.inv",
+            "f000000AB.1.inv",
+            "f000000ab.inv",
+            "f000000ab.0.inv",
+        ] {
             assert!(bad.parse::<ReservationId>().is_err(), "{bad}");
         }
     }

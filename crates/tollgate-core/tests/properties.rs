@@ -540,8 +540,8 @@ proptest! {
                                 assert!(st.leases.iter().any(|(id, _)| *id == inv), "own lease not listed");
                                 assert!(store.renew_run("u", &inv, 120_000).await.expect("memory store").is_some());
                                 held.fetch_sub(1, Ordering::SeqCst);
-                                assert!(store.release_run("u", &inv).await.expect("memory store"));
-                                assert!(!store.release_run("u", &inv).await.expect("memory store"));
+                                assert!(store.release_run("u", &inv).await.expect("memory store").released());
+                                assert!(!store.release_run("u", &inv).await.expect("memory store").released());
                             }
                             Admit::Denied(d) => {
                                 assert!(

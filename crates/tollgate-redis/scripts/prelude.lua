@@ -109,3 +109,33 @@ local function usage_add(key, now, tokens)
   local exp = (m + 2) * 60000
   if exp > now then redis.call('PEXPIRE', key, exp - now) end
 end
+
+-- A run record is (re)touched in the user's run index (a zset: member the
+-- escaped invocation id, score its record's expiry). A new record keeps at
+-- most `max_runs` per user: the least recently active run's record (key
+-- `inv_prefix .. member`, same slot) is dropped first.
+local function track_run(index, inv_prefix, inv_id, is_new, now, retention, max_runs)
+  if is_new then
+    redis.call('ZREMRANGEBYSCORE', index, '-inf', now)
+    if redis.call('ZCARD', index) >= max_runs then
+      local oldest = redis.call('ZRANGE', index, 0, 0)
+      redis.call('ZREM', index, oldest[1])
+      redis.call('DEL', inv_prefix .. oldest[1])
+    end
+  end
+  redis.call('ZADD', index, now + retention, inv_id)
+  redis.call('PEXPIRE', index, retention)
+end
+
+-- Adjusts a bucket by a signed delta of whole units (positive takes),
+-- never refusing: level = min(cap, level - delta) (SPEC §2 settle), debt
+-- bounded by MAX_SCALED. Answers the new level.
+local function bucket_adjust(key, now, amount, period, cap, delta)
+  local level, ts, _, old_period = bucket_load(key, now, cap, period)
+  level, ts = refill(level, ts, now, amount, cap, old_period, period)
+  level = level - delta * period
+  if level > cap then level = cap end
+  if level < -MAX_SCALED then level = -MAX_SCALED end
+  bucket_save(key, level, ts, now, amount, cap, period)
+  return level
+end

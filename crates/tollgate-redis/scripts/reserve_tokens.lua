@@ -13,20 +13,35 @@
 -- ARGV[10] reservation retention ms   ARGV[11] most runs tracked per user
 -- ARGV[12] the invocation id (escaped, as in KEYS[2])
 -- ARGV[13] the prefix of invocation keys ({prefix}:inv:{user}:), for eviction
+-- ARGV[14] the request id ('' for none): the invocation hash keeps
+--         r<id> = "<call>:<ready_at>" for each granted reserve that named one
+--         ("0:0": superseded by reconcile)
 -- Returns {1, call, wait_ms, now}
 --      or {0, code, retry_after_ms, shadow call (0: none)}
 --         code 3 max_llm_calls, 4 token_rate (retryable), 5 exceeds capacity
+--      or {2} the request id was superseded, {3, call, wait_ms} a repeat of it
 local now = now_ms(ARGV[1])
 local amount, period, cap = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local estimate, max_wait = tonumber(ARGV[5]), tonumber(ARGV[6])
 local max_calls, shadow, exceeds = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local retention, max_runs = tonumber(ARGV[10]), tonumber(ARGV[11])
-local inv_id = ARGV[12]
+local inv_id, rid = ARGV[12], ARGV[14]
 
 local v = redis.call('HMGET', KEYS[2], 'c', 'e')
-local calls = 0
+local calls, live = 0, false
 if v[1] and tonumber(v[2]) > now then
-  calls = tonumber(v[1])
+  calls, live = tonumber(v[1]), true
+  if rid ~= '' then
+    local r = redis.call('HGET', KEYS[2], 'r' .. rid)
+    if r then
+      local sep = string.find(r, ':', 1, true)
+      local first, ready = tonumber(string.sub(r, 1, sep - 1)), tonumber(string.sub(r, sep + 1))
+      if first == 0 then return {2} end
+      local left = ready - now
+      if left < 0 then left = 0 end
+      return {3, first, left}
+    end
+  end
 elseif v[1] then
   redis.call('DEL', KEYS[2])
 end
@@ -34,21 +49,17 @@ if calls >= max_calls and shadow == 0 then
   return {0, 3, 0, 0}
 end
 
-local function record_call(charged)
+local function record_call(charged, wait)
   local exp = now + retention
-  if calls == 0 then
-    -- A new run record: keep at most max_runs per user.
-    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-    if redis.call('ZCARD', KEYS[4]) >= max_runs then
-      local oldest = redis.call('ZRANGE', KEYS[4], 0, 0)
-      redis.call('ZREM', KEYS[4], oldest[1])
-      redis.call('DEL', ARGV[13] .. oldest[1])
-    end
-  end
-  redis.call('ZADD', KEYS[4], exp, inv_id)
-  redis.call('PEXPIRE', KEYS[4], retention)
+  track_run(KEYS[4], ARGV[13], inv_id, not live, now, retention, max_runs)
+  live = true
   calls = calls + 1
-  redis.call('HSET', KEYS[2], 'c', calls, 'e', exp, 'o' .. calls, charged)
+  if wait and rid ~= '' then
+    redis.call('HSET', KEYS[2], 'c', calls, 'e', exp, 'o' .. calls, charged,
+      'r' .. rid, calls .. ':' .. (now + wait))
+  else
+    redis.call('HSET', KEYS[2], 'c', calls, 'e', exp, 'o' .. calls, charged)
+  end
   redis.call('PEXPIRE', KEYS[2], retention)
   return calls
 end
@@ -64,12 +75,12 @@ elseif outcome == 3 then code = 5 end
 if code == 0 then
   bucket_save(KEYS[1], after, ts, now, amount, cap, period)
   usage_add(KEYS[3], now, estimate)
-  return {1, record_call(estimate), x, now}
+  return {1, record_call(estimate, x), x, now}
 end
 -- Denied: take nothing; keep the refilled level.
 bucket_save(KEYS[1], level, ts, now, amount, cap, period)
 local hint = 0
 if code == 4 then hint = x end
 local call = 0
-if shadow == 1 then call = record_call(0) end
+if shadow == 1 then call = record_call(0, nil) end
 return {0, code, hint, call}

@@ -6,14 +6,19 @@ use tollgate_core::{StoreError, StoreErrorKind};
 /// Maps a Redis error to a [`StoreError`], keeping it as the source.
 ///
 /// Transient (worth retrying or failing open): timeouts, refused or dropped
-/// connections, I/O errors, and a cluster that is reconfiguring (`TRYAGAIN`,
-/// `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`, `BUSY`). Full: Redis at its
-/// `maxmemory` refusing a write (`OOM`), as the in-memory store at its
-/// bound. Permanent: bad credentials, scripts that fail, answers this
-/// client does not understand.
+/// connections, I/O errors, a cluster that is reconfiguring (`TRYAGAIN`,
+/// `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`), and a server busy running a
+/// slow script (`BUSY`). Full: Redis at its `maxmemory` refusing a write
+/// (`OOM`), as the in-memory store at its bound ([`Failover`] treats it as
+/// a fault of the shared store too). Permanent: bad credentials, scripts
+/// that fail, answers this client does not understand.
+///
+/// [`Failover`]: crate::Failover
 pub(crate) fn classify(e: RedisError) -> StoreError {
     let kind = if e.code() == Some("OOM") {
         StoreErrorKind::Full
+    } else if e.code() == Some("BUSY") {
+        StoreErrorKind::Unavailable
     } else if e.is_timeout() {
         StoreErrorKind::Timeout
     } else if e.is_connection_refusal() || e.is_connection_dropped() || e.is_io_error() {

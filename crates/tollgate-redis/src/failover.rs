@@ -1,45 +1,72 @@
-//! The failure policy of SPEC §6: when the shared store is unreachable,
-//! fail closed (a typed `Unavailable` error) or fail open (decide from a
-//! local in-memory store whose rates are scaled by `fallback_share`) until it
-//! answers again.
+//! The failure policy of SPEC §6: when the shared store fails, fail closed
+//! (a typed `Unavailable` error) or fail open (decide from a local
+//! in-memory store whose rates are scaled by `fallback_share`), and lose
+//! nothing either way.
+//!
+//! - **Breaker.** A [`Breaker`](crate::breaker) decides when the store is
+//!   failing: K transient faults in a row, or a failure ratio over a window
+//!   ([`BreakerConfig`]). While it is open nothing is sent to the store;
+//!   after `open_ms` one probe at a time asks it again. One slow call does
+//!   not send a replica's every user to the policy. Transient faults are
+//!   the store unreachable, slow, busy (`BUSY`) or out of memory (`OOM`).
+//! - **Closes are journalled.** A settle, refund or release of something the
+//!   shared store issued is never answered by the local store: while the
+//!   shared store fails it is kept in a bounded per-replica journal (by
+//!   count, and by age: [`RESERVATION_RETENTION_MS`]) and answered
+//!   [`SettleOutcome::Pending`] / [`Release::Pending`]; a full journal is a
+//!   [`StoreErrorKind::Full`] error (retry). The journal is replayed when the
+//!   store answers again; each close is idempotent by id, so replay is
+//!   harmless. A renew is not a close: while the store fails, a lease the
+//!   local store does not hold cannot be renewed (an `Unavailable` error).
+//! - **Fallback decisions are reconciled.** Ids the local store issues name
+//!   this replica ([`ReservationId::fallback`]), so they never collide with
+//!   the shared store's. What it charged per user (turns taken, tokens net
+//!   of settles and refunds) is owed to the shared store and charged there
+//!   ([`Store::reconcile`]) when it answers again, so a user who spent
+//!   during an outage does not find a fresh bucket. A call that failed
+//!   after it was sent may have run on the shared store: every reserve
+//!   carries a request id, and reconciliation refunds a reserve the store
+//!   did run (or marks its id so a late copy takes nothing), and charges
+//!   no turn for an admission whose lease the store holds.
 //!
 //! Session leases and fenced appends always fail closed: two holders must
 //! never both believe they hold a session. So does clearing a provider
 //! key's cooldown and AIMD state (an operator's write,
 //! [`Store::clear_provider`]): cleared only in the local store, the fleet's
 //! shared state would be untouched while the operator was told it was
-//! cleared; an error tells them to try again. When the shared store has
-//! cleared it, this replica's fallback state for the key is cleared too, so
-//! a later outage does not bring the old cooldown back. Only transient faults (the store
-//! unreachable or slow) trigger the policy; a permanent one (bad credentials,
-//! a failing script) is passed through, never hidden by a fallback. So is a
-//! full store ([`StoreErrorKind::Full`]: Redis at `maxmemory`, or the local
-//! store at its entry bound under fail-open): the store answered, so it is
-//! not marked down and nothing is decided locally instead. Session claims
-//! ([`Store::claim_session`]) fail closed with the sessions they count.
+//! cleared. When the shared store has cleared it, this replica's fallback
+//! state for the key is cleared too. Session claims
+//! ([`Store::claim_session`]) fail closed with the sessions they count. A
+//! permanent fault (bad credentials, a failing script) is passed through,
+//! never hidden by a fallback. Provider buckets the local store takes from
+//! under fail-open are not reconciled (they are fleet-wide, not a user's).
 //!
-//! After a fault the store is not asked again for `probe_interval_ms`
-//! (default 1 s): decisions meanwhile come from the policy at once instead of
-//! each waiting out a timeout. The first operation after that probes it, and
-//! recovery needs no restart.
+//! The journal and the owed charges are in memory: a replica that crashes
+//! during an outage loses them (SPEC §6).
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use parking_lot::Mutex;
 use tollgate_core::aimd::AimdParams;
-use tollgate_core::lease::{SessionAcquire, SessionGrant, TurnParams};
+use tollgate_core::lease::{Admit, SessionAcquire, SessionGrant, TurnParams};
 use tollgate_core::store::{
-    AppendOutcome, BucketTake, Claim, ClaimRequest, CooldownCheck, FenceCheck, MultiTake,
-    ProviderCleared, ReserveOutcome, ReserveRequest, SettleOutcome, SettleRequest, TakeOutcome,
+    AppendOutcome, BucketRef, BucketTake, Claim, ClaimRequest, CooldownCheck, FenceCheck,
+    MultiTake, ProviderCleared, RESERVATION_RETENTION_MS, ReconcileRequest, Reconciled, Release,
+    ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome, SettleRequest, TakeOutcome,
     TakeRequest, TopUser, TurnOutcome, TurnRequest, UserState,
 };
 use tollgate_core::{BucketSpec, Clock, MemoryStore, Store, StoreError, StoreErrorKind};
+
+use crate::breaker::{Breaker, BreakerConfig, BreakerState, Pass, Transition};
 
 /// What to do while the shared store is unreachable.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum FailurePolicy {
     /// Refuse to decide: every operation fails with a transient
-    /// `Unavailable` error (the sidecar answers 503).
+    /// `Unavailable` error (the sidecar answers 503). Closes are still
+    /// journalled.
     FailClosed,
     /// Decide from a local in-memory store, with every rate, burst and
     /// concurrency cap scaled by `fallback_share` (set 1/N for N replicas so
@@ -64,11 +91,51 @@ pub struct FallbackEvent<'a> {
     /// (fail closed, or an operation that always fails closed).
     pub local: bool,
     /// The fault that sent it here; `None` when the store was not asked
-    /// (it failed less than `probe_interval_ms` ago).
+    /// (the breaker is open).
     pub cause: Option<&'a StoreError>,
 }
 
+/// Default most closes the journal holds.
+pub const DEFAULT_JOURNAL_CAPACITY: usize = 100_000;
+
+/// Most ambiguous calls remembered per user until reconciliation; past it
+/// the oldest is forgotten (it may then be charged twice).
+const MAX_AMBIGUOUS_PER_USER: usize = 1_024;
+
+/// The journal now: how many closes wait and since when.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JournalStats {
+    /// Closes waiting to be applied.
+    pub depth: usize,
+    /// When the oldest was accepted, ms on the failover's clock (0: empty).
+    pub oldest_at_ms: u64,
+    /// Most closes it holds.
+    pub capacity: usize,
+    /// Closes dropped unapplied because they outlived the reservation
+    /// retention, since start.
+    pub expired: u64,
+}
+
+/// What one [`Failover::recover`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// Users whose owed charges were reconciled.
+    pub users: usize,
+    /// Turns charged to the shared store.
+    pub turns: u64,
+    /// Tokens charged to the shared store (net).
+    pub tokens: i64,
+    /// Ambiguous reserves the shared store had run, refunded there.
+    pub refunded: u32,
+    /// Journalled closes applied.
+    pub replayed: usize,
+    /// Closes still waiting (the store failed again meanwhile).
+    pub remaining: usize,
+}
+
 type Hook = Arc<dyn Fn(FallbackEvent<'_>) + Send + Sync>;
+type FullHook = Arc<dyn Fn(&'static str) + Send + Sync>;
+type TransitionHook = Arc<dyn Fn(BreakerState, BreakerState) + Send + Sync>;
 
 /// A [`Store`] that applies a [`FailurePolicy`] to another one.
 #[derive(Clone)]
@@ -77,37 +144,108 @@ pub struct Failover<S> {
     inner: Arc<Inner>,
 }
 
+/// A close waiting for the shared store.
+#[derive(Debug)]
+enum Close {
+    Settle {
+        user: String,
+        tokens: BucketSpec,
+        reservation: ReservationId,
+        actual: Option<u64>,
+    },
+    Release {
+        user: String,
+        invocation_id: String,
+    },
+}
+
+#[derive(Debug, Default)]
+struct Journal {
+    entries: VecDeque<(u64, Close)>,
+    expired: u64,
+}
+
+/// What the local store charged one user, owed to the shared store.
+#[derive(Debug, Default)]
+struct Owed {
+    turns: Option<BucketSpec>,
+    tokens: Option<BucketSpec>,
+    turns_taken: u64,
+    tokens_net: i64,
+    ambiguous_reserves: VecDeque<(String, String)>,
+    ambiguous_admissions: VecDeque<String>,
+    /// Open local reservations: (invocation, call) → (estimate charged,
+    /// when). Forgotten after the reservation retention, as the local
+    /// store forgets them.
+    open: HashMap<(String, u64), (u64, u64)>,
+}
+
+impl Owed {
+    fn is_settled(&self) -> bool {
+        self.turns_taken == 0
+            && self.tokens_net == 0
+            && self.ambiguous_reserves.is_empty()
+            && self.ambiguous_admissions.is_empty()
+    }
+
+    fn push_bounded<T>(q: &mut VecDeque<T>, v: T) {
+        if q.len() >= MAX_AMBIGUOUS_PER_USER {
+            q.pop_front();
+        }
+        q.push_back(v);
+    }
+}
+
 struct Inner {
     fallback: MemoryStore,
     clock: Arc<dyn Clock>,
     policy: FailurePolicy,
-    probe_interval_ms: u64,
-    down_until: AtomicU64,
-    down: AtomicBool,
+    breaker: Breaker,
+    tag: u32,
+    journal_capacity: usize,
+    journal: Mutex<Journal>,
+    owed: Mutex<HashMap<String, Owed>>,
+    dirty: AtomicBool,
+    recovering: AtomicBool,
+    recovery: tokio::sync::Mutex<()>,
+    next_request: AtomicU64,
     hook: Option<Hook>,
     on_full: Arc<std::sync::OnceLock<FullHook>>,
+    on_transition: Option<TransitionHook>,
 }
-
-type FullHook = Arc<dyn Fn(&'static str) + Send + Sync>;
 
 impl<S> std::fmt::Debug for Failover<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Failover")
             .field("policy", &self.inner.policy)
-            .field("down", &self.inner.down.load(Ordering::Relaxed))
+            .field("breaker", &self.inner.breaker.state())
+            .field("tag", &format_args!("{:08x}", self.inner.tag))
             .finish_non_exhaustive()
     }
 }
 
-enum Route {
-    Primary,
-    /// The store failed less than a probe interval ago: skip it.
-    Skip,
+/// An attempt on the shared store.
+enum Attempt<T> {
+    /// It answered (a value, or a permanent error that no policy hides).
+    Done(Result<T, StoreError>),
+    /// It failed transiently (`Some`: the fault; the call may have run) or
+    /// was not asked (`None`: the breaker is open).
+    Failed(Option<StoreError>),
 }
 
-impl<S: Store> Failover<S> {
-    /// Applies `policy` to `primary`; `clock` times the probe interval and
-    /// drives the local store.
+/// A process-unique tag for this replica's fallback ids: the clock and the
+/// process id through std's randomly keyed hasher.
+fn replica_tag(now: u64) -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(now);
+    h.write_u32(std::process::id());
+    h.finish() as u32
+}
+
+impl<S: Store + Clone> Failover<S> {
+    /// Applies `policy` to `primary`; `clock` times the breaker and drives
+    /// the local store.
     ///
     /// # Errors
     ///
@@ -123,13 +261,20 @@ impl<S: Store> Failover<S> {
             primary,
             inner: Arc::new(Inner {
                 fallback: MemoryStore::new(clock.clone()),
+                tag: replica_tag(clock.now_ms()),
                 clock,
                 policy,
-                probe_interval_ms: 1_000,
-                down_until: AtomicU64::new(0),
-                down: AtomicBool::new(false),
+                breaker: Breaker::new(BreakerConfig::default()),
+                journal_capacity: DEFAULT_JOURNAL_CAPACITY,
+                journal: Mutex::default(),
+                owed: Mutex::default(),
+                dirty: AtomicBool::new(false),
+                recovering: AtomicBool::new(false),
+                recovery: tokio::sync::Mutex::new(()),
+                next_request: AtomicU64::new(0),
                 hook: None,
                 on_full: Arc::default(),
+                on_transition: None,
             }),
         })
     }
@@ -140,22 +285,53 @@ impl<S: Store> Failover<S> {
         self.rebuild(|i| i.hook = Some(Arc::new(hook)))
     }
 
-    /// The same store with another probe interval (ms).
-    pub fn with_probe_interval_ms(self, ms: u64) -> Self {
-        self.rebuild(|i| i.probe_interval_ms = ms)
+    /// The same store, calling `hook(from, to)` at every breaker transition
+    /// (each is also logged).
+    pub fn on_transition(
+        self,
+        hook: impl Fn(BreakerState, BreakerState) + Send + Sync + 'static,
+    ) -> Self {
+        self.rebuild(|i| i.on_transition = Some(Arc::new(hook)))
     }
 
+    /// The same store with another breaker.
+    pub fn with_breaker(self, config: BreakerConfig) -> Self {
+        self.rebuild(|i| i.breaker = Breaker::new(config))
+    }
+
+    /// The same store with the breaker open for `ms` after it trips.
+    pub fn with_probe_interval_ms(self, ms: u64) -> Self {
+        let config = BreakerConfig {
+            open_ms: ms,
+            ..self.inner.breaker.config()
+        };
+        self.with_breaker(config)
+    }
+
+    /// The same store with a journal of at most `n` closes (at least 1).
+    pub fn with_journal_capacity(self, n: usize) -> Self {
+        self.rebuild(|i| i.journal_capacity = n.max(1))
+    }
+
+    /// Rebuilds before first use (builder methods): the state is fresh.
     fn rebuild(self, f: impl FnOnce(&mut Inner)) -> Self {
         let i = &self.inner;
         let mut inner = Inner {
             fallback: i.fallback.clone(),
             clock: i.clock.clone(),
             policy: i.policy,
-            probe_interval_ms: i.probe_interval_ms,
-            down_until: AtomicU64::new(i.down_until.load(Ordering::Relaxed)),
-            down: AtomicBool::new(i.down.load(Ordering::Relaxed)),
+            breaker: Breaker::new(i.breaker.config()),
+            tag: i.tag,
+            journal_capacity: i.journal_capacity,
+            journal: Mutex::default(),
+            owed: Mutex::default(),
+            dirty: AtomicBool::new(false),
+            recovering: AtomicBool::new(false),
+            recovery: tokio::sync::Mutex::new(()),
+            next_request: AtomicU64::new(0),
             hook: i.hook.clone(),
             on_full: i.on_full.clone(),
+            on_transition: i.on_transition.clone(),
         };
         f(&mut inner);
         Self {
@@ -166,8 +342,9 @@ impl<S: Store> Failover<S> {
 
     /// Calls `hook` with the operation's name each time an operation is
     /// refused because a store is full: the shared one
-    /// ([`StoreErrorKind::Full`], Redis out of memory) or the local one
-    /// deciding under fail-open ([`MemoryStore::on_full`]). Set once.
+    /// ([`StoreErrorKind::Full`], Redis out of memory), the local one
+    /// deciding under fail-open ([`MemoryStore::on_full`]), or the journal.
+    /// Set once.
     pub fn on_full(&self, hook: impl Fn(&'static str) + Send + Sync + 'static) {
         let hook: FullHook = Arc::new(hook);
         let local = hook.clone();
@@ -175,10 +352,8 @@ impl<S: Store> Failover<S> {
         let _ = self.inner.on_full.set(hook);
     }
 
-    fn count_full(&self, op: &'static str, e: &StoreError) {
-        if e.is_full()
-            && let Some(hook) = self.inner.on_full.get()
-        {
+    fn count_full(&self, op: &'static str) {
+        if let Some(hook) = self.inner.on_full.get() {
             hook(op);
         }
     }
@@ -194,36 +369,62 @@ impl<S: Store> Failover<S> {
         &self.inner.fallback
     }
 
-    /// Whether the shared store is considered down now.
+    /// This replica's tag in the ids its local store issues.
+    pub fn tag(&self) -> u32 {
+        self.inner.tag
+    }
+
+    /// Whether the shared store is considered failing now (the breaker is
+    /// not closed).
     pub fn is_down(&self) -> bool {
-        self.inner.down.load(Ordering::Relaxed)
+        self.inner.breaker.state() != BreakerState::Closed
     }
 
-    fn route(&self) -> Route {
-        let until = self.inner.down_until.load(Ordering::Relaxed);
-        if until != 0 && self.inner.clock.now_ms() < until {
-            Route::Skip
-        } else {
-            Route::Primary
+    /// The breaker's state.
+    pub fn breaker_state(&self) -> BreakerState {
+        self.inner.breaker.state()
+    }
+
+    /// The journal of closes waiting for the shared store.
+    pub fn journal_stats(&self) -> JournalStats {
+        let j = self.inner.journal.lock();
+        JournalStats {
+            depth: j.entries.len(),
+            oldest_at_ms: j.entries.front().map_or(0, |(at, _)| *at),
+            capacity: self.inner.journal_capacity,
+            expired: j.expired,
         }
     }
 
-    fn mark_down(&self, op: &'static str, e: &StoreError) {
-        let until = self
-            .inner
-            .clock
-            .now_ms()
-            .saturating_add(self.inner.probe_interval_ms);
-        self.inner.down_until.store(until, Ordering::Relaxed);
-        if !self.inner.down.swap(true, Ordering::Relaxed) {
-            tracing::warn!(op, error = %e, policy = ?self.inner.policy, "shared store unreachable; applying the failure policy");
-        }
+    /// Users with charges owed to the shared store.
+    pub fn owed_users(&self) -> usize {
+        self.inner
+            .owed
+            .lock()
+            .values()
+            .filter(|o| !o.is_settled())
+            .count()
     }
 
-    fn mark_up(&self) {
-        if self.inner.down.swap(false, Ordering::Relaxed) {
-            self.inner.down_until.store(0, Ordering::Relaxed);
-            tracing::warn!("shared store answers again; decisions come from it");
+    fn transition(&self, t: Option<Transition>, op: &'static str, e: Option<&StoreError>) {
+        let Some((from, to)) = t else { return };
+        match to {
+            BreakerState::Open => tracing::warn!(
+                op,
+                error = e.map(|e| e.to_string()),
+                from = from.as_str(),
+                policy = ?self.inner.policy,
+                "shared store failing: breaker open, applying the failure policy"
+            ),
+            BreakerState::HalfOpen => {
+                tracing::info!(op, "breaker half-open: probing the shared store");
+            }
+            BreakerState::Closed => {
+                tracing::warn!(op, "shared store answers again: breaker closed");
+            }
+        }
+        if let Some(h) = &self.inner.on_transition {
+            h(from, to);
         }
     }
 
@@ -245,15 +446,77 @@ impl<S: Store> Failover<S> {
         cause.unwrap_or_else(|| {
             StoreError::new(
                 StoreErrorKind::Unavailable,
-                format!("store unavailable ({op}): it failed moments ago"),
+                format!("store unavailable ({op}): the shared store is failing (breaker open)"),
             )
         })
     }
 
-    /// Runs `op` on the primary; on a transient fault (or while it is
-    /// considered down) answers from `local` under fail-open, or fails
-    /// closed.
+    /// Sends `call` to the shared store if the breaker lets it, and tells
+    /// the breaker how it went.
+    async fn attempt<T>(
+        &self,
+        op: &'static str,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Attempt<T> {
+        let clock = &*self.inner.clock;
+        let (pass, t) = self.inner.breaker.pass(clock);
+        self.transition(t, op, None);
+        if pass == Pass::Skip {
+            return Attempt::Failed(None);
+        }
+        match call.await {
+            Err(e) if e.is_transient() || e.is_full() => {
+                if e.is_full() {
+                    self.count_full(op);
+                }
+                let t = self.inner.breaker.failure(clock, pass);
+                self.transition(t, op, Some(&e));
+                Attempt::Failed(Some(e))
+            }
+            other => {
+                let t = self.inner.breaker.success(clock, pass);
+                self.transition(t, op, None);
+                if self.inner.dirty.load(Ordering::Relaxed) {
+                    self.spawn_recovery();
+                }
+                Attempt::Done(other)
+            }
+        }
+    }
+
+    /// Runs `op` on the primary; on a transient fault (or while the breaker
+    /// is open) answers from `local` under fail-open, or fails closed.
+    /// The second value: `Some(ambiguous)` when the local store decided
+    /// (`true`: the primary failed after the call was sent, so it may have
+    /// run there).
     async fn decide<'a, T, P, L>(
+        &'a self,
+        name: &'static str,
+        primary: P,
+        local: impl FnOnce(&'a MemoryStore, f64) -> L,
+    ) -> Result<(T, Option<bool>), StoreError>
+    where
+        P: Future<Output = Result<T, StoreError>>,
+        L: Future<Output = Result<T, StoreError>>,
+    {
+        let cause = match self.attempt(name, primary).await {
+            Attempt::Done(r) => return r.map(|v| (v, None)),
+            Attempt::Failed(cause) => cause,
+        };
+        match self.share() {
+            Some(share) => {
+                self.event(name, true, cause.as_ref());
+                let v = local(&self.inner.fallback, share).await?;
+                Ok((v, Some(cause.is_some())))
+            }
+            None => {
+                self.event(name, false, cause.as_ref());
+                Err(Self::closed(name, cause))
+            }
+        }
+    }
+
+    async fn decide_value<'a, T, P, L>(
         &'a self,
         name: &'static str,
         primary: P,
@@ -263,33 +526,7 @@ impl<S: Store> Failover<S> {
         P: Future<Output = Result<T, StoreError>>,
         L: Future<Output = Result<T, StoreError>>,
     {
-        let cause = match self.route() {
-            Route::Primary => match primary.await {
-                Ok(v) => {
-                    self.mark_up();
-                    return Ok(v);
-                }
-                Err(e) if e.is_transient() => {
-                    self.mark_down(name, &e);
-                    Some(e)
-                }
-                Err(e) => {
-                    self.count_full(name, &e);
-                    return Err(e);
-                }
-            },
-            Route::Skip => None,
-        };
-        match self.share() {
-            Some(share) => {
-                self.event(name, true, cause.as_ref());
-                local(&self.inner.fallback, share).await
-            }
-            None => {
-                self.event(name, false, cause.as_ref());
-                Err(Self::closed(name, cause))
-            }
-        }
+        self.decide(name, primary, local).await.map(|(v, _)| v)
     }
 
     /// Runs an operation that always fails closed (sessions).
@@ -298,19 +535,262 @@ impl<S: Store> Failover<S> {
         name: &'static str,
         primary: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        match primary.await {
-            Ok(v) => {
-                self.mark_up();
-                Ok(v)
+        match self.attempt(name, primary).await {
+            Attempt::Done(r) => r,
+            Attempt::Failed(cause) => {
+                self.event(name, false, cause.as_ref());
+                Err(Self::closed(name, cause))
             }
-            Err(e) => {
-                if e.is_transient() {
-                    self.mark_down(name, &e);
-                    self.event(name, false, Some(&e));
+        }
+    }
+
+    fn owe(&self, user: &str, f: impl FnOnce(&mut Owed)) {
+        let mut owed = self.inner.owed.lock();
+        let entry = match owed.get_mut(user) {
+            Some(e) => e,
+            None => owed.entry(user.to_owned()).or_default(),
+        };
+        f(entry);
+        self.inner.dirty.store(true, Ordering::Relaxed);
+    }
+
+    /// Keeps a close for the shared store; `Err` when the journal is full.
+    fn journal(&self, op: &'static str, close: Close) -> Result<(), StoreError> {
+        let now = self.inner.clock.now_ms();
+        let mut j = self.inner.journal.lock();
+        Self::expire(&mut j, now);
+        if j.entries.len() >= self.inner.journal_capacity {
+            drop(j);
+            self.count_full(op);
+            return Err(StoreError::new(
+                StoreErrorKind::Full,
+                format!(
+                    "close journal full ({} closes wait for the shared store): retry later",
+                    self.inner.journal_capacity
+                ),
+            ));
+        }
+        j.entries.push_back((now, close));
+        self.inner.dirty.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn expire(j: &mut Journal, now: u64) {
+        while let Some((at, close)) = j.entries.front() {
+            if now.saturating_sub(*at) < RESERVATION_RETENTION_MS {
+                break;
+            }
+            tracing::warn!(
+                ?close,
+                "journalled close outlived the reservation retention: dropped"
+            );
+            j.entries.pop_front();
+            j.expired += 1;
+        }
+    }
+
+    fn request_id(&self) -> String {
+        let n = self.inner.next_request.fetch_add(1, Ordering::Relaxed);
+        format!("~{:08x}.{n:x}", self.inner.tag)
+    }
+
+    fn local_id(&self, mut id: ReservationId) -> ReservationId {
+        id.fallback = Some(self.inner.tag);
+        id
+    }
+
+    fn spawn_recovery(&self) {
+        if self.inner.recovering.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                let this = self.clone();
+                handle.spawn(async move {
+                    let r = this.recover().await;
+                    if r.users > 0 || r.replayed > 0 {
+                        tracing::info!(
+                            ?r,
+                            "reconciled the fallback's decisions with the shared store"
+                        );
+                    }
+                    this.inner.recovering.store(false, Ordering::Release);
+                });
+            }
+            Err(_) => self.inner.recovering.store(false, Ordering::Release),
+        }
+    }
+
+    /// Whether closes or charges wait for the shared store.
+    pub fn needs_recovery(&self) -> bool {
+        self.inner.dirty.load(Ordering::Relaxed)
+    }
+
+    /// Charges what the local store decided to the shared store
+    /// ([`Store::reconcile`], first) and applies the journalled closes
+    /// (then), as far as the shared store answers; what it does not is kept
+    /// for the next call. Goes through the breaker like any operation (a
+    /// call while it is open does nothing; one after `open_ms` probes).
+    /// Runs by itself after an operation succeeds while anything waits;
+    /// the server also calls it periodically so an idle replica recovers.
+    pub async fn recover(&self) -> Recovery {
+        let _one = self.inner.recovery.lock().await;
+        let mut out = Recovery::default();
+        self.inner.dirty.store(false, Ordering::Relaxed);
+        self.forget_old();
+        if !self.reconcile_owed(&mut out).await {
+            self.inner.dirty.store(true, Ordering::Relaxed);
+            out.remaining = self.inner.journal.lock().entries.len();
+            return out;
+        }
+        self.replay(&mut out).await;
+        out.remaining = self.inner.journal.lock().entries.len();
+        if out.remaining > 0 {
+            self.inner.dirty.store(true, Ordering::Relaxed);
+        }
+        out
+    }
+
+    /// Drops local reservations older than the retention (the local store
+    /// has forgotten them too) and users who owe nothing.
+    fn forget_old(&self) {
+        let now = self.inner.clock.now_ms();
+        let mut owed = self.inner.owed.lock();
+        owed.retain(|_, o| {
+            o.open
+                .retain(|_, (_, at)| now.saturating_sub(*at) < RESERVATION_RETENTION_MS);
+            !(o.is_settled() && o.open.is_empty())
+        });
+    }
+
+    /// Answers `false` if the shared store failed (what is left is kept).
+    async fn reconcile_owed(&self, out: &mut Recovery) -> bool {
+        let users: Vec<String> = {
+            let owed = self.inner.owed.lock();
+            owed.iter()
+                .filter(|(_, o)| !o.is_settled())
+                .map(|(u, _)| u.clone())
+                .collect()
+        };
+        for user in users {
+            // Take the user's charges out; what arrives meanwhile adds up
+            // in a new entry.
+            let (turns, tokens, turns_taken, tokens_net, reserves, admissions) = {
+                let mut owed = self.inner.owed.lock();
+                let Some(o) = owed.get_mut(&user) else {
+                    continue;
+                };
+                let Some(tokens) = o.tokens.or(o.turns) else {
+                    continue;
+                };
+                let turns = o.turns.unwrap_or(tokens);
+                (
+                    turns,
+                    tokens,
+                    std::mem::take(&mut o.turns_taken),
+                    std::mem::take(&mut o.tokens_net),
+                    std::mem::take(&mut o.ambiguous_reserves),
+                    std::mem::take(&mut o.ambiguous_admissions),
+                )
+            };
+            let reserve_refs: Vec<(&str, &str)> = reserves
+                .iter()
+                .map(|(i, r)| (i.as_str(), r.as_str()))
+                .collect();
+            let admission_refs: Vec<&str> = admissions.iter().map(String::as_str).collect();
+            let req = ReconcileRequest {
+                user: &user,
+                turns,
+                tokens,
+                turns_taken,
+                tokens_net,
+                ambiguous_reserves: &reserve_refs,
+                ambiguous_admissions: &admission_refs,
+            };
+            match self.attempt("reconcile", self.primary.reconcile(req)).await {
+                Attempt::Done(Ok(Reconciled {
+                    turns,
+                    tokens,
+                    refunded,
+                })) => {
+                    out.users += 1;
+                    out.turns += turns;
+                    out.tokens = out.tokens.saturating_add(tokens);
+                    out.refunded += refunded;
+                    let mut owed = self.inner.owed.lock();
+                    if let Some(o) = owed.get(&user)
+                        && o.is_settled()
+                        && o.open.is_empty()
+                    {
+                        owed.remove(&user);
+                    }
                 }
-                self.count_full(name, &e);
-                Err(e)
+                failed => {
+                    if let Attempt::Done(Err(e)) = &failed {
+                        tracing::error!(user, error = %e, "reconciliation refused; charges kept");
+                    }
+                    let mut owed = self.inner.owed.lock();
+                    let o = owed.entry(user).or_default();
+                    o.turns_taken = o.turns_taken.saturating_add(turns_taken);
+                    o.tokens_net = o.tokens_net.saturating_add(tokens_net);
+                    for r in reserves.into_iter().rev() {
+                        o.ambiguous_reserves.push_front(r);
+                    }
+                    for a in admissions.into_iter().rev() {
+                        o.ambiguous_admissions.push_front(a);
+                    }
+                    return false;
+                }
             }
+        }
+        true
+    }
+
+    async fn replay(&self, out: &mut Recovery) {
+        loop {
+            let next = {
+                let mut j = self.inner.journal.lock();
+                Self::expire(&mut j, self.inner.clock.now_ms());
+                j.entries.pop_front()
+            };
+            let Some((at, close)) = next else { return };
+            let done = match &close {
+                Close::Settle {
+                    user,
+                    tokens,
+                    reservation,
+                    actual,
+                } => {
+                    let req = SettleRequest {
+                        user,
+                        tokens: *tokens,
+                        reservation,
+                        actual: *actual,
+                    };
+                    match self.attempt("settle", self.primary.settle(req)).await {
+                        Attempt::Done(r) => {
+                            if let Ok(SettleOutcome::Unknown) = r {
+                                tracing::warn!(user, %reservation, "journalled close of a reservation the shared store no longer knows");
+                            }
+                            true
+                        }
+                        Attempt::Failed(_) => false,
+                    }
+                }
+                Close::Release {
+                    user,
+                    invocation_id,
+                } => matches!(
+                    self.attempt("release_run", self.primary.release_run(user, invocation_id))
+                        .await,
+                    Attempt::Done(_)
+                ),
+            };
+            if !done {
+                self.inner.journal.lock().entries.push_front((at, close));
+                return;
+            }
+            out.replayed += 1;
         }
     }
 }
@@ -340,24 +820,60 @@ fn scale_turn(p: &TurnParams, share: f64) -> TurnParams {
     }
 }
 
-impl<S: Store> Store for Failover<S> {
+impl<S: Store + Clone> Store for Failover<S> {
     async fn admit_turn(&self, req: TurnRequest<'_>) -> Result<TurnOutcome, StoreError> {
-        self.decide("admit_turn", self.primary.admit_turn(req), |m, share| {
-            m.admit_turn(TurnRequest {
-                params: scale_turn(&req.params, share),
-                ..req
+        let (out, local) = self
+            .decide("admit_turn", self.primary.admit_turn(req), |m, share| {
+                m.admit_turn(TurnRequest {
+                    params: scale_turn(&req.params, share),
+                    ..req
+                })
             })
-        })
-        .await
+            .await?;
+        if let Some(ambiguous) = local
+            && let Admit::Admitted {
+                refreshed: false, ..
+            } = out.admit
+        {
+            self.owe(req.user, |o| {
+                o.turns = Some(req.params.turns);
+                o.turns_taken += 1;
+                if ambiguous {
+                    Owed::push_bounded(&mut o.ambiguous_admissions, req.invocation_id.to_owned());
+                }
+            });
+        }
+        Ok(out)
     }
 
-    async fn release_run(&self, user: &str, invocation_id: &str) -> Result<bool, StoreError> {
-        self.decide(
-            "release_run",
-            self.primary.release_run(user, invocation_id),
-            |m, _| m.release_run(user, invocation_id),
-        )
-        .await
+    async fn release_run(&self, user: &str, invocation_id: &str) -> Result<Release, StoreError> {
+        let shared = match self
+            .attempt("release_run", self.primary.release_run(user, invocation_id))
+            .await
+        {
+            Attempt::Done(r) => Some(r?),
+            Attempt::Failed(_) => None,
+        };
+        // A run admitted locally during an outage holds its lease here.
+        let local = self.inner.fallback.release_run(user, invocation_id).await?;
+        match shared {
+            Some(Release::Released) => Ok(Release::Released),
+            Some(_) => Ok(local),
+            None => {
+                let journalled = self.journal(
+                    "release_run",
+                    Close::Release {
+                        user: user.to_owned(),
+                        invocation_id: invocation_id.to_owned(),
+                    },
+                );
+                match (local, journalled) {
+                    (Release::Released, _) => Ok(Release::Released),
+                    (_, Ok(())) => Ok(Release::Pending),
+                    (_, Err(e)) => Err(e),
+                }
+            }
+        }
     }
 
     async fn renew_run(
@@ -366,42 +882,129 @@ impl<S: Store> Store for Failover<S> {
         invocation_id: &str,
         ttl_ms: u64,
     ) -> Result<Option<u64>, StoreError> {
-        let clock = self.inner.clock.clone();
-        self.decide(
-            "renew_run",
-            self.primary.renew_run(user, invocation_id, ttl_ms),
-            |m, _| async move {
-                // A lease taken in the shared store is unknown here: do not
-                // end the run over an outage; answer it renewed.
-                let local = m.renew_run(user, invocation_id, ttl_ms).await?;
-                Ok(local.or(Some(clock.now_ms().saturating_add(ttl_ms))))
-            },
-        )
-        .await
+        let cause = match self
+            .attempt(
+                "renew_run",
+                self.primary.renew_run(user, invocation_id, ttl_ms),
+            )
+            .await
+        {
+            Attempt::Done(Ok(Some(exp))) => return Ok(Some(exp)),
+            Attempt::Done(Ok(None)) => {
+                // Maybe admitted locally during an outage.
+                return self
+                    .inner
+                    .fallback
+                    .renew_run(user, invocation_id, ttl_ms)
+                    .await;
+            }
+            Attempt::Done(Err(e)) => return Err(e),
+            Attempt::Failed(cause) => cause,
+        };
+        // A lease the local store holds can be renewed here; one in the
+        // shared store cannot: the client must not believe it holds a lease
+        // that is expiring there.
+        if let Some(exp) = self
+            .inner
+            .fallback
+            .renew_run(user, invocation_id, ttl_ms)
+            .await?
+        {
+            self.event("renew_run", true, cause.as_ref());
+            return Ok(Some(exp));
+        }
+        self.event("renew_run", false, cause.as_ref());
+        Err(Self::closed("renew_run", cause))
     }
 
     async fn reserve_tokens(&self, req: ReserveRequest<'_>) -> Result<ReserveOutcome, StoreError> {
-        self.decide(
-            "reserve_tokens",
-            self.primary.reserve_tokens(req),
-            |m, share| {
-                m.reserve_tokens(ReserveRequest {
-                    tokens: scale_spec(&req.tokens, share),
-                    ..req
-                })
-            },
-        )
-        .await
+        // A retry of a request the local store answered during an outage
+        // gets that answer again, wherever the shared store is now.
+        if let Some(rid) = req.request_id
+            && let Some(out) = self
+                .inner
+                .fallback
+                .repeat_of(req.user, req.invocation_id, rid)
+        {
+            return Ok(self.tag_outcome(out));
+        }
+        let generated;
+        let rid = match req.request_id {
+            Some(r) => r,
+            None => {
+                generated = self.request_id();
+                &generated
+            }
+        };
+        let req = ReserveRequest {
+            request_id: Some(rid),
+            ..req
+        };
+        let (out, local) = self
+            .decide(
+                "reserve_tokens",
+                self.primary.reserve_tokens(req),
+                |m, share| {
+                    m.reserve_tokens(ReserveRequest {
+                        tokens: scale_spec(&req.tokens, share),
+                        ..req
+                    })
+                },
+            )
+            .await?;
+        let Some(ambiguous) = local else {
+            return Ok(out);
+        };
+        let charged = match &out {
+            ReserveOutcome::Granted { reservation, .. } => Some((reservation.call, req.estimate)),
+            ReserveOutcome::Denied {
+                shadow_reservation: Some(r),
+                ..
+            } => Some((r.call, 0)),
+            _ => None,
+        };
+        if charged.is_some() || ambiguous {
+            let now = self.inner.clock.now_ms();
+            self.owe(req.user, |o| {
+                o.tokens = Some(req.tokens);
+                if let Some((call, estimate)) = charged {
+                    o.tokens_net = o.tokens_net.saturating_add(estimate as i64);
+                    o.open
+                        .insert((req.invocation_id.to_owned(), call), (estimate, now));
+                }
+                if ambiguous {
+                    Owed::push_bounded(
+                        &mut o.ambiguous_reserves,
+                        (req.invocation_id.to_owned(), rid.to_owned()),
+                    );
+                }
+            });
+        }
+        Ok(self.tag_outcome(out))
     }
 
     async fn settle(&self, req: SettleRequest<'_>) -> Result<SettleOutcome, StoreError> {
-        self.decide("settle", self.primary.settle(req), |m, share| {
-            m.settle(SettleRequest {
-                tokens: scale_spec(&req.tokens, share),
-                ..req
-            })
-        })
-        .await
+        match req.reservation.fallback {
+            Some(tag) if tag == self.inner.tag => return self.settle_local(req).await,
+            // Issued by another replica's local store: unknown here.
+            Some(_) => return Ok(SettleOutcome::Unknown),
+            None => {}
+        }
+        match self.attempt("settle", self.primary.settle(req)).await {
+            Attempt::Done(r) => r,
+            Attempt::Failed(_) => {
+                self.journal(
+                    "settle",
+                    Close::Settle {
+                        user: req.user.to_owned(),
+                        tokens: req.tokens,
+                        reservation: req.reservation.clone(),
+                        actual: req.actual,
+                    },
+                )?;
+                Ok(SettleOutcome::Pending)
+            }
+        }
     }
 
     async fn take_many(
@@ -409,7 +1012,7 @@ impl<S: Store> Store for Failover<S> {
         takes: &[BucketTake<'_>],
         cooldown: Option<CooldownCheck<'_>>,
     ) -> Result<MultiTake, StoreError> {
-        self.decide(
+        self.decide_value(
             "take_many",
             self.primary.take_many(takes, cooldown),
             |m, share| async move {
@@ -427,17 +1030,32 @@ impl<S: Store> Store for Failover<S> {
     }
 
     async fn take_one(&self, req: TakeRequest<'_>) -> Result<TakeOutcome, StoreError> {
-        self.decide("take_one", self.primary.take_one(req), |m, share| {
-            m.take_one(TakeRequest {
-                spec: scale_spec(&req.spec, share),
-                ..req
+        let (out, local) = self
+            .decide("take_one", self.primary.take_one(req), |m, share| {
+                m.take_one(TakeRequest {
+                    spec: scale_spec(&req.spec, share),
+                    ..req
+                })
             })
-        })
-        .await
+            .await?;
+        // A user's turns taken locally are owed. An ambiguous take is not
+        // (it has no id to check): it may be counted once too few, never
+        // twice.
+        if local == Some(false)
+            && let BucketRef::Turns(user) = req.bucket
+            && matches!(out.take, tollgate_core::bucket::Take::Granted { .. })
+            && req.cost > 0
+        {
+            self.owe(user, |o| {
+                o.turns = Some(req.spec);
+                o.turns_taken = o.turns_taken.saturating_add(req.cost);
+            });
+        }
+        Ok(out)
     }
 
     async fn extend_cooldown(&self, key: &str, until_ms: u64) -> Result<u64, StoreError> {
-        self.decide(
+        self.decide_value(
             "extend_cooldown",
             self.primary.extend_cooldown(key, until_ms),
             |m, _| m.extend_cooldown(key, until_ms),
@@ -451,7 +1069,7 @@ impl<S: Store> Store for Failover<S> {
         params: AimdParams,
         throttled: bool,
     ) -> Result<u32, StoreError> {
-        self.decide("aimd", self.primary.aimd(key, params, throttled), |m, _| {
+        self.decide_value("aimd", self.primary.aimd(key, params, throttled), |m, _| {
             m.aimd(key, params, throttled)
         })
         .await
@@ -557,7 +1175,7 @@ impl<S: Store> Store for Failover<S> {
         turns: BucketSpec,
         tokens: BucketSpec,
     ) -> Result<UserState, StoreError> {
-        self.decide(
+        self.decide_value(
             "user_state",
             self.primary.user_state(user, turns, tokens),
             |m, share| m.user_state(user, scale_spec(&turns, share), scale_spec(&tokens, share)),
@@ -566,17 +1184,79 @@ impl<S: Store> Store for Failover<S> {
     }
 
     async fn top_users(&self, n: usize) -> Result<Vec<TopUser>, StoreError> {
-        self.decide("top_users", self.primary.top_users(n), |m, _| {
+        self.decide_value("top_users", self.primary.top_users(n), |m, _| {
             m.top_users(n)
         })
         .await
     }
 
     async fn reset_user(&self, user: &str) -> Result<bool, StoreError> {
-        self.decide("reset_user", self.primary.reset_user(user), |m, _| {
+        self.decide_value("reset_user", self.primary.reset_user(user), |m, _| {
             m.reset_user(user)
         })
         .await
+    }
+
+    async fn reconcile(&self, req: ReconcileRequest<'_>) -> Result<Reconciled, StoreError> {
+        self.closed_only("reconcile", self.primary.reconcile(req))
+            .await
+    }
+}
+
+impl<S: Store + Clone> Failover<S> {
+    fn tag_outcome(&self, out: ReserveOutcome) -> ReserveOutcome {
+        match out {
+            ReserveOutcome::Granted {
+                reservation,
+                wait_ms,
+            } => ReserveOutcome::Granted {
+                reservation: self.local_id(reservation),
+                wait_ms,
+            },
+            ReserveOutcome::Denied {
+                denial,
+                shadow_reservation,
+            } => ReserveOutcome::Denied {
+                denial,
+                shadow_reservation: shadow_reservation.map(|r| self.local_id(r)),
+            },
+            other => other,
+        }
+    }
+
+    /// Closes a reservation the local store issued, there (whatever the
+    /// shared store's state), and owes the shared store its adjustment.
+    async fn settle_local(&self, req: SettleRequest<'_>) -> Result<SettleOutcome, StoreError> {
+        let id = ReservationId {
+            fallback: None,
+            ..req.reservation.clone()
+        };
+        let share = self.share().unwrap_or(1.0);
+        let out = self
+            .inner
+            .fallback
+            .settle(SettleRequest {
+                tokens: scale_spec(&req.tokens, share),
+                reservation: &id,
+                ..req
+            })
+            .await?;
+        if let SettleOutcome::Applied { .. } = out {
+            self.owe(req.user, |o| {
+                o.tokens = Some(req.tokens);
+                let (estimate, _) = o
+                    .open
+                    .remove(&(id.invocation_id.clone(), id.call))
+                    .unwrap_or((0, 0));
+                let delta = match req.actual {
+                    Some(a) => i128::from(a) - i128::from(estimate),
+                    None => -i128::from(estimate),
+                };
+                let delta = delta.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
+                o.tokens_net = o.tokens_net.saturating_add(delta);
+            });
+        }
+        Ok(out)
     }
 }
 

@@ -14,6 +14,7 @@
 //! The top-users counter (for the admin endpoint) lives in its own slot and
 //! is updated after a user's script, best effort.
 
+mod breaker;
 mod config;
 mod error;
 mod failover;
@@ -21,6 +22,10 @@ mod keys;
 mod scripts;
 mod store;
 
+pub use breaker::{BreakerConfig, BreakerState};
 pub use config::{RedisConfig, RedisTarget};
-pub use failover::{Failover, FailurePolicy, FallbackEvent, InvalidShare};
+pub use failover::{
+    DEFAULT_JOURNAL_CAPACITY, Failover, FailurePolicy, FallbackEvent, InvalidShare, JournalStats,
+    Recovery,
+};
 pub use store::RedisStore;

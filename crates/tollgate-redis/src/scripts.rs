@@ -29,6 +29,7 @@ pub(crate) struct Scripts {
     pub(crate) session: Script,
     pub(crate) user_state: Script,
     pub(crate) reset_user: Script,
+    pub(crate) reconcile: Script,
 }
 
 impl Scripts {
@@ -48,6 +49,7 @@ impl Scripts {
             session: script(include_str!("../scripts/session.lua")),
             user_state: script(include_str!("../scripts/user_state.lua")),
             reset_user: script(include_str!("../scripts/reset_user.lua")),
+            reconcile: script(include_str!("../scripts/reconcile.lua")),
         }
     }
 }

@@ -16,9 +16,10 @@ use tollgate_core::lease::{Admit, SessionAcquire, SessionGrant};
 use tollgate_core::store::memory::MAX_TRACKED_RUNS;
 use tollgate_core::store::{
     AppendOutcome, BucketRef, BucketTake, CLAIM_SLACK_MS, Claim, ClaimRequest, CooldownCheck,
-    FenceCheck, MultiTake, ProviderCleared, RESERVATION_RETENTION_MS, ReservationId,
-    ReserveOutcome, ReserveRequest, SettleOutcome, SettleRequest, TakeOutcome, TakeRequest,
-    TopUser, TurnOutcome, TurnRequest, UserState, rank_top, sliding_minute,
+    FenceCheck, MultiTake, ProviderCleared, RESERVATION_RETENTION_MS, ReconcileRequest, Reconciled,
+    Release, ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome, SettleRequest,
+    TakeOutcome, TakeRequest, TopUser, TurnOutcome, TurnRequest, UserState, rank_top,
+    sliding_minute,
 };
 use tollgate_core::{BucketSpec, Clock, Denial, Limit, Store, StoreError};
 
@@ -347,13 +348,17 @@ impl Store for RedisStore {
         })
     }
 
-    async fn release_run(&self, user: &str, invocation_id: &str) -> Result<bool, StoreError> {
+    async fn release_run(&self, user: &str, invocation_id: &str) -> Result<Release, StoreError> {
         let mut inv = self.inner.scripts.release_run.prepare_invoke();
         inv.key(self.inner.keys.leases(user))
             .arg(self.now_arg())
             .arg(invocation_id);
         let r: i64 = self.run("release_run", &inv).await?;
-        Ok(r == 1)
+        Ok(if r == 1 {
+            Release::Released
+        } else {
+            Release::NotHeld
+        })
     }
 
     async fn renew_run(
@@ -390,13 +395,16 @@ impl Store for RedisStore {
             .arg(RESERVATION_RETENTION_MS)
             .arg(MAX_TRACKED_RUNS)
             .arg(crate::keys::esc(req.invocation_id).as_ref())
-            .arg(k.invocation_prefix(req.user));
+            .arg(k.invocation_prefix(req.user))
+            .arg(req.request_id.unwrap_or(""));
         let r: Vec<i64> = self.run("reserve_tokens", &inv).await?;
-        let reservation = |call: i64| ReservationId {
-            invocation_id: req.invocation_id.to_owned(),
-            call: u(call),
-        };
+        let reservation = |call: i64| ReservationId::new(req.invocation_id, u(call));
         match r[..] {
+            [2] => Ok(ReserveOutcome::Superseded),
+            [3, call, wait] => Ok(ReserveOutcome::Granted {
+                reservation: reservation(call),
+                wait_ms: u(wait),
+            }),
             [1, call, wait, now] => {
                 self.count_top(req.user, u(now), req.estimate as i64).await;
                 Ok(ReserveOutcome::Granted {
@@ -787,5 +795,43 @@ impl Store for RedisStore {
             .arg(self.now_arg());
         let r: i64 = self.run("reset_user", &inv).await?;
         Ok(r == 1)
+    }
+
+    async fn reconcile(&self, req: ReconcileRequest<'_>) -> Result<Reconciled, StoreError> {
+        let k = &self.inner.keys;
+        let mut inv = self.inner.scripts.reconcile.prepare_invoke();
+        inv.key(k.turn(req.user))
+            .key(k.tokens(req.user))
+            .key(k.leases(req.user))
+            .key(k.usage(req.user))
+            .key(k.runs(req.user))
+            .arg(self.now_arg());
+        Self::spec_args(&mut inv, &req.turns);
+        Self::spec_args(&mut inv, &req.tokens)
+            .arg(lua_count(req.turns_taken))
+            .arg(req.tokens_net.clamp(-(1 << 53), 1 << 53))
+            .arg(RESERVATION_RETENTION_MS)
+            .arg(MAX_TRACKED_RUNS)
+            .arg(k.invocation_prefix(req.user))
+            .arg(req.ambiguous_reserves.len());
+        for (invocation, request) in req.ambiguous_reserves {
+            inv.arg(crate::keys::esc(invocation).as_ref()).arg(*request);
+        }
+        inv.arg(req.ambiguous_admissions.len());
+        for invocation in req.ambiguous_admissions {
+            inv.arg(*invocation);
+        }
+        let r: Vec<i64> = self.run("reconcile", &inv).await?;
+        match r[..] {
+            [turns, tokens, refunded, now] => {
+                self.count_top(req.user, u(now), tokens).await;
+                Ok(Reconciled {
+                    turns: u(turns),
+                    tokens,
+                    refunded: u32::try_from(refunded).unwrap_or(u32::MAX),
+                })
+            }
+            _ => Err(bad_reply("reconcile", format!("{r:?}"))),
+        }
     }
 }

@@ -743,6 +743,7 @@ impl Run<'_> {
                     max_wait_ms: max_wait.resolve(2 * tokens.period_ms(), u64::MAX),
                     max_llm_calls: max_calls,
                     shadow,
+                    request_id: None,
                 };
                 let m = self.mem.reserve_tokens(req).await;
                 let r = self.redis.reserve_tokens(req).await;
@@ -757,7 +758,7 @@ impl Run<'_> {
                         shadow_reservation: Some(reservation),
                         ..
                     } => self.granted.push((user, reservation)),
-                    ReserveOutcome::Denied { .. } => {}
+                    ReserveOutcome::Denied { .. } | ReserveOutcome::Superseded => {}
                 }
             }
             Op::Settle { rid, plan, actual } => {
@@ -771,19 +772,14 @@ impl Run<'_> {
                         ReservationId {
                             invocation_id: INVOCATIONS[pick % INVOCATIONS.len()].to_owned(),
                             call: 1,
+                            fallback: None,
                         },
                     ),
                     Rid::MadeUp {
                         user,
                         invocation,
                         call,
-                    } => (
-                        user,
-                        ReservationId {
-                            invocation_id: INVOCATIONS[invocation].to_owned(),
-                            call,
-                        },
-                    ),
+                    } => (user, ReservationId::new(INVOCATIONS[invocation], call)),
                 };
                 let tokens = case.tokens[plan];
                 let req = SettleRequest {

@@ -213,7 +213,7 @@ async fn password_and_username_authenticate_and_bad_credentials_are_permanent() 
         let store = redis(url).await;
         let l = Limiter::new(store, clock.clone(), plans());
         assert!(l.admit_turn("u1", "r1").await.unwrap().is_allowed());
-        assert!(l.release_run("u1", "r1").await.unwrap());
+        assert!(l.release_run("u1", "r1").await.unwrap().released());
     }
     let wrong = redis(format!("redis://:nope@127.0.0.1:{port}")).await;
     let l = Limiter::new(wrong.clone(), clock.clone(), plans());

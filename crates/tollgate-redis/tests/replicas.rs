@@ -62,6 +62,7 @@ async fn four_replicas_share_one_truth() {
                             max_wait_ms: 0,
                             max_llm_calls: 500,
                             shadow: false,
+                            request_id: None,
                         })
                         .await
                         .expect("reserve");
@@ -103,7 +104,13 @@ async fn four_replicas_share_one_truth() {
                         admitted.fetch_add(1, Ordering::Relaxed);
                         tokio::task::yield_now().await;
                         held.fetch_sub(1, Ordering::SeqCst);
-                        assert!(store.release_run("hot", &inv).await.expect("release"));
+                        assert!(
+                            store
+                                .release_run("hot", &inv)
+                                .await
+                                .expect("release")
+                                .released()
+                        );
                     }
                 }
             }));

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use tollgate_core::plan::FieldError;
 use tollgate_core::provider::{ProviderBook, ProvidersConfig, validate_providers};
 use tollgate_core::{PlanBook, PlanConfig, PlanOverride, PlansConfig, SystemClock};
-use tollgate_redis::{FailurePolicy, RedisConfig, RedisTarget};
+use tollgate_redis::{BreakerConfig, FailurePolicy, RedisConfig, RedisTarget};
 
 use crate::identity::{IdentityConfig, Verifier};
 
@@ -289,6 +289,93 @@ pub struct StoreConfig {
     /// `store_full`.
     #[serde(default)]
     pub max_entries: Option<u64>,
+    /// `redis`/`cluster`: most closes (settles, refunds, releases) this
+    /// replica journals while Redis fails (default 100,000; 1 ..=
+    /// 10,000,000). Past it a close is 503 `store_full` (retry).
+    #[serde(default)]
+    pub journal_capacity: Option<u64>,
+    /// `redis`/`cluster`: when the circuit breaker in front of Redis opens.
+    #[serde(default)]
+    pub breaker: Option<BreakerFile>,
+}
+
+/// `[store.breaker]` as written (SPEC §6).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BreakerFile {
+    /// Transient faults in a row that open it (default 5; 1 ..= 1,000).
+    #[serde(default)]
+    pub consecutive_failures: Option<u32>,
+    /// Share of failed operations in the window that opens it, in (0, 1]
+    /// (default 0.5).
+    #[serde(default)]
+    pub failure_ratio: Option<f64>,
+    /// The window the ratio is counted over, ms (default 10,000; 100 ..=
+    /// 600,000).
+    #[serde(default)]
+    pub window_ms: Option<u64>,
+    /// Operations in the window before the ratio counts (default 20; 1 ..=
+    /// 1,000,000).
+    #[serde(default)]
+    pub min_calls: Option<u32>,
+    /// How long it stays open before a probe, ms (default 1,000; 10 ..=
+    /// 600,000).
+    #[serde(default)]
+    pub open_ms: Option<u64>,
+}
+
+/// Most `[store] journal_capacity` accepted.
+pub const MAX_JOURNAL_CAPACITY: u64 = 10_000_000;
+
+impl BreakerFile {
+    fn validate(&self, errors: &mut Vec<FieldError>) -> BreakerConfig {
+        let d = BreakerConfig::default();
+        let mut range = |v: Option<u64>, name: &str, lo: u64, hi: u64, default: u64| match v {
+            None => default,
+            Some(v) if (lo..=hi).contains(&v) => v,
+            Some(_) => {
+                errors.push(err(
+                    format!("store.breaker.{name}"),
+                    format!("must be between {lo} and {hi}"),
+                ));
+                default
+            }
+        };
+        let consecutive = range(
+            self.consecutive_failures.map(u64::from),
+            "consecutive_failures",
+            1,
+            1_000,
+            u64::from(d.consecutive_failures),
+        );
+        let window_ms = range(self.window_ms, "window_ms", 100, 600_000, d.window_ms);
+        let min_calls = range(
+            self.min_calls.map(u64::from),
+            "min_calls",
+            1,
+            1_000_000,
+            u64::from(d.min_calls),
+        );
+        let open_ms = range(self.open_ms, "open_ms", 10, 600_000, d.open_ms);
+        let ratio = match self.failure_ratio {
+            None => d.failure_ratio_permille,
+            Some(r) if r > 0.0 && r <= 1.0 => ((r * 1_000.0).round() as u32).max(1),
+            Some(r) => {
+                errors.push(err(
+                    "store.breaker.failure_ratio",
+                    format!("must be in (0, 1], got {r}"),
+                ));
+                d.failure_ratio_permille
+            }
+        };
+        BreakerConfig {
+            consecutive_failures: consecutive as u32,
+            failure_ratio_permille: ratio,
+            window_ms,
+            min_calls: min_calls as u32,
+            open_ms,
+        }
+    }
 }
 
 /// Most `[store] max_entries` accepted.
@@ -305,6 +392,10 @@ pub enum StoreSettings {
         redis: RedisConfig,
         /// Fail closed or open.
         policy: FailurePolicy,
+        /// When the breaker opens.
+        breaker: BreakerConfig,
+        /// Most closes journalled while Redis fails.
+        journal_capacity: usize,
     },
 }
 
@@ -824,6 +915,8 @@ impl StoreConfig {
                     (self.op_timeout_ms.is_some(), "op_timeout_ms"),
                     (self.connect_timeout_ms.is_some(), "connect_timeout_ms"),
                     (self.failure != FailureMode::FailClosed, "failure"),
+                    (self.journal_capacity.is_some(), "journal_capacity"),
+                    (self.breaker.is_some(), "breaker"),
                 ] {
                     if set {
                         errors.push(err(
@@ -982,7 +1075,26 @@ impl StoreConfig {
                 }
             }
         };
-        (errors.len() == before).then_some(StoreSettings::Redis { redis, policy })
+        let breaker = self.breaker.clone().unwrap_or_default().validate(errors);
+        let journal_capacity = match self.journal_capacity {
+            None => tollgate_redis::DEFAULT_JOURNAL_CAPACITY,
+            Some(n) if (1..=MAX_JOURNAL_CAPACITY).contains(&n) => {
+                usize::try_from(n).unwrap_or(usize::MAX)
+            }
+            Some(_) => {
+                errors.push(err(
+                    "store.journal_capacity",
+                    format!("must be between 1 and {MAX_JOURNAL_CAPACITY}"),
+                ));
+                1
+            }
+        };
+        (errors.len() == before).then_some(StoreSettings::Redis {
+            redis,
+            policy,
+            breaker,
+            journal_capacity,
+        })
     }
 }
 

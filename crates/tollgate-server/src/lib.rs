@@ -268,7 +268,12 @@ pub async fn serve_with(
             )
             .await
         }
-        StoreSettings::Redis { redis, policy } => {
+        StoreSettings::Redis {
+            redis,
+            policy,
+            breaker,
+            journal_capacity,
+        } => {
             let desc = format!(
                 "redis {} ({:?}, key prefix {:?})",
                 match &redis.target {
@@ -283,21 +288,66 @@ pub async fn serve_with(
             );
             let store = RedisStore::connect(redis.clone()).await?;
             let counted = metrics.clone();
-            let store = Failover::new(store, *policy, clock.clone())?.with_hook(move |e| {
-                let labels = metrics::FallbackLabels {
-                    op: e.op,
-                    decided: if e.local { "local" } else { "refused" },
-                };
-                counted.fallbacks.get_or_create(&labels).inc();
-            });
+            let transitions = metrics.clone();
+            let store = Failover::new(store, *policy, clock.clone())?
+                .with_breaker(*breaker)
+                .with_journal_capacity(*journal_capacity)
+                .with_hook(move |e| {
+                    let labels = metrics::FallbackLabels {
+                        op: e.op,
+                        decided: if e.local { "local" } else { "refused" },
+                    };
+                    counted.fallbacks.get_or_create(&labels).inc();
+                })
+                .on_transition(move |_, to| transitions.breaker_entered(to.as_str()));
             store.on_full(full_hook(&metrics, store.fallback().max_entries()));
-            run(
+            let probed = store.clone();
+            let clock_for_age = clock.clone();
+            metrics.set_store_health(move || {
+                let j = probed.journal_stats();
+                metrics::StoreHealth {
+                    breaker: probed.breaker_state().as_str(),
+                    journal_depth: j.depth,
+                    journal_oldest_age_ms: if j.depth == 0 {
+                        0
+                    } else {
+                        clock_for_age.now_ms().saturating_sub(j.oldest_at_ms)
+                    },
+                    journal_expired: j.expired,
+                    owed_users: probed.owed_users(),
+                }
+            });
+            // An idle replica still applies its journal and reconciles
+            // once Redis answers: the breaker lets one probe through each
+            // `open_ms`.
+            let recovering = store.clone();
+            let recovery = tokio::spawn(async move {
+                let mut tick = tokio::time::interval(RECOVERY_INTERVAL);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    if recovering.needs_recovery() {
+                        let r = recovering.recover().await;
+                        if r.users > 0 || r.replayed > 0 {
+                            tracing::info!(?r, "journal applied and fallback decisions reconciled");
+                        }
+                    }
+                }
+            });
+            let served = run(
                 &config, store, clock, wall, metrics, listeners, desc, on_start, shutdown,
             )
-            .await
+            .await;
+            recovery.abort();
+            served
         }
     }
 }
+
+/// How often a replica with closes journalled or fallback charges owed
+/// tries to apply them (through the breaker: at most one probe per
+/// `open_ms` while it is open).
+const RECOVERY_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Counts and logs an operation refused because the store is full
 /// (`tollgate_store_full_total{op}`): the memory store at `max_entries`

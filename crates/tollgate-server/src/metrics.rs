@@ -149,7 +149,49 @@ pub struct Metrics {
     pub provider_effective_rate: Family<ProviderKeyLabels, Gauge>,
     /// gRPC calls by method and status code.
     pub grpc_requests: Family<GrpcLabels, Counter>,
+    /// The breaker in front of the shared store: 1 for its state now.
+    pub breaker_state: Family<StateLabels, Gauge>,
+    /// Breaker transitions, by the state entered.
+    pub breaker_transitions: Family<StateLabels, Counter>,
+    /// Closes waiting in the journal for the shared store.
+    pub journal_depth: Gauge,
+    /// Age of the oldest close in the journal, seconds (0: empty).
+    pub journal_oldest_age: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// Journalled closes dropped unapplied (older than the reservation
+    /// retention).
+    pub journal_expired: Counter,
+    /// Users whose fallback charges wait to be reconciled.
+    pub owed_users: Gauge,
+    health: std::sync::OnceLock<HealthProbe>,
 }
+
+/// The shared store's health as the failure policy sees it, read at each
+/// scrape.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StoreHealth {
+    /// `closed`, `open` or `half_open`.
+    pub breaker: &'static str,
+    /// Closes in the journal.
+    pub journal_depth: usize,
+    /// Age of the oldest, ms.
+    pub journal_oldest_age_ms: u64,
+    /// Closes dropped unapplied, since start.
+    pub journal_expired: u64,
+    /// Users with charges owed.
+    pub owed_users: usize,
+}
+
+type HealthProbe = Box<dyn Fn() -> StoreHealth + Send + Sync>;
+
+/// `{state}` of the breaker.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    /// `closed`, `open`, `half_open`.
+    pub state: &'static str,
+}
+
+/// The breaker's states, as labels.
+pub const BREAKER_STATES: [&str; 3] = ["closed", "open", "half_open"];
 
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -253,8 +295,51 @@ impl Metrics {
             "Calls to the gRPC API (tollgate.v1.Tollgate) by method and status code",
             grpc_requests.clone(),
         );
+        let breaker_state = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "store_breaker_state",
+            "The circuit breaker in front of the shared store: 1 for the state it is in (closed: decisions from the store; open: from the failure policy; half_open: probing)",
+            breaker_state.clone(),
+        );
+        let breaker_transitions = Family::<StateLabels, Counter>::default();
+        registry.register(
+            "store_breaker_transitions",
+            "Circuit breaker transitions, by the state entered",
+            breaker_transitions.clone(),
+        );
+        let journal_depth = Gauge::default();
+        registry.register(
+            "store_journal_depth",
+            "Closes (settles, refunds, releases) journalled while the shared store fails, waiting to be applied",
+            journal_depth.clone(),
+        );
+        let journal_oldest_age = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "store_journal_oldest_age_seconds",
+            "Age of the oldest journalled close (0: the journal is empty)",
+            journal_oldest_age.clone(),
+        );
+        let journal_expired = Counter::default();
+        registry.register(
+            "store_journal_expired",
+            "Journalled closes dropped unapplied because they outlived the reservation retention",
+            journal_expired.clone(),
+        );
+        let owed_users = Gauge::default();
+        registry.register(
+            "store_owed_users",
+            "Users whose fallback decisions wait to be charged to the shared store",
+            owed_users.clone(),
+        );
         Self {
             registry,
+            breaker_state,
+            breaker_transitions,
+            journal_depth,
+            journal_oldest_age,
+            journal_expired,
+            owed_users,
+            health: std::sync::OnceLock::new(),
             decisions,
             wait,
             store_errors,
@@ -338,8 +423,44 @@ impl Metrics {
             .set(i64::from(permille));
     }
 
+    /// Reads the shared store's health from `probe` at every scrape. Set
+    /// once (the Redis store's failure policy).
+    pub fn set_store_health(&self, probe: impl Fn() -> StoreHealth + Send + Sync + 'static) {
+        let _ = self.health.set(Box::new(probe));
+    }
+
+    /// A breaker transition into `to`.
+    pub fn breaker_entered(&self, to: &'static str) {
+        self.breaker_transitions
+            .get_or_create(&StateLabels { state: to })
+            .inc();
+    }
+
+    fn sync_health(&self) {
+        let Some(probe) = self.health.get() else {
+            return;
+        };
+        let h = probe();
+        for state in BREAKER_STATES {
+            self.breaker_state
+                .get_or_create(&StateLabels { state })
+                .set(i64::from(state == h.breaker));
+        }
+        self.journal_depth
+            .set(i64::try_from(h.journal_depth).unwrap_or(i64::MAX));
+        self.journal_oldest_age
+            .set(h.journal_oldest_age_ms as f64 / 1_000.0);
+        let seen = self.journal_expired.get();
+        if h.journal_expired > seen {
+            self.journal_expired.inc_by(h.journal_expired - seen);
+        }
+        self.owed_users
+            .set(i64::try_from(h.owed_users).unwrap_or(i64::MAX));
+    }
+
     /// The text exposition.
     pub fn encode(&self) -> String {
+        self.sync_health();
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);

@@ -15,7 +15,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use tollgate_core::lease::{SessionAcquire, SessionGrant};
 use tollgate_core::provider::{Feedback, PermitRequest};
-use tollgate_core::{Decision, Limit, ReplicaPermit, ReservationId, Store};
+use tollgate_core::store::Release;
+use tollgate_core::{Decision, Limit, ReplicaPermit, ReservationId, Reserve, Store};
 use utoipa::ToSchema;
 
 use crate::identity::Identity;
@@ -138,11 +139,17 @@ pub struct AdmitResponse {
     pub session: Option<SessionLeaseBody>,
 }
 
-/// `{released}`.
+/// `{released}`, with `pending: true` for a release accepted while the
+/// shared store is unreachable.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ReleasedResponse {
-    /// `false`: it held nothing (not an error).
+    /// `false`: it held nothing (not an error), or the release is pending.
     pub released: bool,
+    /// `true`: the shared store is unreachable; the release was accepted
+    /// into this replica's journal and is applied when the store answers
+    /// again (SPEC §6). Omitted when `false`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pending: bool,
 }
 
 /// The answer to a run renewal.
@@ -169,6 +176,16 @@ pub struct ReserveRequest {
     /// `true`: the server waits before answering (`wait_ms` is then 0).
     #[serde(default)]
     pub wait: bool,
+    /// The client's id for this request, unique within the run: a retry
+    /// with the same id (while the run's record is kept, 1 h) answers the
+    /// first grant (the same `reservation_id`) instead of charging again.
+    #[serde(default)]
+    #[schema(
+        min_length = 1,
+        max_length = 512,
+        pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$"
+    )]
+    pub request_id: Option<String>,
 }
 
 /// The answer to a reservation.
@@ -212,7 +229,23 @@ pub struct RefundRequest {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct BalanceResponse {
     /// The user's tokens now (negative: debt). A repeat changes nothing.
-    pub balance: i64,
+    /// Omitted while `pending` (not known yet).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub balance: Option<i64>,
+    /// `true`: the shared store is unreachable; the close was accepted
+    /// into this replica's journal and is applied when the store answers
+    /// again (SPEC §6). Omitted when `false`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pending: bool,
+}
+
+impl From<tollgate_core::Settled> for BalanceResponse {
+    fn from(s: tollgate_core::Settled) -> Self {
+        Self {
+            balance: (!s.pending).then_some(s.balance),
+            pending: s.pending,
+        }
+    }
 }
 
 /// `POST /v1/sessions/{session_id}/lease` and `…/lease/renew`.
@@ -657,8 +690,10 @@ pub async fn release_run<S: Store + Clone>(
     if let Some(sid) = session_id {
         check_id("session_id", sid)?;
     }
-    let released = app.limiter().release_run(user, invocation_id).await?;
-    if released {
+    let outcome = app.limiter().release_run(user, invocation_id).await?;
+    if outcome != Release::NotHeld {
+        // Pending: the run is over for the client; the shared store
+        // applies the release when it answers.
         app.metrics().turn_ended();
     }
     if let Some(sid) = session_id {
@@ -667,7 +702,10 @@ pub async fn release_run<S: Store + Clone>(
             .session_release(&session_key(user, sid), invocation_id)
             .await?;
     }
-    Ok(ReleasedResponse { released })
+    Ok(ReleasedResponse {
+        released: outcome.released(),
+        pending: outcome == Release::Pending,
+    })
 }
 
 /// Renews the run lease of `invocation_id`.
@@ -704,17 +742,22 @@ pub async fn reserve_tokens<S: Store + Clone>(
     req: ReserveRequest,
 ) -> Result<Shadowed<ReserveResponse>, ApiError> {
     check_id("invocation_id", &req.invocation_id)?;
+    if let Some(id) = &req.request_id {
+        check_id("request_id", id)?;
+    }
     let estimate = tokens("estimate", req.estimate)?;
-    let decision = if req.wait {
-        let _waiting = wait_place(app, user)?;
-        app.limiter()
-            .reserve_tokens_and_wait(user, &req.invocation_id, estimate)
-            .await?
-    } else {
-        app.limiter()
-            .reserve_tokens(user, &req.invocation_id, estimate)
-            .await?
+    let call = Reserve {
+        invocation_id: &req.invocation_id,
+        estimate,
+        request_id: req.request_id.as_deref(),
+        wait: req.wait,
     };
+    let _waiting = if req.wait {
+        Some(wait_place(app, user)?)
+    } else {
+        None
+    };
+    let decision = app.limiter().reserve(user, call).await?;
     observe(app, "reserve", user, &decision);
     match decision {
         Decision::Allowed {
@@ -749,7 +792,7 @@ pub async fn settle<S: Store + Clone>(
     let id = reservation(&req.reservation_id)?;
     let actual = tokens("actual", req.actual)?;
     let s = app.limiter().settle(user, &id, actual).await?;
-    Ok(BalanceResponse { balance: s.balance })
+    Ok(s.into())
 }
 
 /// Refunds a reservation whose call never happened (a repeat changes
@@ -765,7 +808,7 @@ pub async fn refund<S: Store + Clone>(
 ) -> Result<BalanceResponse, ApiError> {
     let id = reservation(&req.reservation_id)?;
     let s = app.limiter().refund(user, &id).await?;
-    Ok(BalanceResponse { balance: s.balance })
+    Ok(s.into())
 }
 
 /// The store key and TTL of a session lease request, its ids checked.
@@ -840,7 +883,10 @@ pub async fn release_session_lease<S: Store + Clone>(
         .session_release(&session_key(user, session_id), holder)
         .await?
     {
-        Ok(ReleasedResponse { released: true })
+        Ok(ReleasedResponse {
+            released: true,
+            pending: false,
+        })
     } else {
         Err(ApiError::NotHolder)
     }

@@ -330,6 +330,7 @@ async fn a_slow_body_does_not_hold_shutdown_past_the_drain_deadline() {
         invocation_id: "g".into(),
         estimate: 1000,
         wait: false,
+        request_id: None,
     });
     let auth = format!("Bearer {token}").parse().unwrap();
     drained.metadata_mut().insert("authorization", auth);
@@ -340,6 +341,7 @@ async fn a_slow_body_does_not_hold_shutdown_past_the_drain_deadline() {
         invocation_id: "g".into(),
         estimate: 1000,
         wait: true,
+        request_id: None,
     });
     let auth = format!("Bearer {token}").parse().unwrap();
     waiting.metadata_mut().insert("authorization", auth);
@@ -401,6 +403,7 @@ async fn the_ninth_wait_of_one_user_is_refused() {
         invocation_id: "g9".into(),
         estimate: 1,
         wait: true,
+        request_id: None,
     });
     let auth = format!("Bearer {}", valid_token("a", SECRET))
         .parse()

@@ -236,6 +236,7 @@ impl Server {
                     invocation_id: inv.to_owned(),
                     estimate,
                     wait: false,
+                    request_id: None,
                 },
             ))
             .await
@@ -715,6 +716,7 @@ async fn the_in_flight_cap_is_resource_exhausted_overloaded() {
                 invocation_id: "run".into(),
                 estimate: 1_000,
                 wait: true,
+                request_id: None,
             },
         ))
         .await
@@ -1335,6 +1337,7 @@ async fn a_cancelled_wait_reservation_is_refunded() {
                 invocation_id: "run".into(),
                 estimate: 1_000,
                 wait: true,
+                request_id: None,
             },
         ))
         .await

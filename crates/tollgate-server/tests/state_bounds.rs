@@ -299,6 +299,7 @@ async fn zero_token_reservations_are_refused() {
                 invocation_id: "free-0".into(),
                 estimate: 0,
                 wait: false,
+                request_id: None,
             },
         ))
         .await

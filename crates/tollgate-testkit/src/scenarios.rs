@@ -89,7 +89,7 @@ pub async fn example_1_turn_burst<S: Store + Clone>(store: S, clock: FakeClock) 
     for i in 1..=5 {
         let inv = format!("turn-{i}");
         allowed(&l.admit_turn("u1", &inv).await.unwrap());
-        assert!(l.release_run("u1", &inv).await.unwrap());
+        assert!(l.release_run("u1", &inv).await.unwrap().released());
     }
     clock.advance(1_000);
     for i in 6..=10 {
@@ -109,7 +109,7 @@ pub async fn example_2_steady_turns<S: Store + Clone>(store: S, clock: FakeClock
         let inv = format!("turn-{i}");
         let d = l.admit_turn("u1", &inv).await.unwrap();
         assert!(d.is_allowed(), "turn {i} at {} s denied: {d:?}", i * 10);
-        assert!(l.release_run("u1", &inv).await.unwrap());
+        assert!(l.release_run("u1", &inv).await.unwrap().released());
         clock.advance(10_000);
     }
 }
@@ -159,7 +159,7 @@ pub async fn example_4_concurrency<S: Store + Clone>(store: S, clock: FakeClock)
         3,
         "nothing charged to the turn bucket"
     );
-    assert!(l.release_run("u1", "r1").await.unwrap());
+    assert!(l.release_run("u1", "r1").await.unwrap().released());
     allowed(&l.admit_turn("u1", "r3").await.unwrap());
     // r2 and r3 are abandoned without release.
     clock.advance(119_999);
@@ -215,13 +215,7 @@ pub async fn provider_example<S: Store + Clone>(store: S, _clock: FakeClock) {
 pub async fn settle_and_refund_once<S: Store + Clone>(store: S, clock: FakeClock) {
     let l = limiter_with(store, &clock, support());
     let a = allowed(&l.reserve_tokens("u1", "run", 6_000).await.unwrap());
-    assert_eq!(
-        a.id,
-        ReservationId {
-            invocation_id: "run".into(),
-            call: 1
-        }
-    );
+    assert_eq!(a.id, ReservationId::new("run", 1));
     let s = l.settle("u1", &a.id, 8_000).await.unwrap();
     assert_eq!((s.balance, s.applied), (52_000, true));
     let s = l.settle("u1", &a.id, 8_000).await.unwrap();
@@ -248,10 +242,12 @@ pub async fn settle_and_refund_once<S: Store + Clone>(store: S, clock: FakeClock
         ReservationId {
             invocation_id: "run".into(),
             call: 4,
+            fallback: None,
         },
         ReservationId {
             invocation_id: "other".into(),
             call: 1,
+            fallback: None,
         },
     ] {
         let e = l.settle("u1", &unknown, 10).await.unwrap_err();
@@ -319,11 +315,17 @@ pub async fn release_and_renew_by_id<S: Store + Clone>(store: S, clock: FakeCloc
     let l = limiter_with(store, &clock, support());
     allowed(&l.admit_turn("u1", "r1").await.unwrap());
     allowed(&l.admit_turn("u1", "r2").await.unwrap());
-    assert!(!l.release_run("u1", "zz").await.unwrap());
-    assert!(!l.release_run("u2", "r1").await.unwrap(), "another user's");
+    assert!(!l.release_run("u1", "zz").await.unwrap().released());
+    assert!(
+        !l.release_run("u2", "r1").await.unwrap().released(),
+        "another user's"
+    );
     assert_eq!(state(&l, "u1").await.leases.len(), 2);
-    assert!(l.release_run("u1", "r1").await.unwrap());
-    assert!(!l.release_run("u1", "r1").await.unwrap(), "second release");
+    assert!(l.release_run("u1", "r1").await.unwrap().released());
+    assert!(
+        !l.release_run("u1", "r1").await.unwrap().released(),
+        "second release"
+    );
     clock.advance(60_000);
     assert_eq!(
         l.renew_run("u1", "r2").await.unwrap(),
@@ -517,11 +519,11 @@ pub async fn clock_steps_back<S: Store + Clone>(store: S, clock: FakeClock) {
     for i in 0..5 {
         let inv = format!("t{i}");
         allowed(&l.admit_turn("u1", &inv).await.unwrap());
-        l.release_run("u1", &inv).await.unwrap();
+        l.release_run("u1", &inv).await.unwrap().released();
     }
     clock.advance(3_000);
     allowed(&l.admit_turn("u1", "t5").await.unwrap());
-    l.release_run("u1", "t5").await.unwrap();
+    l.release_run("u1", "t5").await.unwrap().released();
     let t3000 = clock.now_ms();
     clock.set(t3000 - 2_000);
     assert_eq!(
@@ -610,6 +612,7 @@ pub async fn abandoned_wait_is_refunded<S: Store + Clone>(store: S, clock: FakeC
     let id = ReservationId {
         invocation_id: "run".into(),
         call: 2,
+        fallback: None,
     };
     assert!(!l.refund("u1", &id).await.unwrap().applied, "closed once");
 }
@@ -1433,7 +1436,7 @@ pub async fn take_one_shares_budgets<S: Store + Clone>(store: S, clock: FakeCloc
     // The same bucket as turn admission: two turns empty it.
     for inv in ["r1", "r2"] {
         allowed(&l.admit_turn("u1", inv).await.unwrap());
-        assert!(l.release_run("u1", inv).await.unwrap());
+        assert!(l.release_run("u1", inv).await.unwrap().released());
     }
     let d = l.take_turns("u1", 1).await.unwrap();
     assert_eq!(limited(&d), (Limit::TurnRate, 3_000));
@@ -1696,4 +1699,130 @@ pub async fn zero_token_reservations_are_invalid<S: Store + Clone>(store: S, clo
     // Nothing was recorded: the run's first reservation is call 1.
     let g = allowed(&l.reserve_tokens("u1", "run", 1).await.unwrap());
     assert_eq!(g.id.to_string(), "1.run");
+}
+
+/// A reserve that names a request id answers its first grant again on a
+/// repeat (same reservation, what is left of its wait) and charges once; a
+/// denial is not remembered; ids are per run (SPEC §2).
+pub async fn request_ids_answer_the_first_grant<S: Store + Clone>(store: S, clock: FakeClock) {
+    use tollgate_core::Reserve;
+    let l = limiter_with(store, &clock, support());
+    let call = |inv, estimate, id| Reserve {
+        invocation_id: inv,
+        estimate,
+        request_id: Some(id),
+        wait: false,
+    };
+    let a = allowed(&l.reserve("u1", call("run", 50_000, "q1")).await.unwrap());
+    assert_eq!(a.id, ReservationId::new("run", 1));
+    let again = allowed(&l.reserve("u1", call("run", 50_000, "q1")).await.unwrap());
+    assert_eq!(again.id, a.id, "the first grant");
+    assert_eq!(
+        state(&l, "u1").await.tokens_available,
+        10_000,
+        "charged once"
+    );
+    // A grant with a wait: a repeat later answers what is left of it.
+    let w = allowed(&l.reserve("u1", call("run", 12_000, "q2")).await.unwrap());
+    assert_eq!((w.id.call, w.wait_ms), (2, 2_000));
+    clock.advance(500);
+    let w2 = allowed(&l.reserve("u1", call("run", 12_000, "q2")).await.unwrap());
+    assert_eq!((w2.id, w2.wait_ms), (w.id.clone(), 1_500));
+    clock.advance(5_000);
+    let w3 = allowed(&l.reserve("u1", call("run", 12_000, "q2")).await.unwrap());
+    assert_eq!(w3.wait_ms, 0);
+    // Another run's id space is its own; another user's too.
+    let b = allowed(&l.reserve("u1", call("other", 1_000, "q1")).await.unwrap());
+    assert_eq!(b.id, ReservationId::new("other", 1));
+    let c = allowed(&l.reserve("u2", call("run", 1_000, "q1")).await.unwrap());
+    assert_eq!(c.id, ReservationId::new("run", 1));
+    // A denial is decided anew on its repeat.
+    let d = l.reserve("u1", call("run", 60_000, "q3")).await.unwrap();
+    assert_eq!(limited(&d).0, Limit::TokenRate);
+    clock.advance(60_000);
+    let e = allowed(&l.reserve("u1", call("run", 60_000, "q3")).await.unwrap());
+    assert_eq!(e.id.call, 3);
+    // Settling the first grant and repeating it answers the same id: the
+    // settle then says it is already closed.
+    l.settle("u1", &a.id, 1).await.unwrap();
+    let r = allowed(&l.reserve("u1", call("run", 50_000, "q1")).await.unwrap());
+    assert_eq!(r.id, a.id);
+    assert!(!l.settle("u1", &r.id, 1).await.unwrap().applied);
+}
+
+/// Reconciliation (SPEC §6): a fallback's turns and net tokens are
+/// charged, into debt if need be; an ambiguous reserve the store ran is
+/// refunded (so it is charged once) and one it did not run is marked, so a
+/// late copy takes nothing; an ambiguous admission whose lease is held
+/// here is not charged a second turn.
+pub async fn reconcile_charges_and_resolves_ambiguity<S: Store + Clone>(
+    store: S,
+    clock: FakeClock,
+) {
+    use tollgate_core::Reserve;
+    use tollgate_core::store::{ReconcileRequest, Reconciled};
+    let l = limiter_with(store, &clock, support());
+    let plan = l.plan_for("u1").unwrap();
+    allowed(&l.admit_turn("u1", "held").await.unwrap());
+    let ran = Reserve {
+        invocation_id: "run",
+        estimate: 6_000,
+        request_id: Some("ran"),
+        wait: false,
+    };
+    let first = allowed(&l.reserve("u1", ran).await.unwrap());
+    let s = state(&l, "u1").await;
+    assert_eq!((s.turns_available, s.tokens_available), (4, 54_000));
+    let req = ReconcileRequest {
+        user: "u1",
+        turns: plan.turns,
+        tokens: plan.tokens,
+        turns_taken: 3,
+        tokens_net: 70_000,
+        ambiguous_reserves: &[("run", "ran"), ("run", "never-ran")],
+        ambiguous_admissions: &["held", "not-held"],
+    };
+    let r = l.store().reconcile(req).await.unwrap();
+    assert_eq!(
+        r,
+        Reconciled {
+            turns: 2,
+            tokens: 64_000,
+            refunded: 1,
+        }
+    );
+    let s = state(&l, "u1").await;
+    // 4 - 2 turns; 54,000 + 6,000 refunded - 70,000 charged: in debt.
+    assert_eq!((s.turns_available, s.tokens_available), (2, -10_000));
+    assert_eq!(s.tokens_last_minute, 6_000 + 64_000);
+    // The refunded reservation is closed; its id and the one never run are
+    // superseded: a late copy or a retry takes nothing.
+    assert!(!l.settle("u1", &first.id, 6_000).await.unwrap().applied);
+    for id in ["ran", "never-ran"] {
+        let late = Reserve {
+            request_id: Some(id),
+            ..ran
+        };
+        let e = l.reserve("u1", late).await.unwrap_err();
+        assert!(
+            matches!(&e, tollgate_core::LimiterError::InvalidRequest { field, .. } if *field == "request_id"),
+            "{e:?}"
+        );
+    }
+    assert_eq!(state(&l, "u1").await.tokens_available, -10_000);
+    // A negative net gives back (a refund settled after the last
+    // reconciliation), capped at the burst.
+    let back = ReconcileRequest {
+        turns_taken: 0,
+        tokens_net: -100_000,
+        ambiguous_reserves: &[],
+        ambiguous_admissions: &[],
+        ..req
+    };
+    let r = l.store().reconcile(back).await.unwrap();
+    assert_eq!((r.turns, r.tokens, r.refunded), (0, -100_000, 0));
+    assert_eq!(state(&l, "u1").await.tokens_available, 60_000);
+    // The debt waits off like any other: nothing was lost.
+    clock.advance(60_000);
+    assert_eq!(state(&l, "u1").await.turns_available, 5);
 }

@@ -13,9 +13,9 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use tollgate_core::lease::{SessionAcquire, SessionGrant};
 use tollgate_core::store::{
-    AppendOutcome, BucketTake, CooldownCheck, FenceCheck, MultiTake, ReserveOutcome,
-    ReserveRequest, SettleOutcome, SettleRequest, TakeOutcome, TakeRequest, TopUser, TurnOutcome,
-    TurnRequest, UserState,
+    AppendOutcome, BucketTake, CooldownCheck, FenceCheck, MultiTake, ReconcileRequest, Reconciled,
+    Release, ReserveOutcome, ReserveRequest, SettleOutcome, SettleRequest, TakeOutcome,
+    TakeRequest, TopUser, TurnOutcome, TurnRequest, UserState,
 };
 use tollgate_core::{
     BucketSpec, FakeClock, Limiter, MemoryStore, PlanConfig, PlansConfig, Store, StoreError,
@@ -245,7 +245,7 @@ impl Store for Flaky {
         &self,
         user: &str,
         invocation_id: &str,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Release, StoreError>> + Send {
         self.inner.release_run(user, invocation_id)
     }
     fn renew_run(
@@ -376,6 +376,12 @@ impl Store for Flaky {
     }
     fn reset_user(&self, user: &str) -> impl Future<Output = Result<bool, StoreError>> + Send {
         self.inner.reset_user(user)
+    }
+    fn reconcile(
+        &self,
+        req: ReconcileRequest<'_>,
+    ) -> impl Future<Output = Result<Reconciled, StoreError>> + Send {
+        self.inner.reconcile(req)
     }
 }
 
@@ -511,7 +517,13 @@ async fn granted_prechecks_hold_no_lease_and_runs_at_the_cap_refuse() {
     assert_eq!(st.leases.len(), 2, "only the real runs");
 
     // One run ends: the next turn fits, and still leaves only the real run.
-    assert!(limiter.release_run("u42", "run-1").await.expect("release"));
+    assert!(
+        limiter
+            .release_run("u42", "run-1")
+            .await
+            .expect("release")
+            .released()
+    );
     assert_eq!(send(&app, turn(Some("u42"))).await.status, StatusCode::OK);
     let st = user_state(&limiter, "u42").await;
     assert_eq!(st.turns_available, 2);

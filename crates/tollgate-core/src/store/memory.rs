@@ -35,8 +35,9 @@ use parking_lot::{Mutex, MutexGuard};
 use super::{
     AppendOutcome, BucketRef, BucketTake, CLAIM_SLACK_MS, Claim, ClaimRequest, CooldownCheck,
     DEFAULT_SESSION_GRACE_MS, DEFAULT_SESSION_RETENTION_MS, FenceCheck, MultiTake, ProviderCleared,
-    RESERVATION_RETENTION_MS, ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome,
-    SettleRequest, Store, TakeOutcome, TakeRequest, TopUser, TurnOutcome, TurnRequest, UserState,
+    RESERVATION_RETENTION_MS, ReconcileRequest, Reconciled, Release, ReservationId, ReserveOutcome,
+    ReserveRequest, SettleOutcome, SettleRequest, Store, TakeOutcome, TakeRequest, TopUser,
+    TurnOutcome, TurnRequest, UserState,
 };
 use crate::aimd::{AimdParams, AimdState};
 use crate::bucket::{self, BucketSpec, BucketState, EXPIRY_GRACE_MS, MAX_SCALED, Take};
@@ -401,7 +402,19 @@ struct Invocation {
     /// Open reservations: (call, estimate charged). Closed ones are the
     /// numbers up to `calls` that are not here.
     open: Vec<(u64, u64)>,
+    /// Request ids of granted reserves: (id, call, when its wait ends).
+    /// Call 0 marks an id superseded by reconciliation.
+    requests: Vec<(Box<str>, u64, u64)>,
     expires_at: u64,
+}
+
+impl Invocation {
+    fn request(&self, id: &str) -> Option<(u64, u64)> {
+        self.requests
+            .iter()
+            .find(|(r, _, _)| &**r == id)
+            .map(|(_, call, ready)| (*call, *ready))
+    }
 }
 
 /// Tokens charged per minute, two windows, for the sliding-minute estimate.
@@ -500,6 +513,18 @@ impl CallState {
     fn invocation(&mut self, now: u64, id: &str) -> Option<&mut Invocation> {
         self.invocations.retain(|i| i.expires_at > now);
         self.invocations.iter_mut().find(|i| &*i.id == id)
+    }
+}
+
+/// The answer a repeated request id gets: the first grant, with what is
+/// left of its wait, or [`ReserveOutcome::Superseded`].
+fn repeat(invocation_id: &str, call: u64, ready_at: u64, now: u64) -> ReserveOutcome {
+    if call == 0 {
+        return ReserveOutcome::Superseded;
+    }
+    ReserveOutcome::Granted {
+        reservation: ReservationId::new(invocation_id, call),
+        wait_ms: ready_at.saturating_sub(now),
     }
 }
 
@@ -706,6 +731,29 @@ impl MemoryStore {
         }
     }
 
+    /// What a repeat of reserve request `request_id` of run
+    /// `invocation_id` answers, if this store granted it (or marked it
+    /// superseded): the first grant with what is left of its wait. A read:
+    /// nothing changes.
+    pub fn repeat_of(
+        &self,
+        user: &str,
+        invocation_id: &str,
+        request_id: &str,
+    ) -> Option<ReserveOutcome> {
+        let now = self.now();
+        self.inner.users.read(user, now, |u| {
+            let inv = u?
+                .calls
+                .as_deref()?
+                .invocations
+                .iter()
+                .find(|i| &*i.id == invocation_id && i.expires_at > now)?;
+            let (call, ready) = inv.request(request_id)?;
+            Some(repeat(invocation_id, call, ready, now))
+        })
+    }
+
     fn admit(&self, req: TurnRequest<'_>) -> Result<TurnOutcome, Full> {
         let now = self.now();
         self.inner.users.with(req.user, now, |u| {
@@ -730,7 +778,13 @@ impl MemoryStore {
         let now = self.now();
         self.inner.users.with(req.user, now, |u| {
             let c = u.calls();
-            let calls = c.invocation(now, req.invocation_id).map_or(0, |i| i.calls);
+            let inv = c.invocation(now, req.invocation_id);
+            if let (Some(rid), Some(inv)) = (req.request_id, &inv)
+                && let Some((call, ready)) = inv.request(rid)
+            {
+                return repeat(req.invocation_id, call, ready, now);
+            }
+            let calls = inv.map_or(0, |i| i.calls);
             let cap = Denial::CapReached {
                 limit: Limit::MaxLlmCalls,
                 cap: req.max_llm_calls,
@@ -761,16 +815,28 @@ impl MemoryStore {
                     max_cost: req.tokens.max_cost(req.max_wait_ms),
                 }),
             };
-            let reservation = |c: &mut CallState, charged| ReservationId {
-                invocation_id: req.invocation_id.to_owned(),
-                call: c.record_call(now, req.invocation_id, charged),
+            let reservation = |c: &mut CallState, charged| {
+                ReservationId::new(
+                    req.invocation_id,
+                    c.record_call(now, req.invocation_id, charged),
+                )
             };
             match (denial, t.outcome) {
                 (None, Take::Granted { wait_ms }) => {
                     c.tokens = Some((t.state, t.expires_at));
                     c.usage.add(now, req.estimate as i64);
+                    let reservation = reservation(c, req.estimate);
+                    if let Some(rid) = req.request_id
+                        && let Some(inv) = c.invocation(now, req.invocation_id)
+                    {
+                        inv.requests.push((
+                            rid.into(),
+                            reservation.call,
+                            now.saturating_add(wait_ms),
+                        ));
+                    }
                     ReserveOutcome::Granted {
-                        reservation: reservation(c, req.estimate),
+                        reservation,
                         wait_ms,
                     }
                 }
@@ -1038,11 +1104,10 @@ impl MemoryStore {
 }
 
 impl CallState {
-    /// Counts a model call of `invocation_id` and records its reservation as
-    /// open with the estimate it charged (0 for a shadow reservation, which
-    /// took nothing: its settle charges the actual usage, its refund changes
-    /// nothing). Answers the call's number.
-    fn record_call(&mut self, now: u64, invocation_id: &str, charged: u64) -> u64 {
+    /// The record of run `invocation_id`, made if there is none (at most
+    /// [`MAX_TRACKED_RUNS`] per user: the least recently active is dropped
+    /// for a new one); its retention restarts.
+    fn run_record(&mut self, now: u64, invocation_id: &str) -> &mut Invocation {
         let expires_at = now.saturating_add(RESERVATION_RETENTION_MS);
         self.invocations.retain(|i| i.expires_at > now);
         let pos = self
@@ -1071,13 +1136,23 @@ impl CallState {
                     id: invocation_id.into(),
                     calls: 0,
                     open: Vec::new(),
+                    requests: Vec::new(),
                     expires_at,
                 });
                 self.invocations.last_mut().expect("just pushed")
             }
         };
-        inv.calls += 1;
         inv.expires_at = expires_at;
+        inv
+    }
+
+    /// Counts a model call of `invocation_id` and records its reservation as
+    /// open with the estimate it charged (0 for a shadow reservation, which
+    /// took nothing: its settle charges the actual usage, its refund changes
+    /// nothing). Answers the call's number.
+    fn record_call(&mut self, now: u64, invocation_id: &str, charged: u64) -> u64 {
+        let inv = self.run_record(now, invocation_id);
+        inv.calls += 1;
         if inv.open.capacity() == 0 {
             inv.open.reserve_exact(1);
         }
@@ -1091,12 +1166,16 @@ impl Store for MemoryStore {
         self.room("admit_turn", || self.admit(req))
     }
 
-    async fn release_run(&self, user: &str, invocation_id: &str) -> Result<bool, StoreError> {
+    async fn release_run(&self, user: &str, invocation_id: &str) -> Result<Release, StoreError> {
         let now = self.now();
         self.room("release_run", || {
-            self.inner
-                .users
-                .with(user, now, |u| u.leases.release(now, invocation_id))
+            self.inner.users.with(user, now, |u| {
+                if u.leases.release(now, invocation_id) {
+                    Release::Released
+                } else {
+                    Release::NotHeld
+                }
+            })
         })
     }
 
@@ -1375,6 +1454,61 @@ impl Store for MemoryStore {
             })
         })
     }
+
+    async fn reconcile(&self, req: ReconcileRequest<'_>) -> Result<Reconciled, StoreError> {
+        self.room("reconcile", || self.reconcile_now(req))
+    }
+}
+
+impl MemoryStore {
+    fn reconcile_now(&self, req: ReconcileRequest<'_>) -> Result<Reconciled, Full> {
+        let now = self.now();
+        self.inner.users.with(req.user, now, |u| {
+            let mut refunded = 0u32;
+            let mut given_back: i64 = 0;
+            if !req.ambiguous_reserves.is_empty() {
+                let c = u.calls();
+                for &(inv_id, rid) in req.ambiguous_reserves {
+                    let inv = c.run_record(now, inv_id);
+                    match inv.requests.iter().position(|(r, _, _)| &**r == rid) {
+                        Some(i) => {
+                            let call = inv.requests[i].1;
+                            if let Some(pos) = inv.open.iter().position(|(n, _)| *n == call) {
+                                let (_, charged) = inv.open.swap_remove(pos);
+                                given_back = given_back.saturating_add(charged as i64);
+                                refunded += 1;
+                            }
+                            inv.requests[i].1 = 0;
+                        }
+                        None => inv.requests.push((rid.into(), 0, 0)),
+                    }
+                }
+            }
+            let held_here = req
+                .ambiguous_admissions
+                .iter()
+                .filter(|id| u.leases.iter().any(|(l, exp)| l == **id && exp > now))
+                .count() as u64;
+            let turns = req.turns_taken.saturating_sub(held_here);
+            if turns > 0 {
+                let delta = i64::try_from(turns).unwrap_or(i64::MAX);
+                let a = bucket::adjust(&req.turns, live(u.turns, now), now, delta);
+                u.turns = Some((a.state, a.expires_at));
+            }
+            let tokens = req.tokens_net.saturating_sub(given_back);
+            if tokens != 0 {
+                let c = u.calls();
+                let a = bucket::adjust(&req.tokens, live(c.tokens, now), now, tokens);
+                c.tokens = Some((a.state, a.expires_at));
+                c.usage.add(now, tokens);
+            }
+            Reconciled {
+                turns,
+                tokens,
+                refunded,
+            }
+        })
+    }
 }
 
 #[cfg(test)]
@@ -1410,7 +1544,7 @@ mod tests {
         for i in 0..5_000 {
             let user = format!("u{i}");
             assert!(matches!(admit(&store, &user, "r"), Admit::Admitted { .. }));
-            assert!(store.release_run(&user, "r").into_inner_ready());
+            assert!(store.release_run(&user, "r").into_inner_ready().released());
         }
         assert_eq!(store.stats().users, 5_000);
         // The turn bucket is full again after 3 s, plus the 60 s grace.
@@ -1484,7 +1618,12 @@ mod tests {
     fn reads_do_not_create_entries() {
         let clock = FakeClock::new(1_000);
         let store = MemoryStore::new(clock);
-        assert!(!store.release_run("ghost", "r").into_inner_ready());
+        assert!(
+            !store
+                .release_run("ghost", "r")
+                .into_inner_ready()
+                .released()
+        );
         assert_eq!(store.renew_run("ghost", "r", 10).into_inner_ready(), None);
         let spec = BucketSpec::new(1, 1, 1).unwrap();
         let st = store.user_state("ghost", spec, spec).into_inner_ready();
@@ -1581,7 +1720,7 @@ mod tests {
                 .is_some()
         );
         // An operation that stores nothing needs no room.
-        assert!(!store.release_run("d", "r1").into_inner_ready());
+        assert!(!store.release_run("d", "r1").into_inner_ready().released());
         assert_eq!(store.session_renew("s", "h", 10).into_inner_ready(), None);
         // A multi-key take with a new key changes nothing.
         let spec = BucketSpec::new(10, 1_000, 10).unwrap();

@@ -343,6 +343,7 @@ impl From<ops::ReleasedResponse> for proto::ReleaseRunResponse {
     fn from(r: ops::ReleasedResponse) -> Self {
         Self {
             released: r.released,
+            pending: r.pending,
         }
     }
 }
@@ -361,6 +362,7 @@ impl From<proto::ReserveTokensRequest> for ops::ReserveRequest {
             invocation_id: m.invocation_id,
             estimate: m.estimate,
             wait: m.wait,
+            request_id: m.request_id,
         }
     }
 }
@@ -385,7 +387,10 @@ impl From<proto::SettleRequest> for ops::SettleRequest {
 
 impl From<ops::BalanceResponse> for proto::SettleResponse {
     fn from(r: ops::BalanceResponse) -> Self {
-        Self { balance: r.balance }
+        Self {
+            balance: r.balance.unwrap_or(0),
+            pending: r.pending,
+        }
     }
 }
 
@@ -399,7 +404,10 @@ impl From<proto::RefundRequest> for ops::RefundRequest {
 
 impl From<ops::BalanceResponse> for proto::RefundResponse {
     fn from(r: ops::BalanceResponse) -> Self {
-        Self { balance: r.balance }
+        Self {
+            balance: r.balance.unwrap_or(0),
+            pending: r.pending,
+        }
     }
 }
 

@@ -143,12 +143,18 @@ async fn release<S: Store + Clone>(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     path_id(&id, "user")?;
     path_id(&inv, "invocation_id")?;
-    let released = app.store().release_run(&id, &inv).await?;
-    if released {
+    let outcome = app.store().release_run(&id, &inv).await?;
+    if outcome != tollgate_core::store::Release::NotHeld {
         app.metrics().turn_ended();
     }
-    tracing::info!(user = %id, invocation_id = %inv, released, "admin: lease force-released");
-    Ok(Json(serde_json::json!({ "released": released })))
+    let (released, pending) = (
+        outcome.released(),
+        outcome == tollgate_core::store::Release::Pending,
+    );
+    tracing::info!(user = %id, invocation_id = %inv, released, pending, "admin: lease force-released");
+    Ok(Json(
+        serde_json::json!({ "released": released, "pending": pending }),
+    ))
 }
 
 /// This replica's exhaustion hold of a provider key, for people.

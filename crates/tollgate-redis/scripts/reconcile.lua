@@ -1,0 +1,70 @@
+-- reconcile: charge what a fallback decided for one user during an outage
+-- (SPEC §6), in one step on the user's keys.
+-- KEYS[1] turn bucket hash   {prefix}:turn:{user}
+-- KEYS[2] token bucket hash  {prefix}:tok:{user}
+-- KEYS[3] run lease zset     {prefix}:lease:{user}
+-- KEYS[4] usage hash         {prefix}:use:{user}
+-- KEYS[5] run index zset     {prefix}:invs:{user}
+-- ARGV[1] now override   ARGV[2..4] turn amount, period, capacity scaled
+-- ARGV[5..7] token amount, period, capacity scaled
+-- ARGV[8] turns taken   ARGV[9] net tokens   ARGV[10] reservation retention ms
+-- ARGV[11] most runs tracked per user   ARGV[12] prefix of invocation keys
+-- ARGV[13] n ambiguous reserves, then n pairs (escaped invocation id,
+--          request id), then m ambiguous admissions, then m invocation ids.
+-- An ambiguous reserve this store ran (its r<id> names an open call) is
+-- refunded and its id marked superseded ("0:0"); one it did not run is
+-- marked superseded, so a late copy takes nothing. An ambiguous admission
+-- whose run holds a live lease here was charged its turn here.
+-- Returns {turns charged, tokens charged (net), reserves refunded, now}.
+local now = now_ms(ARGV[1])
+local t_amount, t_period, t_cap = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local k_amount, k_period, k_cap = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local turns, tokens = tonumber(ARGV[8]), tonumber(ARGV[9])
+local retention, max_runs, prefix = tonumber(ARGV[10]), tonumber(ARGV[11]), ARGV[12]
+
+local n = tonumber(ARGV[13])
+local i = 14
+local refunded, given_back = 0, 0
+for _ = 1, n do
+  local inv_id, rid = ARGV[i], ARGV[i + 1]
+  i = i + 2
+  local key = prefix .. inv_id
+  local v = redis.call('HMGET', key, 'c', 'e', 'r' .. rid)
+  local live = v[1] and tonumber(v[2]) > now
+  if v[1] and not live then redis.call('DEL', key) end
+  local calls = 0
+  if live then calls = tonumber(v[1]) end
+  if live and v[3] then
+    local sep = string.find(v[3], ':', 1, true)
+    local call = tonumber(string.sub(v[3], 1, sep - 1))
+    if call > 0 then
+      local charged = redis.call('HGET', key, 'o' .. call)
+      if charged then
+        redis.call('HDEL', key, 'o' .. call)
+        given_back = given_back + tonumber(charged)
+        refunded = refunded + 1
+      end
+    end
+  end
+  track_run(KEYS[5], prefix, inv_id, not live, now, retention, max_runs)
+  redis.call('HSET', key, 'c', calls, 'e', now + retention, 'r' .. rid, '0:0')
+  redis.call('PEXPIRE', key, retention)
+end
+
+local m = tonumber(ARGV[i])
+i = i + 1
+for _ = 1, m do
+  local exp = redis.call('ZSCORE', KEYS[3], ARGV[i])
+  i = i + 1
+  if exp and tonumber(exp) > now and turns > 0 then turns = turns - 1 end
+end
+
+if turns > 0 then
+  bucket_adjust(KEYS[1], now, t_amount, t_period, t_cap, turns)
+end
+tokens = tokens - given_back
+if tokens ~= 0 then
+  bucket_adjust(KEYS[2], now, k_amount, k_period, k_cap, tokens)
+  usage_add(KEYS[4], now, tokens)
+end
+return {turns, tokens, refunded, now}
