@@ -1,10 +1,14 @@
-//! Store outages against a real `redis-server` that the tests kill and
-//! restart: fail-closed answers a transient `Unavailable`, fail-open keeps
-//! deciding locally at the scaled rate, sessions always fail closed, nothing
-//! panics, and after a restart decisions come from Redis again without
-//! rebuilding the store. Clearing a provider key's cooldown and AIMD state
-//! fails closed under fail-open too. Also: password authentication, and
-//! permanent errors are never hidden by a fallback.
+//! Store outages against a real `redis-server` that the tests kill,
+//! restart, pause (SIGSTOP) and fill: fail-closed answers a transient
+//! `Unavailable`, fail-open keeps deciding locally at the scaled rate,
+//! sessions always fail closed, nothing panics, and after a restart
+//! decisions come from Redis again without rebuilding the store. Closes
+//! made during an outage are journalled and applied after it; what the
+//! fallback decided is reconciled into Redis, and a call that timed out
+//! after Redis queued it is charged once. The breaker opens on K faults in
+//! a row, not on one slow call. Clearing a provider key's cooldown and AIMD
+//! state fails closed under fail-open too. Also: password authentication,
+//! and permanent errors are never hidden by a fallback.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,7 +19,7 @@ use tollgate_core::{
     Decision, FakeClock, Limit, Limiter, LimiterError, PlanConfig, PlansConfig, RateConfig, Store,
     StoreErrorKind,
 };
-use tollgate_redis::{Failover, FailurePolicy, RedisConfig, RedisStore};
+use tollgate_redis::{BreakerConfig, Failover, FailurePolicy, RedisConfig, RedisStore};
 use tollgate_testkit::redis::{RedisServer, unique_prefix, wait_until};
 
 fn plans() -> tollgate_core::PlanBook {
@@ -48,13 +52,71 @@ fn plans() -> tollgate_core::PlanBook {
 }
 
 async fn redis(url: String) -> RedisStore {
+    redis_with_timeout(url, Duration::from_secs(1)).await
+}
+
+async fn redis_with_timeout(url: String, op_timeout: Duration) -> RedisStore {
     RedisStore::connect(
         RedisConfig::standalone(url)
             .with_key_prefix(unique_prefix())
-            .with_op_timeout(Duration::from_secs(1)),
+            .with_op_timeout(op_timeout),
     )
     .await
     .expect("connect")
+}
+
+/// A breaker that opens after `k` faults in a row (1 s open).
+fn breaker(k: u32) -> BreakerConfig {
+    BreakerConfig {
+        consecutive_failures: k,
+        ..BreakerConfig::default()
+    }
+}
+
+/// A `redis-server` that writes its pid, so a test can SIGSTOP it: a
+/// server that stops answering but keeps its data and the commands queued
+/// on its sockets (they run when it resumes).
+struct Pausable {
+    server: RedisServer,
+    pidfile: std::path::PathBuf,
+}
+
+impl Pausable {
+    fn start() -> Self {
+        let pidfile = std::env::temp_dir().join(format!("{}.pid", unique_prefix()));
+        let server = RedisServer::start_with_args(&["--pidfile", pidfile.to_str().expect("utf-8")])
+            .expect("redis-server");
+        Self { server, pidfile }
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = std::fs::read_to_string(&self.pidfile).expect("pidfile");
+        let ok = std::process::Command::new("kill")
+            .args([sig, pid.trim()])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    }
+
+    fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    fn resume(&self) {
+        self.signal("-CONT");
+    }
+}
+
+impl Drop for Pausable {
+    fn drop(&mut self) {
+        // A stopped server cannot be stopped by SIGTERM.
+        let _ = std::fs::read_to_string(&self.pidfile).map(|pid| {
+            std::process::Command::new("kill")
+                .args(["-CONT", pid.trim()])
+                .status()
+        });
+    }
 }
 
 fn counting() -> (Arc<AtomicUsize>, Arc<AtomicUsize>) {
@@ -73,6 +135,7 @@ async fn fail_closed_answers_unavailable_then_recovers() {
         clock.clone(),
     )
     .expect("policy")
+    .with_breaker(breaker(2))
     .with_hook(move |e| {
         if e.local { &l2 } else { &r2 }.fetch_add(1, Ordering::Relaxed);
     });
@@ -131,6 +194,7 @@ async fn fail_open_decides_locally_at_the_scaled_rate() {
         clock.clone(),
     )
     .expect("policy")
+    .with_breaker(breaker(1))
     .with_hook(move |e| {
         if e.local { &l2 } else { &r2 }.fetch_add(1, Ordering::Relaxed);
     });
@@ -149,8 +213,12 @@ async fn fail_open_decides_locally_at_the_scaled_rate() {
         "{d:?}"
     );
     assert_eq!(local.load(Ordering::Relaxed), 3);
-    // A lease renewal held in Redis is not ended by the outage.
-    assert!(l.renew_run("u1", "before").await.unwrap().is_some());
+    // A lease held in Redis cannot be renewed while Redis is down: the
+    // client must not believe it holds a lease that is expiring there. One
+    // the fallback granted can.
+    let e = l.renew_run("u1", "before").await.unwrap_err();
+    assert!(e.is_transient(), "{e}");
+    assert!(l.renew_run("u1", "a").await.unwrap().is_some());
     // Sessions always fail closed.
     assert!(store.session_acquire("s", "h", 1_000).await.is_err());
     assert!(store.append_fenced("s", 1, b"x").await.is_err());
@@ -180,11 +248,19 @@ async fn fail_open_decides_locally_at_the_scaled_rate() {
     .await;
     assert!(recovered);
     assert!(!store.is_down());
-    // From Redis again (empty after the restart): the full burst of 4.
+    // The two turns the fallback gave are charged to Redis (empty after
+    // the restart): 2 of the burst of 4 are left, not a fresh bucket.
+    store.recover().await;
+    assert_eq!(store.owed_users(), 0);
     let before = local.load(Ordering::Relaxed);
-    for inv in ["d", "e", "f", "g"] {
+    for inv in ["d", "e"] {
         assert!(l.admit_turn("u1", inv).await.unwrap().is_allowed(), "{inv}");
     }
+    let d = l.admit_turn("u1", "f").await.unwrap();
+    assert!(
+        matches!(d, Decision::Denied(den) if den.limit() == Limit::TurnRate),
+        "{d:?}"
+    );
     assert_eq!(local.load(Ordering::Relaxed), before, "no local decisions");
     // A clear the shared store made clears this replica's fallback copy too:
     // the next outage does not bring the old cooldown back.
@@ -265,14 +341,15 @@ async fn redis_down_at_startup_is_not_fatal_for_standalone() {
 }
 
 /// Redis at its `maxmemory` (noeviction) refuses a script whose first
-/// write needs memory with `OOM`: that is a full store
-/// (`StoreErrorKind::Full`, the sidecar's 503 `store_full`), not an outage.
-/// Under fail-open nothing is decided locally, the store is not marked
-/// down, and once Redis has room again it decides as before. (A script that
-/// has already written, e.g. one that first drops expired leases, runs to
-/// its end: Redis keeps scripts atomic.)
+/// write needs memory with `OOM`: a fault of the shared store like an
+/// outage. Fail-closed answers it as a full store
+/// (`StoreErrorKind::Full`, the sidecar's 503 `store_full`); fail-open
+/// decides locally; both count it for the breaker, and once Redis has room
+/// again it decides as before. (A script that has already written, e.g. one
+/// that first drops expired leases, runs to its end: Redis keeps scripts
+/// atomic.)
 #[tokio::test]
-async fn redis_out_of_memory_is_full_and_never_falls_back() {
+async fn redis_out_of_memory_goes_through_the_failure_policy() {
     use tollgate_core::BucketSpec;
     use tollgate_core::store::{BucketRef, TakeRequest};
     let server =
@@ -280,8 +357,9 @@ async fn redis_out_of_memory_is_full_and_never_falls_back() {
     let clock = FakeClock::new(tollgate_testkit::T0);
     let (local, refused) = counting();
     let (l2, r2) = (local.clone(), refused.clone());
-    let store = Failover::new(
-        redis(server.url()).await.with_clock_override(clock.clone()),
+    let shared = redis(server.url()).await.with_clock_override(clock.clone());
+    let open = Failover::new(
+        shared.clone(),
         FailurePolicy::FailOpen {
             fallback_share: 1.0,
         },
@@ -291,12 +369,13 @@ async fn redis_out_of_memory_is_full_and_never_falls_back() {
     .with_hook(move |e| {
         if e.local { &l2 } else { &r2 }.fetch_add(1, Ordering::Relaxed);
     });
+    let closed = Failover::new(shared, FailurePolicy::FailClosed, clock.clone()).expect("policy");
     let take = |key| TakeRequest {
         bucket: BucketRef::Named(key),
         spec: BucketSpec::new(10, 60_000, 10).expect("spec"),
         cost: 1,
     };
-    assert_eq!(store.take_one(take("{t}:a")).await.unwrap().remaining, 9);
+    assert_eq!(open.take_one(take("{t}:a")).await.unwrap().remaining, 9);
     let mut raw = redis::Client::open(server.url())
         .expect("url")
         .get_multiplexed_async_connection()
@@ -308,18 +387,229 @@ async fn redis_out_of_memory_is_full_and_never_falls_back() {
         c
     };
     let () = set("1").query_async(&mut raw).await.expect("config set");
-    for key in ["{t}:a", "{t}:b"] {
-        let e = store.take_one(take(key)).await.unwrap_err();
-        assert_eq!(e.kind(), StoreErrorKind::Full, "{e}");
-        assert!(!e.is_transient());
-    }
-    assert!(!store.is_down(), "a full store answered: it is not down");
-    assert_eq!(local.load(Ordering::Relaxed), 0, "nothing decided locally");
+    let e = closed.take_one(take("{t}:b")).await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Full, "{e}");
+    // Fail-open: decided by the local store (a fresh bucket there).
+    assert_eq!(open.take_one(take("{t}:b")).await.unwrap().remaining, 9);
+    assert_eq!(local.load(Ordering::Relaxed), 1, "decided locally");
     assert_eq!(refused.load(Ordering::Relaxed), 0);
+    assert!(!open.is_down(), "one fault does not open the breaker");
     let () = set("0").query_async(&mut raw).await.expect("config set");
     assert_eq!(
-        store.take_one(take("{t}:a")).await.unwrap().remaining,
+        open.take_one(take("{t}:a")).await.unwrap().remaining,
         8,
-        "the refusals took nothing"
+        "the refusals took nothing in Redis"
     );
+}
+
+/// `BUSY` (a script running past `busy-reply-threshold`) is a transient
+/// fault: the policy applies, not a 500.
+#[tokio::test]
+async fn a_busy_redis_is_transient() {
+    let server = RedisServer::start_with_args(&["--busy-reply-threshold", "10"]).expect("redis");
+    let clock = FakeClock::new(tollgate_testkit::T0);
+    let store = Failover::new(
+        redis(server.url()).await,
+        FailurePolicy::FailOpen {
+            fallback_share: 1.0,
+        },
+        clock.clone(),
+    )
+    .expect("policy");
+    let l = Limiter::new(store.clone(), clock.clone(), plans());
+    let client = redis::Client::open(server.url()).expect("url");
+    let mut spin = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let spinner = tokio::spawn(async move {
+        // Runs until SCRIPT KILL.
+        let _: redis::RedisResult<()> = redis::cmd("EVAL")
+            .arg("while true do end")
+            .arg(0)
+            .query_async(&mut spin)
+            .await;
+    });
+    let mut raw = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let busy = wait_until(5, || {
+        let mut raw = raw.clone();
+        async move {
+            let r: redis::RedisResult<String> = redis::cmd("PING").query_async(&mut raw).await;
+            matches!(r, Err(e) if e.code() == Some("BUSY"))
+        }
+    })
+    .await;
+    assert!(busy, "Redis answers BUSY");
+    let d = l.admit_turn("u1", "r1").await.expect("decided by the policy");
+    assert!(d.is_allowed());
+    let () = redis::cmd("SCRIPT")
+        .arg("KILL")
+        .query_async(&mut raw)
+        .await
+        .expect("script kill");
+    spinner.await.expect("spinner");
+}
+
+/// Closes made while Redis does not answer are journalled (answered
+/// pending), applied when it answers again, and charged once; a renew of
+/// a Redis lease fails meanwhile; a reservation the fallback issued is
+/// named as such, closed locally, and what the fallback charged is
+/// reconciled into Redis. Redis is paused (SIGSTOP), so the calls sent
+/// before the breaker opened are queued there and run when it resumes:
+/// the journal's replay of them is harmless.
+#[tokio::test]
+async fn closes_in_an_outage_are_journalled_and_fallback_usage_reconciled() {
+    use tollgate_core::store::Release;
+    let server = Pausable::start();
+    let clock = FakeClock::new(tollgate_testkit::T0);
+    let shared = redis_with_timeout(server.server.url(), Duration::from_millis(200))
+        .await
+        .with_clock_override(clock.clone());
+    let store = Failover::new(
+        shared,
+        FailurePolicy::FailOpen {
+            fallback_share: 1.0,
+        },
+        clock.clone(),
+    )
+    .expect("policy")
+    .with_breaker(breaker(2));
+    let l = Limiter::new(store.clone(), clock.clone(), plans());
+    let plan = l.plan_for("u1").unwrap();
+    assert!(l.admit_turn("u1", "r1").await.unwrap().is_allowed());
+    let a = l.reserve_tokens("u1", "r1", 6_000).await.unwrap();
+    let a = a.grant().expect("granted").id.clone();
+    let b = l.reserve_tokens("u1", "r1", 1_000).await.unwrap();
+    let b = b.grant().expect("granted").id.clone();
+    assert_eq!((a.to_string().as_str(), a.fallback), ("1.r1", None));
+
+    server.pause();
+    // Two timeouts (queued in the paused Redis) open the breaker; the
+    // third close is not sent at all. All three are journalled.
+    let s = l.settle("u1", &a, 8_000).await.unwrap();
+    assert!(s.pending && !s.applied, "{s:?}");
+    assert!(l.refund("u1", &b).await.unwrap().pending);
+    assert!(store.is_down());
+    assert_eq!(l.release_run("u1", "r1").await.unwrap(), Release::Pending);
+    assert!(l.renew_run("u1", "r1").await.unwrap_err().is_transient());
+    assert_eq!(store.journal_stats().depth, 3);
+    // The fallback decides a new run; its id names this replica.
+    assert!(l.admit_turn("u1", "r2").await.unwrap().is_allowed());
+    let c = l.reserve_tokens("u1", "r2", 500).await.unwrap();
+    let c = c.grant().expect("granted").id.clone();
+    assert_eq!(c.fallback, Some(store.tag()));
+    assert!(c.to_string().starts_with('f'), "{c}");
+    assert!(l.settle("u1", &c, 700).await.unwrap().applied, "closed locally");
+    assert_eq!(store.owed_users(), 1);
+
+    server.resume();
+    clock.advance(1_000); // past the breaker's open time: the next call probes
+    let r = store.recover().await;
+    assert_eq!(store.journal_stats().depth, 0, "{r:?}");
+    assert_eq!(store.owed_users(), 0, "{r:?}");
+    assert!(!store.is_down());
+    // In Redis: 60,000 - 8,000 (settled a) - 0 (refunded b) - 700 (the
+    // fallback's call, reconciled) + 1,000 (refilled over the 1 s) =
+    // 52,300; turns 4 - 1 (r1) - 1 (r2, reconciled) = 2; r1's lease
+    // released by the journal.
+    let st = store
+        .primary()
+        .user_state("u1", plan.turns, plan.tokens)
+        .await
+        .unwrap();
+    assert_eq!((st.tokens_available, st.turns_available), (52_300, 2), "{r:?}");
+    assert!(st.leases.is_empty(), "{:?}", st.leases);
+    assert!(!l.settle("u1", &a, 8_000).await.unwrap().applied, "once");
+    // The local reservation is still the fallback's: a second settle says
+    // so, and charges nothing more.
+    assert!(!l.settle("u1", &c, 700).await.unwrap().applied);
+    assert_eq!(store.owed_users(), 0);
+}
+
+/// A reserve that timed out after Redis queued it is decided by the
+/// fallback in the same request; Redis runs the queued copy when it
+/// resumes. Reconciliation finds that copy by its request id and refunds
+/// it, so the user is charged once, by the fallback's reservation.
+#[tokio::test]
+async fn a_reserve_that_timed_out_after_it_was_sent_is_charged_once() {
+    let server = Pausable::start();
+    let clock = FakeClock::new(tollgate_testkit::T0);
+    let shared = redis_with_timeout(server.server.url(), Duration::from_millis(200))
+        .await
+        .with_clock_override(clock.clone());
+    let store = Failover::new(
+        shared,
+        FailurePolicy::FailOpen {
+            fallback_share: 1.0,
+        },
+        clock.clone(),
+    )
+    .expect("policy")
+    .with_breaker(breaker(5));
+    let l = Limiter::new(store.clone(), clock.clone(), plans());
+    let plan = l.plan_for("u1").unwrap();
+    assert!(l.admit_turn("u1", "r1").await.unwrap().is_allowed());
+    // Load the reserve script first: a copy queued before it is loaded
+    // would be answered NOSCRIPT (and never run) after the pause.
+    assert!(l.reserve_tokens("u1", "warm", 1_000).await.unwrap().is_allowed());
+
+    server.pause();
+    let g = l.reserve_tokens("u1", "r1", 6_000).await.unwrap();
+    let local = g.grant().expect("granted by the fallback").id.clone();
+    assert_eq!(local.fallback, Some(store.tag()));
+    assert!(!store.is_down(), "one slow call does not open the breaker");
+    server.resume();
+
+    let r = store.recover().await;
+    assert_eq!((r.users, r.refunded, r.tokens), (1, 1, 0), "{r:?}");
+    let st = store
+        .primary()
+        .user_state("u1", plan.turns, plan.tokens)
+        .await
+        .unwrap();
+    assert_eq!(st.tokens_available, 53_000, "charged once, not twice");
+    // The call used 5,000: the fallback's reservation settles, and the
+    // difference reaches Redis.
+    assert!(l.settle("u1", &local, 5_000).await.unwrap().applied);
+    let r = store.recover().await;
+    assert_eq!(r.tokens, -1_000, "{r:?}");
+    let st = store
+        .primary()
+        .user_state("u1", plan.turns, plan.tokens)
+        .await
+        .unwrap();
+    assert_eq!(st.tokens_available, 54_000);
+}
+
+/// A full journal refuses a close with a retryable `Full` error instead of
+/// answering it pending.
+#[tokio::test]
+async fn a_full_journal_refuses_closes() {
+    let server = Pausable::start();
+    let clock = FakeClock::new(tollgate_testkit::T0);
+    let shared = redis_with_timeout(server.server.url(), Duration::from_millis(200))
+        .await
+        .with_clock_override(clock.clone());
+    let store = Failover::new(shared, FailurePolicy::FailClosed, clock.clone())
+        .expect("policy")
+        .with_breaker(breaker(1))
+        .with_journal_capacity(1);
+    let l = Limiter::new(store.clone(), clock.clone(), plans());
+    assert!(l.admit_turn("u1", "r1").await.unwrap().is_allowed());
+    let a = l.reserve_tokens("u1", "r1", 100).await.unwrap();
+    let a = a.grant().expect("granted").id.clone();
+    server.pause();
+    assert!(l.settle("u1", &a, 100).await.unwrap().pending);
+    match l.release_run("u1", "r1").await {
+        Err(LimiterError::Store(e)) => assert_eq!(e.kind(), StoreErrorKind::Full, "{e}"),
+        other => panic!("expected a full journal, got {other:?}"),
+    }
+    server.resume();
+    clock.advance(1_000);
+    let r = store.recover().await;
+    assert_eq!((r.replayed, r.remaining), (1, 0));
+    assert!(l.release_run("u1", "r1").await.unwrap().released());
 }
