@@ -203,8 +203,8 @@ pub struct SettleRequest {
     /// The reservation.
     #[schema(
         min_length = 3,
-        max_length = 532,
-        pattern = r"^[1-9][0-9]{0,18}\.[^\u0000-\u001f\u007f-\u009f]{1,512}$"
+        max_length = 542,
+        pattern = r"^(f[0-9a-f]{8}\.)?[1-9][0-9]{0,18}\.[^\u0000-\u001f\u007f-\u009f]{1,512}$"
     )]
     pub reservation_id: String,
     /// Tokens the call really used.
@@ -219,8 +219,8 @@ pub struct RefundRequest {
     /// The reservation.
     #[schema(
         min_length = 3,
-        max_length = 532,
-        pattern = r"^[1-9][0-9]{0,18}\.[^\u0000-\u001f\u007f-\u009f]{1,512}$"
+        max_length = 542,
+        pattern = r"^(f[0-9a-f]{8}\.)?[1-9][0-9]{0,18}\.[^\u0000-\u001f\u007f-\u009f]{1,512}$"
     )]
     pub reservation_id: String,
 }
@@ -546,9 +546,10 @@ fn session_ttl(field: &str, v: u64) -> Result<u64, ApiError> {
     Ok(v)
 }
 
-/// Longest reservation id: `<call>.<invocation_id>`, a u64 (at most 20
-/// digits), a dot and an id of at most [`MAX_ID`] bytes.
-const MAX_RESERVATION_ID: usize = MAX_ID + 21;
+/// Longest reservation id: `f<tag>.<call>.<invocation_id>`, a fallback tag
+/// (`f` and 8 hex digits, and a dot), a u64 (at most 20 digits), a dot and
+/// an id of at most [`MAX_ID`] bytes.
+const MAX_RESERVATION_ID: usize = MAX_ID + 31;
 
 fn reservation(v: &str) -> Result<ReservationId, ApiError> {
     if v.len() > MAX_RESERVATION_ID {

@@ -1083,6 +1083,14 @@ async fn fail_closed_is_503_while_redis_is_down() {
     let store = fail_closed_store(&redis.url());
     let srv = Server::start(&config_text(64, &store, &hs256_identity())).await;
     srv.admit("alice", "r1").await.ok();
+    let r = srv
+        .post(
+            "alice",
+            "/v1/tokens/reserve",
+            json!({"invocation_id": "r1", "estimate": 6000}),
+        )
+        .await;
+    let id = r.ok()["reservation_id"].as_str().expect("id").to_owned();
     assert_eq!(srv.get("/readyz").await.ok()["status"], "ok");
 
     redis.stop();
@@ -1091,7 +1099,19 @@ async fn fail_closed_is_503_while_redis_is_down() {
         let r = srv.post("alice", path, body).await;
         r.refused(503, "store_unavailable");
     }
+    // Closes of what Redis issued are journalled, not lost and not 404 (SPEC §6).
+    let r = srv
+        .post(
+            "alice",
+            "/v1/tokens/settle",
+            json!({"reservation_id": id, "actual": 5000}),
+        )
+        .await;
+    assert_eq!(r.ok(), &json!({"pending": true}));
     let r = srv.delete("alice", "/v1/runs/r1").await;
+    assert_eq!(r.ok(), &json!({"released": false, "pending": true}));
+    // A renew is not a close: the lease cannot be renewed meanwhile.
+    let r = srv.post("alice", "/v1/runs/r1/renew", json!({})).await;
     r.refused(503, "store_unavailable");
     let r = srv.get("/readyz").await;
     r.refused(503, "store_unavailable");
