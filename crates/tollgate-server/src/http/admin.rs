@@ -144,9 +144,7 @@ async fn release<S: Store + Clone>(
     path_id(&id, "user")?;
     path_id(&inv, "invocation_id")?;
     let released = app.store().release_run(&id, &inv).await?;
-    if released {
-        app.metrics().turn_ended();
-    }
+    app.metrics().turn_ended(&id, &inv, app.clock().now_ms());
     tracing::info!(user = %id, invocation_id = %inv, released, "admin: lease force-released");
     Ok(Json(serde_json::json!({ "released": released })))
 }
