@@ -1,8 +1,8 @@
 //! Prometheus metrics (SPEC §6). No label ever carries a user id: top users
 //! come from `/admin/top` and the logs.
 
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -135,9 +135,10 @@ pub struct Metrics {
     pub fence_rejected: Counter,
     /// Requests being served now (the replica's in-flight count).
     pub requests_in_flight: Gauge,
-    /// Turns admitted through this replica and not yet released.
+    /// Run leases admitted through this replica and live: the size of
+    /// [`RunTable`] after pruning (set on every update and on a scrape).
     pub turns_in_flight: Gauge,
-    turns: AtomicI64,
+    runs: parking_lot::Mutex<RunTable>,
     /// Config reloads by result.
     pub reloads: Family<ReloadLabels, Counter>,
     /// Provider permits by provider key and outcome.
@@ -262,7 +263,7 @@ impl Metrics {
         let turns_in_flight = Gauge::default();
         registry.register(
             "turns_in_flight",
-            "Turns admitted through this replica and not released (leases that expire unreleased stay counted until the process restarts): the autoscaling signal",
+            "Run leases admitted through this replica, not released and not expired (by the expiry the store answered, read on this replica's clock): the autoscaling signal",
             turns_in_flight.clone(),
         );
         let reloads = Family::<ReloadLabels, Counter>::default();
@@ -349,7 +350,7 @@ impl Metrics {
             fence_rejected,
             requests_in_flight,
             turns_in_flight,
-            turns: AtomicI64::new(0),
+            runs: parking_lot::Mutex::new(RunTable::default()),
             reloads,
             provider_permits,
             provider_responses,
@@ -368,19 +369,44 @@ impl Metrics {
             .inc();
     }
 
-    /// A turn was admitted (not a refresh).
-    pub fn turn_started(&self) {
-        let n = self.turns.fetch_add(1, Ordering::Relaxed) + 1;
-        self.turns_in_flight.set(n);
+    /// Run `invocation_id` of `user` was admitted through this replica
+    /// with a new lease (not a refresh, not a turn only shadow mode let
+    /// through) expiring at `expires_at_ms` (the store's clock), seen at
+    /// `now_ms` (this replica's clock).
+    pub fn turn_started(&self, user: &str, invocation_id: &str, expires_at_ms: u64, now_ms: u64) {
+        let n = self
+            .runs
+            .lock()
+            .admitted(run_key(user, invocation_id), expires_at_ms, now_ms);
+        self.turns_in_flight.set(n as i64);
     }
 
-    /// A run lease was released.
-    pub fn turn_ended(&self) {
-        let n = (self.turns.fetch_sub(1, Ordering::Relaxed) - 1).max(0);
-        if n == 0 {
-            self.turns.store(0, Ordering::Relaxed);
-        }
-        self.turns_in_flight.set(n);
+    /// The lease of a run was pushed to `expires_at_ms` (a renewal, or an
+    /// admission that refreshed it). Counted only if this replica admitted
+    /// the run: a refresh or renewal never adds a run.
+    pub fn turn_renewed(&self, user: &str, invocation_id: &str, expires_at_ms: u64, now_ms: u64) {
+        let n = self
+            .runs
+            .lock()
+            .extended(&run_key(user, invocation_id), expires_at_ms, now_ms);
+        self.turns_in_flight.set(n as i64);
+    }
+
+    /// A run's lease ended: released (whether or not the store still held
+    /// it), force-released by an operator, or answered lost on renewal.
+    pub fn turn_ended(&self, user: &str, invocation_id: &str, now_ms: u64) {
+        let n = self
+            .runs
+            .lock()
+            .ended(&run_key(user, invocation_id), now_ms);
+        self.turns_in_flight.set(n as i64);
+    }
+
+    /// Drops the runs whose leases have expired by `now_ms` and sets
+    /// `tollgate_turns_in_flight` to those left (before a scrape).
+    pub fn sync_turns(&self, now_ms: u64) {
+        let n = self.runs.lock().live(now_ms);
+        self.turns_in_flight.set(n as i64);
     }
 
     /// Brings the reclaimed-lease counter up to `total`.
@@ -465,5 +491,186 @@ impl Metrics {
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// Most runs [`RunTable`] tracks at once. Past it, admitting one more drops
+/// the run whose lease expires first (that run is no longer counted). Each
+/// entry costs its key (user and invocation id, at most 1,044 bytes) and
+/// about 100 bytes of table: at most about 300 MiB at this cap with ids of
+/// the longest length, some 40 MiB with ids of 30 bytes.
+pub const MAX_TRACKED_RUNS: usize = 1 << 18;
+
+/// The user and invocation id as one key, unambiguously (length prefix).
+fn run_key(user: &str, invocation_id: &str) -> String {
+    format!("{}:{user}/{invocation_id}", user.len())
+}
+
+/// The run leases this replica admitted, by run, with their expiry as the
+/// store answered it: the source of `tollgate_turns_in_flight`, so a run
+/// admitted and abandoned (never released) stops counting when its lease
+/// expires, as the store reclaims it.
+///
+/// Every operation first drops the entries whose expiry is at or before
+/// `now` (the order of `by_expiry`: each entry is dropped once, in
+/// O(log n), so pruning is amortised into the updates that added them).
+/// The table therefore never holds more entries than there are run leases
+/// this replica admitted that are live by their last known expiry: at most
+/// the live leases of the store, and never more than [`MAX_TRACKED_RUNS`].
+///
+/// Expiries come from the store (with Redis, its `TIME`); `now` is this
+/// replica's clock. A replica whose clock runs `d` ms ahead of the store's
+/// stops counting an abandoned run `d` ms before the store reclaims it (and
+/// a run renewed at ttl/3, as clients do, stays counted while `d` is under
+/// two thirds of the lease TTL); one `d` ms behind counts it `d` ms longer.
+/// Runs admitted through another replica are counted there, even when this
+/// one renews or releases them (a release here while another replica
+/// counts the run leaves it counted there until its expiry).
+#[derive(Debug, Default)]
+pub struct RunTable {
+    expiry: HashMap<Arc<str>, u64>,
+    by_expiry: BTreeSet<(u64, Arc<str>)>,
+}
+
+impl RunTable {
+    /// Drops every entry expired at `now`.
+    fn prune(&mut self, now: u64) {
+        while let Some((exp, _)) = self.by_expiry.first() {
+            if *exp > now {
+                break;
+            }
+            if let Some((_, key)) = self.by_expiry.pop_first() {
+                self.expiry.remove(&key);
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &str) {
+        if let Some((key, exp)) = self.expiry.remove_entry(key) {
+            self.by_expiry.remove(&(exp, key));
+        }
+    }
+
+    fn set(&mut self, key: Arc<str>, expires_at: u64) {
+        self.remove(&key);
+        self.expiry.insert(Arc::clone(&key), expires_at);
+        self.by_expiry.insert((expires_at, key));
+    }
+
+    /// A new lease of `key` expiring at `expires_at`; answers the runs
+    /// counted.
+    pub fn admitted(&mut self, key: String, expires_at: u64, now: u64) -> usize {
+        self.prune(now);
+        if expires_at <= now {
+            return self.expiry.len();
+        }
+        let expires_at = match self.expiry.get(key.as_str()) {
+            Some(old) => (*old).max(expires_at),
+            None => {
+                if self.expiry.len() >= MAX_TRACKED_RUNS
+                    && let Some((_, first)) = self.by_expiry.pop_first()
+                {
+                    self.expiry.remove(&first);
+                }
+                expires_at
+            }
+        };
+        self.set(Arc::from(key), expires_at);
+        self.expiry.len()
+    }
+
+    /// `key`'s lease now expires at `expires_at` (never earlier than it
+    /// did), if the table has it; answers the runs counted.
+    pub fn extended(&mut self, key: &str, expires_at: u64, now: u64) -> usize {
+        self.prune(now);
+        if let Some((k, old)) = self.expiry.get_key_value(key)
+            && expires_at > *old
+        {
+            let k = Arc::clone(k);
+            self.set(k, expires_at);
+        }
+        self.expiry.len()
+    }
+
+    /// `key`'s lease ended; answers the runs counted.
+    pub fn ended(&mut self, key: &str, now: u64) -> usize {
+        self.prune(now);
+        self.remove(key);
+        self.expiry.len()
+    }
+
+    /// The runs counted at `now`, expired ones dropped.
+    pub fn live(&mut self, now: u64) -> usize {
+        self.prune(now);
+        self.expiry.len()
+    }
+
+    /// Entries held (for tests of the bound).
+    pub fn len(&self) -> usize {
+        debug_assert_eq!(self.expiry.len(), self.by_expiry.len());
+        self.expiry.len()
+    }
+
+    /// Whether it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.expiry.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn k(inv: &str) -> String {
+        run_key("alice", inv)
+    }
+
+    #[test]
+    fn expired_runs_stop_counting_and_are_dropped() {
+        let mut t = RunTable::default();
+        assert_eq!(t.admitted(k("a"), 1_000, 0), 1);
+        assert_eq!(t.admitted(k("b"), 1_000, 0), 2);
+        assert_eq!(t.admitted(k("c"), 2_000, 0), 3);
+        assert_eq!(t.ended(&k("a"), 10), 2);
+        // A repeat of an admission (a retry) counts once.
+        assert_eq!(t.admitted(k("b"), 1_000, 10), 2);
+        assert_eq!(t.live(999), 2);
+        // Expiry is exclusive, as the stores' (a lease at `exp <= now` is gone).
+        assert_eq!(t.live(1_000), 1);
+        assert_eq!(
+            t.len(),
+            1,
+            "the expired entry is dropped, not just uncounted"
+        );
+        assert_eq!(t.live(2_000), 0);
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn renewals_extend_only_runs_admitted_here_and_never_shorten() {
+        let mut t = RunTable::default();
+        t.admitted(k("a"), 1_000, 0);
+        assert_eq!(t.extended(&k("a"), 3_000, 900), 1);
+        assert_eq!(t.extended(&k("a"), 2_000, 950), 1, "never shortened");
+        assert_eq!(t.live(2_500), 1);
+        // A renewal of a run admitted elsewhere adds nothing.
+        assert_eq!(t.extended(&k("other"), 9_000, 2_500), 1);
+        assert_eq!(t.live(3_000), 0);
+        // Nor does a renewal after expiry bring it back.
+        assert_eq!(t.extended(&k("a"), 9_000, 3_000), 0);
+        // A lease already expired when the answer arrives is not counted.
+        assert_eq!(t.admitted(k("late"), 3_000, 3_000), 0);
+    }
+
+    #[test]
+    fn the_table_is_bounded() {
+        let mut t = RunTable::default();
+        for i in 0..MAX_TRACKED_RUNS as u64 + 10 {
+            t.admitted(k(&i.to_string()), 1_000_000 + i, 0);
+        }
+        assert_eq!(t.len(), MAX_TRACKED_RUNS);
+        // The runs expiring first were the ones dropped.
+        assert_eq!(t.live(1_000_009), MAX_TRACKED_RUNS);
+        assert_eq!(t.live(1_000_010), MAX_TRACKED_RUNS - 1);
     }
 }

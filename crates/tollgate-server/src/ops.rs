@@ -651,8 +651,19 @@ pub async fn admit_run<S: Store + Clone>(
             grant,
             shadow_denied,
         } => {
-            if !grant.refreshed && shadow_denied.is_none() {
-                app.metrics().turn_started();
+            // Only a real lease is counted; a turn only shadow mode let
+            // through holds none.
+            if shadow_denied.is_none() {
+                let (inv, exp, now) = (
+                    &req.invocation_id,
+                    grant.expires_at_ms,
+                    app.clock().now_ms(),
+                );
+                if grant.refreshed {
+                    app.metrics().turn_renewed(user, inv, exp, now);
+                } else {
+                    app.metrics().turn_started(user, inv, exp, now);
+                }
             }
             app.metrics()
                 .sync_reclaimed(app.limiter().reclaimed_leases());
@@ -692,11 +703,10 @@ pub async fn release_run<S: Store + Clone>(
         check_id("session_id", sid)?;
     }
     let outcome = app.limiter().release_run(user, invocation_id).await?;
-    if outcome != Release::NotHeld {
-        // Pending: the run is over for the client; the shared store
-        // applies the release when it answers.
-        app.metrics().turn_ended();
-    }
+    // Even when the store held nothing (it expired, or fail-open admitted it
+    // locally) or the release is pending: the run is over either way.
+    app.metrics()
+        .turn_ended(user, invocation_id, app.clock().now_ms());
     if let Some(sid) = session_id {
         claim_session(app, user, sid, 0, false).await?;
         app.store()
@@ -720,11 +730,18 @@ pub async fn renew_run<S: Store + Clone>(
     invocation_id: &str,
 ) -> Result<RenewResponse, ApiError> {
     check_id("invocation_id", invocation_id)?;
+    let now = app.clock().now_ms();
     match app.limiter().renew_run(user, invocation_id).await? {
-        Some(exp) => Ok(RenewResponse {
-            lease_expires_at_ms: exp,
-        }),
-        None => Err(ApiError::LeaseLost),
+        Some(exp) => {
+            app.metrics().turn_renewed(user, invocation_id, exp, now);
+            Ok(RenewResponse {
+                lease_expires_at_ms: exp,
+            })
+        }
+        None => {
+            app.metrics().turn_ended(user, invocation_id, now);
+            Err(ApiError::LeaseLost)
+        }
     }
 }
 

@@ -207,6 +207,81 @@ async fn metrics_count_decisions_by_limit_outcome_and_plan_without_user_ids() {
     s.stop().await;
 }
 
+impl Server {
+    /// `DELETE /v1/runs/{inv}` or `POST /v1/runs/{inv}/renew`.
+    async fn run_op(&self, user: &str, inv: &str, renew: bool) -> StatusCode {
+        let req = if renew {
+            self.client
+                .post(format!("{}/v1/runs/{inv}/renew", self.url))
+        } else {
+            self.client.delete(format!("{}/v1/runs/{inv}", self.url))
+        };
+        req.bearer_auth(self.token(user))
+            .send()
+            .await
+            .unwrap()
+            .status()
+    }
+
+    async fn turns_in_flight(&self) -> Option<f64> {
+        metric(&self.metrics().await, "tollgate_turns_in_flight ")
+    }
+}
+
+/// Issue #17: a run admitted and abandoned (never released) stops counting
+/// in `tollgate_turns_in_flight` when its lease expires, as the store
+/// reclaims it; a retried admission (a refresh) counts once.
+#[tokio::test]
+async fn abandoned_runs_stop_counting_in_flight_when_their_leases_expire() {
+    let s = Server::start("abandoned", &config(10, false)).await;
+    for inv in ["a", "b", "c"] {
+        assert_eq!(s.admit("alice", inv).await, StatusCode::OK);
+    }
+    assert_eq!(s.turns_in_flight().await, Some(3.0));
+    assert_eq!(s.run_op("alice", "a", false).await, StatusCode::OK);
+    assert_eq!(s.turns_in_flight().await, Some(2.0));
+    // A retry of an admission refreshes the lease: still one run.
+    s.clock.advance(1_000);
+    assert_eq!(s.admit("alice", "b").await, StatusCode::OK);
+    assert_eq!(s.turns_in_flight().await, Some(2.0));
+    // b and c are abandoned. The default lease TTL is 120 s: c's lease
+    // (admitted at 0) ends at 120 s, b's (refreshed at 1 s) at 121 s.
+    s.clock.advance(119_000);
+    assert_eq!(s.turns_in_flight().await, Some(1.0));
+    s.clock.advance(1_000);
+    assert_eq!(s.turns_in_flight().await, Some(0.0));
+    // The store agrees: both leases are gone.
+    assert_eq!(s.run_op("alice", "b", true).await, StatusCode::NOT_FOUND);
+    assert_eq!(s.turns_in_flight().await, Some(0.0));
+    s.stop().await;
+}
+
+/// Renewals keep a run counted past its first lease; a lost lease (renewed
+/// too late) stops counting; a run admitted by another user with the same
+/// invocation id is another run.
+#[tokio::test]
+async fn renewed_runs_stay_counted_in_flight() {
+    let s = Server::start("renewed", &config(10, false)).await;
+    assert_eq!(s.admit("alice", "r").await, StatusCode::OK);
+    assert_eq!(s.admit("bob", "r").await, StatusCode::OK);
+    assert_eq!(s.turns_in_flight().await, Some(2.0));
+    // Alice renews every 40 s (ttl/3) for 4 minutes; Bob abandons his run.
+    for _ in 0..6 {
+        s.clock.advance(40_000);
+        assert_eq!(s.run_op("alice", "r", true).await, StatusCode::OK);
+    }
+    assert_eq!(s.turns_in_flight().await, Some(1.0));
+    // A renewal after the lease expired is lost, and the run not counted.
+    s.clock.advance(120_000);
+    assert_eq!(s.turns_in_flight().await, Some(0.0));
+    assert_eq!(s.run_op("alice", "r", true).await, StatusCode::NOT_FOUND);
+    assert_eq!(s.turns_in_flight().await, Some(0.0));
+    // A release of a run the store no longer holds changes nothing.
+    assert_eq!(s.run_op("bob", "r", false).await, StatusCode::OK);
+    assert_eq!(s.turns_in_flight().await, Some(0.0));
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn shadow_mode_is_visible_in_metrics_and_the_response() {
     let s = Server::start("shadow", &config(1, true)).await;
