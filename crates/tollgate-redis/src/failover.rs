@@ -3,8 +3,10 @@
 //! local in-memory store whose rates are scaled by `fallback_share`) until it
 //! answers again.
 //!
-//! Session leases and fenced appends always fail closed: two holders must
-//! never both believe they hold a session. So does clearing a provider
+//! Session leases and fenced appends (the grouped session writes
+//! included: [`Store::session_create`], [`Store::session_append`],
+//! [`Store::session_delete`]) always fail closed: two holders must never
+//! both believe they hold a session. So does clearing a provider
 //! key's cooldown and AIMD state (an operator's write,
 //! [`Store::clear_provider`]): cleared only in the local store, the fleet's
 //! shared state would be untouched while the operator was told it was
@@ -32,6 +34,9 @@ use tollgate_core::store::{
     AppendOutcome, BucketTake, Claim, ClaimRequest, CooldownCheck, FenceCheck, MultiTake,
     ProviderCleared, ReserveOutcome, ReserveRequest, SettleOutcome, SettleRequest, TakeOutcome,
     TakeRequest, TopUser, TurnOutcome, TurnRequest, UserState,
+};
+use tollgate_core::store::{
+    SessionAppend, SessionAppended, SessionCreate, SessionCreated, SessionDelete,
 };
 use tollgate_core::{BucketSpec, Clock, MemoryStore, Store, StoreError, StoreErrorKind};
 
@@ -577,6 +582,21 @@ impl<S: Store> Store for Failover<S> {
             m.reset_user(user)
         })
         .await
+    }
+
+    async fn session_create(&self, req: SessionCreate<'_>) -> Result<SessionCreated, StoreError> {
+        self.closed_only("session_create", self.primary.session_create(req))
+            .await
+    }
+
+    async fn session_append(&self, req: SessionAppend<'_>) -> Result<SessionAppended, StoreError> {
+        self.closed_only("session_append", self.primary.session_append(req))
+            .await
+    }
+
+    async fn session_delete(&self, req: SessionDelete<'_>) -> Result<u64, StoreError> {
+        self.closed_only("session_delete", self.primary.session_delete(req))
+            .await
     }
 }
 

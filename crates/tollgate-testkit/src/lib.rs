@@ -79,7 +79,11 @@ macro_rules! for_each_scenario {
             take_one_shares_budgets,
             sessions_are_bounded_per_user,
             sessions_without_records_are_kept_for_the_grace,
-            zero_token_reservations_are_invalid
+            zero_token_reservations_are_invalid,
+            session_create_writes_its_group_in_one_step,
+            session_append_is_fenced_and_once_per_id,
+            session_delete_writes_its_group_in_one_step,
+            grouped_logs_live_as_long_as_they_are_written
         );
     };
 }
