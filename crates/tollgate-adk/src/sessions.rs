@@ -14,35 +14,22 @@ use adk_session::{
 };
 use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt};
-use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tollgate_core::lease::SessionAcquire;
-use tollgate_core::store::AppendOutcome;
+use tollgate_core::store::grouped::{grouped_name, split_grouped};
+use tollgate_core::store::{
+    LogWrite, SessionAppend, SessionAppended, SessionCreate, SessionCreated, SessionDelete,
+};
 use tollgate_core::{Clock, Store, StoreError};
 
 use crate::fence::{TurnFence, current_fence, session_key};
 
 type StateMap = HashMap<String, Value>;
 
-/// The holder token every writer of the shared logs (catalog, app and user
-/// state) leases them with.
-const WRITER_HOLDER: &str = "tollgate-adk-writer";
-/// The writer lease's TTL, ms.
-const WRITER_TTL_MS: u64 = 24 * 3_600_000;
-/// Appends to a shared log tried before giving up (each retry follows a
-/// stale answer, i.e. a new grant of the writer lease).
-const WRITER_ATTEMPTS: usize = 3;
-/// The TTL of the lease `create` takes on the session key, ms.
-const CREATE_TTL_MS: u64 = 30_000;
 /// Records read per store call.
 const PAGE: usize = 1_000;
 /// Sessions `list` loads at once.
 const LIST_CONCURRENCY: usize = 16;
-/// How often one process refreshes the retention of a shared log, ms.
-const TOUCH_INTERVAL_MS: u64 = 3_600_000;
-/// Shared logs remembered as recently refreshed, before forgetting old ones.
-const TOUCH_CAP: usize = 65_536;
 
 /// Why an event append was refused: the appender does not hold the
 /// session's current lease.
@@ -141,24 +128,52 @@ enum CatalogOp {
 /// # Layout in the store
 ///
 /// Everything lives in the store's sessions: string keys, each with a lease
-/// (holder, TTL, fencing number) and an append-only list of records.
+/// (holder, TTL, fencing number) and an append-only list of records. Every
+/// key of one app is a grouped name (`tollgate_core::store::grouped`) in the
+/// app's group `adk:{app}`, written below as `⟨app⟩/rest`; in Redis a group
+/// is one hash tag, so one Cluster slot (SPEC §4).
 ///
-/// - **An adk session** is the key [`session_key`]`(app, user, id)`. Its
-///   record 0 is `{"kind":"created","state":{…},"at":<ms>}` (the
-///   session-scoped part of the initial state, and the creation time on the
-///   service's [`Clock`]); every later record is
-///   `{"kind":"event","event":<adk Event>}`. The session's state is the
-///   created state updated by the session-scoped part of each event's
-///   `state_delta`, in order (`temp:` keys are dropped before an event is
-///   stored, as `InMemorySessionService` does); its last update time is the
-///   last event's timestamp, else the creation time.
-/// - **The catalog** of an (app, user), `adk-sessions:{len(app)}:{app}/{user}`,
+/// - **An adk session** is the key [`session_key`]`(app, user, id)`,
+///   `⟨app⟩/s:{len(user)}:{user}/{id}`. Its record 0 is
+///   `{"kind":"created","state":{…},"at":<ms>}` (the session-scoped part of
+///   the initial state, and the creation time on the service's [`Clock`]);
+///   every later record is `{"kind":"event","event":<adk Event>}`. The
+///   session's state is the created state updated by the session-scoped
+///   part of each event's `state_delta`, in order (`temp:` keys are dropped
+///   before an event is stored, as `InMemorySessionService` does); its last
+///   update time is the last event's timestamp, else the creation time. The
+///   store also keeps the ids of its events (for repeated appends).
+/// - **The catalog** of an (app, user), `⟨app⟩/c:{len(user)}:{user}`,
 ///   records `{"op":"create"|"delete","id":…}`; folded in order it gives the
 ///   ids [`list`](SessionService::list) loads. An id whose session is gone
-///   (a create that failed half-way) is skipped.
-/// - **App state**, `adk-app:{app}`, and **user state**,
-///   `adk-user:{len(app)}:{app}/{user}`: each record is a JSON map of
-///   changes (prefix stripped), folded in order.
+///   (its records expired) is skipped.
+/// - **User state**, `⟨app⟩/u:{len(user)}:{user}`, and **app state**,
+///   `⟨app⟩/a`: each record is a JSON map of changes (prefix stripped),
+///   folded in order.
+///
+/// # One store step per operation
+///
+/// Each write is one atomic store operation (one Lua script in Redis, one
+/// critical section in the memory store), so it is seen whole or not at
+/// all, whatever fails:
+///
+/// - `create` is [`Store::session_create`]: the catalog entry, record 0
+///   and the initial app and user state. It issues a fencing number of its
+///   own (so a turn that held the session before it was created can no
+///   longer write), and fails with `session.busy` while a turn holds the
+///   session's lease and with `session.already_exists` if it has records.
+/// - an event append is [`Store::session_append`]: the event, its event id,
+///   and its app and user deltas, checked against the turn's fence in the
+///   same step. An event whose id the session holds already is not
+///   appended again (the append answers `Ok`): a retried append whose first
+///   attempt did land (its answer lost) is harmless. An event with an empty
+///   id is appended every time.
+/// - `delete` is [`Store::session_delete`]: the records, the event ids and
+///   the catalog's delete entry.
+///
+/// Every create and append also refreshes the retention of the catalog and
+/// the user and app state, so they live as long as their sessions are
+/// used.
 ///
 /// # Fencing
 ///
@@ -171,40 +186,47 @@ enum CatalogOp {
 /// `session.fence_not_held` / `session.fence_stale`, category
 /// [`Forbidden`](ErrorCategory::Forbidden): the writer has lost the right to
 /// write, and retrying will not give it back) whose source is the
-/// [`FenceError`]; [`FenceError::find_in`] gets it back.
+/// [`FenceError`]; [`FenceError::find_in`] gets it back. A stale append
+/// writes nothing: not the event, and not its app or user deltas, which are
+/// written in the same step as the event, under the same check. So once a
+/// new holder has the session's lease, no app or user change of an earlier
+/// holder's turn lands.
 ///
 /// `append_event(session_id, …)`, which carries no app or user, takes them
 /// from the current fence's session key (the key encodes app, user and id
 /// unambiguously) and accepts only if that key's session id is
 /// `session_id`.
 ///
-/// The other writes (the creation record, the catalog, app and user state)
-/// are made outside any turn. The shared logs are written under a lease with
-/// one well-known holder token and a long TTL: a live holder acquiring again
-/// keeps its number, so every writer (on every replica) appends with the
-/// same fence; if the lease lapsed and was granted again in between, the
-/// append is stale and is retried with the new number. The creation record
-/// is written under a short lease with a unique holder on the session key
-/// itself: if a turn holds that lease, or the session already has records,
-/// `create` fails.
-///
 /// # Limits
 ///
+/// - **One slot per app in Redis Cluster.** App state is shared by all of
+///   an app's users, and an append writes it in the same step as the event
+///   and under the session's fence, so every key of an app (all its users'
+///   sessions, leases, catalogs and state) shares one hash slot: an app's
+///   sessions live on one primary, and their memory and write rate are one
+///   node's. The cluster spreads apps, and all of tollgate's other keys, not
+///   one app. An app that outgrows a node can be split into several app
+///   names. (Keying by app and user instead would spread users, but app
+///   state would then live in another slot than the session, and an app
+///   delta could be neither atomic with its event nor fenced.)
 /// - Reads are folds over whole logs: a `get` reads every record of the
 ///   session and of the app and user state logs; `list` loads every session
 ///   of the user. Nothing is compacted.
-/// - A create, delete or event append that writes to several keys is not
-///   atomic across them: if a later write fails, the earlier ones stay (the
-///   error is still returned).
+/// - Reads are not one step: `get` and `list` read the session and the two
+///   state logs in separate calls, so one racing an append may see its
+///   event without its app or user change, or the change without the
+///   event. The writes are whole in the store; the next read sees both.
 /// - `delete` is not fenced: it removes the records even while a turn holds
 ///   the session; that turn's next append then finds no session and is
 ///   refused (not found).
-/// - Keys expire after the store's session retention without writes. An
-///   event append refreshes its session, and (at most once an hour per key
-///   and process) the catalog and the app and user state logs too, so they
-///   live as long as their sessions are used.
+/// - Keys expire after the store's session retention without writes (a
+///   session's records and the shared logs it refreshes).
 /// - `rewind` and `rewind_steps` are not supported (the trait's default
 ///   error).
+/// - This layout replaced one whose keys were `adk:{len(app)}:{app}/…`,
+///   `adk-sessions:…`, `adk-app:…` and `adk-user:…`, written in several
+///   steps; sessions written in it are not read (SPEC §4 says what a
+///   rolling upgrade sees).
 ///
 /// # Differences from `InMemorySessionService`
 ///
@@ -218,7 +240,6 @@ enum CatalogOp {
 pub struct FencedSessionService<S> {
     store: S,
     clock: Arc<dyn Clock>,
-    touched: Arc<Mutex<HashMap<String, u64>>>,
 }
 
 impl<S: Clone> Clone for FencedSessionService<S> {
@@ -226,7 +247,6 @@ impl<S: Clone> Clone for FencedSessionService<S> {
         Self {
             store: self.store.clone(),
             clock: Arc::clone(&self.clock),
-            touched: Arc::clone(&self.touched),
         }
     }
 }
@@ -260,7 +280,6 @@ impl<S: Store> FencedSessionService<S> {
         Self {
             store,
             clock: Arc::new(clock),
-            touched: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
@@ -333,7 +352,7 @@ impl<S: Store> FencedSessionService<S> {
     /// The ids of the live sessions in the catalog of (`app`, `user`), in
     /// order of creation.
     async fn read_catalog(&self, app: &str, user: &str) -> Result<Vec<String>> {
-        let key = catalog_key(app, user);
+        let key = Shared::new(app, user).catalog;
         let mut ids: Vec<String> = Vec::new();
         let mut live = HashSet::new();
         for (index, record) in self.read_all(&key).await?.iter().enumerate() {
@@ -356,8 +375,8 @@ impl<S: Store> FencedSessionService<S> {
 
     /// App and user state of (`app`, `user`).
     async fn read_scopes(&self, app: &str, user: &str) -> Result<(StateMap, StateMap)> {
-        let (app_key, user_key) = (app_state_key(app), user_state_key(app, user));
-        futures::try_join!(self.read_state(&app_key), self.read_state(&user_key))
+        let shared = Shared::new(app, user);
+        futures::try_join!(self.read_state(&shared.app), self.read_state(&shared.user))
     }
 
     async fn get_session(
@@ -390,121 +409,8 @@ impl<S: Store> FencedSessionService<S> {
 
     // ----- writes -------------------------------------------------------------
 
-    /// Appends `record` to a shared log (catalog, app or user state) under
-    /// the writer lease.
-    async fn append_shared(&self, key: &str, record: &[u8]) -> Result<()> {
-        for _ in 0..WRITER_ATTEMPTS {
-            let fence = match self
-                .store
-                .session_acquire(key, WRITER_HOLDER, WRITER_TTL_MS)
-                .await
-                .map_err(|e| store_error("lease", key, e))?
-            {
-                SessionAcquire::Acquired(grant) => grant.fence,
-                SessionAcquire::Busy { retry_after_ms } => {
-                    return Err(AdkError::unavailable(
-                        ErrorComponent::Session,
-                        "session.busy",
-                        format!("{key} is leased by another holder"),
-                    )
-                    .with_retry(adk_core::RetryHint {
-                        should_retry: true,
-                        retry_after_ms: Some(retry_after_ms),
-                        max_attempts: None,
-                    }));
-                }
-            };
-            match self
-                .store
-                .append_fenced(key, fence, record)
-                .await
-                .map_err(|e| store_error("append to", key, e))?
-            {
-                AppendOutcome::Appended { .. } => return Ok(()),
-                AppendOutcome::Stale { .. } => continue,
-            }
-        }
-        Err(AdkError::unavailable(
-            ErrorComponent::Session,
-            "session.busy",
-            format!("{key}: the writer lease kept changing hands; nothing appended"),
-        ))
-    }
-
-    async fn append_catalog(&self, app: &str, user: &str, op: CatalogOp, id: &str) -> Result<()> {
-        let record = CatalogRecord {
-            op,
-            id: id.to_owned(),
-        };
-        self.append_shared(&catalog_key(app, user), &encode(&record)?)
-            .await
-    }
-
-    /// Appends the app- and user-scoped parts of a state change to their
-    /// logs (nothing for an empty part).
-    async fn append_scopes(
-        &self,
-        app: &str,
-        user: &str,
-        app_delta: &StateMap,
-        user_delta: &StateMap,
-    ) -> Result<()> {
-        if !app_delta.is_empty() {
-            self.append_shared(&app_state_key(app), &encode(app_delta)?)
-                .await?;
-        }
-        if !user_delta.is_empty() {
-            self.append_shared(&user_state_key(app, user), &encode(user_delta)?)
-                .await?;
-        }
-        Ok(())
-    }
-
-    /// The part of `create` made under the session key's lease: refuse an
-    /// existing session, enter the id in the catalog, write record 0.
-    async fn create_leased(
-        &self,
-        identity: &AdkIdentity,
-        key: &str,
-        fence: u64,
-        record: &[u8],
-    ) -> Result<()> {
-        let (app, user, id) = parts(identity);
-        let existing = self
-            .store
-            .read_records(key, 0, 1)
-            .await
-            .map_err(|e| store_error("read", key, e))?;
-        if !existing.is_empty() {
-            return Err(AdkError::new(
-                ErrorComponent::Session,
-                ErrorCategory::InvalidInput,
-                "session.already_exists",
-                format!("session '{id}' already exists for app '{app}' and user '{user}'"),
-            ));
-        }
-        self.append_catalog(app, user, CatalogOp::Create, id)
-            .await?;
-        match self
-            .store
-            .append_fenced(key, fence, record)
-            .await
-            .map_err(|e| store_error("append to", key, e))?
-        {
-            AppendOutcome::Appended { .. } => Ok(()),
-            AppendOutcome::Stale { .. } => Err(AdkError::unavailable(
-                ErrorComponent::Session,
-                "session.busy",
-                format!(
-                    "session '{id}' for app '{app}' and user '{user}' was leased by another \
-                     holder while it was being created"
-                ),
-            )),
-        }
-    }
-
     /// Appends `event` to the session of `identity` with the current turn's
-    /// fence.
+    /// fence: the event and its app and user deltas in one store step.
     async fn append_fenced_event(
         &self,
         identity: (&str, &str, &str),
@@ -522,92 +428,54 @@ impl<S: Store> FencedSessionService<S> {
             .state_delta
             .retain(|k, _| !k.starts_with(KEY_PREFIX_TEMP));
         let record = encode(&RecordOut::Event { event: &event })?;
-        match self
-            .store
-            .append_fenced(&key, fence.fence, &record)
-            .await
-            .map_err(|e| store_error("append to", &key, e))?
-        {
-            AppendOutcome::Stale { latest } => {
-                return Err(FenceError::Stale {
-                    fence: fence.fence,
-                    latest,
-                }
-                .into());
-            }
-            AppendOutcome::Appended { index: 0 } => {
-                // No creation record: the session does not exist (never
-                // created, or deleted). Remove the lone event again; no
-                // create can run meanwhile, as the turn holds the lease.
-                self.store
-                    .delete_records(&key)
-                    .await
-                    .map_err(|e| store_error("delete", &key, e))?;
-                return Err(not_found(app, user, id));
-            }
-            AppendOutcome::Appended { .. } => {}
-        }
         let (app_delta, user_delta, _) = extract_state_deltas(&event.actions.state_delta);
-        self.append_scopes(app, user, &app_delta, &user_delta)
-            .await?;
-        self.touch_shared(app, user).await;
-        Ok(())
-    }
-
-    /// Refreshes the retention of the shared logs of (`app`, `user`), each
-    /// at most once per [`TOUCH_INTERVAL_MS`] in this process. Failures are
-    /// logged: the next append tries again.
-    async fn touch_shared(&self, app: &str, user: &str) {
-        let now = self.clock.now_ms();
-        for key in [
-            catalog_key(app, user),
-            user_state_key(app, user),
-            app_state_key(app),
-        ] {
-            if !self.touch_due(&key, now) {
-                continue;
+        let (app_record, user_record) = (delta(&app_delta)?, delta(&user_delta)?);
+        let shared = Shared::new(app, user);
+        let logs = shared.logs(None, user_record.as_deref(), app_record.as_deref());
+        let appended = self
+            .store
+            .session_append(SessionAppend {
+                session: &key,
+                fence: fence.fence,
+                id: Some(event.id.as_str()),
+                record: &record,
+                logs: &logs,
+            })
+            .await
+            .map_err(|e| store_error("append to", &key, e))?;
+        match appended {
+            SessionAppended::Appended { .. } => Ok(()),
+            SessionAppended::Repeated => {
+                tracing::debug!(key, event = event.id, "event appended already; not again");
+                Ok(())
             }
-            // A mutating call refreshes the key's retention whatever it
-            // answers; renewing never changes the writer's fence.
-            if let Err(error) = self
-                .store
-                .session_renew(&key, WRITER_HOLDER, WRITER_TTL_MS)
-                .await
-            {
-                self.touched.lock().remove(&key);
-                tracing::warn!(key, %error, "could not refresh a session log's retention");
+            SessionAppended::Stale { latest } => Err(FenceError::Stale {
+                fence: fence.fence,
+                latest,
             }
+            .into()),
+            // Never created, deleted, or expired.
+            SessionAppended::Missing => Err(not_found(app, user, id)),
         }
-    }
-
-    fn touch_due(&self, key: &str, now: u64) -> bool {
-        let mut touched = self.touched.lock();
-        if let Some(&at) = touched.get(key)
-            && now.saturating_sub(at) < TOUCH_INTERVAL_MS
-        {
-            return false;
-        }
-        if touched.len() >= TOUCH_CAP {
-            touched.retain(|_, at| now.saturating_sub(*at) < TOUCH_INTERVAL_MS);
-            if touched.len() >= TOUCH_CAP {
-                touched.clear();
-            }
-        }
-        touched.insert(key.to_owned(), now);
-        true
     }
 
     async fn delete_session(&self, app: &str, user: &str, id: &str) -> Result<()> {
         let key = session_key(app, user, id);
-        let deleted = self
-            .store
-            .delete_records(&key)
+        let shared = Shared::new(app, user);
+        let record = encode(&CatalogRecord {
+            op: CatalogOp::Delete,
+            id: id.to_owned(),
+        })?;
+        self.store
+            .session_delete(SessionDelete {
+                session: &key,
+                logs: &[LogWrite {
+                    log: &shared.catalog,
+                    record: Some(&record),
+                }],
+            })
             .await
             .map_err(|e| store_error("delete", &key, e))?;
-        if deleted > 0 || self.read_catalog(app, user).await?.iter().any(|i| i == id) {
-            self.append_catalog(app, user, CatalogOp::Delete, id)
-                .await?;
-        }
         Ok(())
     }
 }
@@ -630,15 +498,37 @@ impl<S: Store> SessionService for FencedSessionService<S> {
             at,
         })?;
 
-        let holder = format!("tollgate-adk-create-{}", uuid::Uuid::new_v4());
-        let fence = match self
+        let catalog = encode(&CatalogRecord {
+            op: CatalogOp::Create,
+            id: id.to_owned(),
+        })?;
+        let (app_record, user_record) = (delta(&app_delta)?, delta(&user_delta)?);
+        let shared = Shared::new(app, user);
+        let logs = shared.logs(
+            Some(&catalog),
+            user_record.as_deref(),
+            app_record.as_deref(),
+        );
+        let created = self
             .store
-            .session_acquire(&key, &holder, CREATE_TTL_MS)
+            .session_create(SessionCreate {
+                session: &key,
+                record: &record,
+                logs: &logs,
+            })
             .await
-            .map_err(|e| store_error("lease", &key, e))?
-        {
-            SessionAcquire::Acquired(grant) => grant.fence,
-            SessionAcquire::Busy { retry_after_ms } => {
+            .map_err(|e| store_error("create", &key, e))?;
+        match created {
+            SessionCreated::Created { .. } => {}
+            SessionCreated::Exists => {
+                return Err(AdkError::new(
+                    ErrorComponent::Session,
+                    ErrorCategory::InvalidInput,
+                    "session.already_exists",
+                    format!("session '{id}' already exists for app '{app}' and user '{user}'"),
+                ));
+            }
+            SessionCreated::Busy { retry_after_ms } => {
                 return Err(AdkError::unavailable(
                     ErrorComponent::Session,
                     "session.busy",
@@ -653,15 +543,7 @@ impl<S: Store> SessionService for FencedSessionService<S> {
                     max_attempts: None,
                 }));
             }
-        };
-        let created = self.create_leased(&identity, &key, fence, &record).await;
-        if let Err(error) = self.store.session_release(&key, &holder).await {
-            tracing::warn!(key, %error, "could not release the create lease; it expires by its TTL");
         }
-        created?;
-
-        self.append_scopes(app, user, &app_delta, &user_delta)
-            .await?;
         let (app_state, user_state) = self.read_scopes(app, user).await?;
         let loaded = Loaded {
             created_at: from_ms(at),
@@ -874,32 +756,78 @@ fn parts(identity: &AdkIdentity) -> (&str, &str, &str) {
     )
 }
 
-/// The key of the catalog of (`app`, `user`).
-fn catalog_key(app: &str, user: &str) -> String {
-    format!("adk-sessions:{}:{app}/{user}", app.len())
+/// The store group of an app's sessions: every key of the app (its
+/// sessions, their users' catalogs and state, its own state) is in it, so
+/// one store step can write any of them together.
+pub(crate) fn app_group(app: &str) -> String {
+    format!("adk:{app}")
 }
 
-/// The key of the app state log of `app`.
-fn app_state_key(app: &str) -> String {
-    format!("adk-app:{app}")
+/// `{len(user)}:{user}`: a user id, delimited unambiguously.
+fn user_part(user: &str) -> String {
+    format!("{}:{user}", user.len())
 }
 
-/// The key of the user state log of (`app`, `user`).
-fn user_state_key(app: &str, user: &str) -> String {
-    format!("adk-user:{}:{app}/{user}", app.len())
+/// The keys of the logs the sessions of (`app`, `user`) share, all in the
+/// app's group.
+struct Shared {
+    /// The catalog of (`app`, `user`).
+    catalog: String,
+    /// The user state of (`app`, `user`).
+    user: String,
+    /// The app state of `app`.
+    app: String,
+}
+
+impl Shared {
+    fn new(app: &str, user: &str) -> Self {
+        let group = app_group(app);
+        Self {
+            catalog: grouped_name(&group, &format!("c:{}", user_part(user))),
+            user: grouped_name(&group, &format!("u:{}", user_part(user))),
+            app: grouped_name(&group, "a"),
+        }
+    }
+
+    /// The writes to the shared logs that go with a session write: each
+    /// given record appended, every log's retention refreshed.
+    fn logs<'a>(
+        &'a self,
+        catalog: Option<&'a [u8]>,
+        user: Option<&'a [u8]>,
+        app: Option<&'a [u8]>,
+    ) -> [LogWrite<'a>; 3] {
+        [
+            LogWrite {
+                log: &self.catalog,
+                record: catalog,
+            },
+            LogWrite {
+                log: &self.user,
+                record: user,
+            },
+            LogWrite {
+                log: &self.app,
+                record: app,
+            },
+        ]
+    }
+}
+
+/// The record of a state change, `None` if it changes nothing.
+fn delta(changes: &StateMap) -> Result<Option<Vec<u8>>> {
+    (!changes.is_empty()).then(|| encode(changes)).transpose()
 }
 
 /// App, user and session id of a [`session_key`]; `None` if `key` is not
 /// one.
 fn parse_session_key(key: &str) -> Option<(&str, &str, &str)> {
-    fn prefixed(s: &str) -> Option<(&str, &str)> {
-        let (len, rest) = s.split_once(':')?;
-        let len: usize = len.parse().ok()?;
-        Some((rest.get(..len)?, rest.get(len..)?))
-    }
-    let (app, rest) = prefixed(key.strip_prefix("adk:")?)?;
-    let (user, rest) = prefixed(rest.strip_prefix('/')?)?;
-    let id = rest.strip_prefix('/')?;
+    let (group, rest) = split_grouped(key)?;
+    let app = group.strip_prefix("adk:")?;
+    let (len, rest) = rest.strip_prefix("s:")?.split_once(':')?;
+    let len: usize = len.parse().ok()?;
+    let user = rest.get(..len)?;
+    let id = rest.get(len..)?.strip_prefix('/')?;
     (session_key(app, user, id) == key).then_some((app, user, id))
 }
 
@@ -968,7 +896,11 @@ mod tests {
             "",
             "adk:",
             "adk:3:app",
-            "adk:9:app/2:u1/s",
+            // The layout before grouped keys: not a session key any more.
+            "adk:3:app/2:u1/s1",
+            "@7:adk:app/s:9:u1/s",
+            "@7:adk:app/c:2:u1",
+            "@7:xyz:app/s:2:u1/s1",
             "x:3:app/2:u1/s1",
         ] {
             assert_eq!(parse_session_key(bad), None, "{bad}");

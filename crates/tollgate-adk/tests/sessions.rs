@@ -6,6 +6,7 @@
 mod support;
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use adk_core::identity::{AdkIdentity, AppName, SessionId, UserId};
 use adk_core::{AdkError, Content, ErrorCategory};
@@ -21,6 +22,8 @@ use tollgate_core::lease::SessionAcquire;
 use tollgate_core::{FakeClock, MemoryStore, Store};
 use tollgate_testkit::T0;
 
+use faulty::Faulty;
+
 on_every_store!(
     crud_matches_in_memory,
     append_without_a_fence_is_not_held,
@@ -32,6 +35,11 @@ on_every_store!(
     shared_state_outlives_retention_while_sessions_are_used,
     corrupt_record_is_an_internal_error,
     generated_ids_and_delete_all,
+    create_is_all_or_nothing_whichever_call_fails,
+    append_is_all_or_nothing_and_its_retry_lands_once,
+    a_repeated_event_id_appends_nothing,
+    a_stale_turn_cannot_land_app_or_user_deltas,
+    nothing_of_a_turn_lands_after_a_takeover_between_its_calls,
 );
 
 const TURN_TTL_MS: u64 = 60_000;
@@ -755,4 +763,629 @@ async fn generated_ids_and_delete_all<S: Store + Clone>(store: S, clock: FakeClo
 fn clock_time(clock: &FakeClock) -> DateTime<Utc> {
     use tollgate_core::Clock;
     DateTime::from_timestamp_millis(i64::try_from(clock.now_ms()).expect("ms")).expect("time")
+}
+
+/// What a clean reader sees of session `id` of `user` and of the app and
+/// user keys `key` a create or append of it sets: (the session exists, it
+/// is listed, its events, the app key through `probe` (another user's
+/// session), the user key through `own` (a session of the same user)).
+async fn observe_all<S: Store + Clone>(
+    store: &S,
+    clock: &FakeClock,
+    user: &str,
+    id: &str,
+    key: &str,
+) -> (bool, bool, usize, bool, bool) {
+    let svc = FencedSessionService::new(store.clone(), clock.clone());
+    let session = svc.get(get(user, id)).await;
+    let listed = svc
+        .list(list(user, None, None))
+        .await
+        .expect("list")
+        .iter()
+        .any(|s| s.id() == id);
+    let app = svc.get(get("probe", "probe")).await.expect("probe");
+    let own = svc.get(get(user, "own")).await.expect("own");
+    (
+        session.is_ok(),
+        listed,
+        session.map_or(0, |s| s.events().len()),
+        app.state().get(&format!("app:{key}")).is_some(),
+        own.state().get(&format!("user:{key}")).is_some(),
+    )
+}
+
+/// A create fails at its k-th store call, for every k (the call never
+/// made, or made with its answer lost): afterwards a clean reader sees the
+/// session, its catalog entry and its app and user state all, or none.
+async fn create_is_all_or_nothing_whichever_call_fails<S: Store + Clone>(
+    store: S,
+    clock: FakeClock,
+) {
+    let clean = FencedSessionService::new(store.clone(), clock.clone());
+    clean
+        .create(create("probe", "probe", HashMap::new()))
+        .await
+        .expect("probe");
+    let mut faults = 0;
+    for lost_reply in [false, true] {
+        for k in 1.. {
+            let user = format!("u-{lost_reply}-{k}");
+            clean
+                .create(create(&user, "own", HashMap::new()))
+                .await
+                .expect("own");
+            let key = format!("k{lost_reply}{k}");
+            let (app_key, user_key) = (format!("app:{key}"), format!("user:{key}"));
+            let faulty = Faulty::new(store.clone(), k, lost_reply);
+            let svc = FencedSessionService::new(faulty.clone(), clock.clone());
+            let r = svc
+                .create(create(
+                    &user,
+                    "s1",
+                    state(&[
+                        (&app_key, json!(1)),
+                        (&user_key, json!(1)),
+                        ("topic", json!("x")),
+                    ]),
+                ))
+                .await;
+            let seen = observe_all(&store, &clock, &user, "s1", &key).await;
+            let all = (true, true, 0, true, true);
+            let none = (false, false, 0, false, false);
+            assert!(
+                seen == all || seen == none,
+                "k {k}, lost reply {lost_reply}: {seen:?}"
+            );
+            if r.is_ok() {
+                assert_eq!(seen, all, "k {k}");
+            }
+            if !faulty.fired() {
+                assert!(r.is_ok(), "no fault, k {k}: {:?}", r.err());
+                break;
+            }
+            faults += 1;
+            assert!(r.is_err(), "k {k}: the fault is reported");
+            if lost_reply && seen == all {
+                // The store did it; a retry says so.
+                let e = clean
+                    .create(create(&user, "s1", HashMap::new()))
+                    .await
+                    .err()
+                    .expect("exists");
+                assert_eq!(e.code, "session.already_exists");
+            }
+        }
+    }
+    assert!(faults >= 2, "each mode failed at least one call");
+}
+
+/// An append fails at its k-th store call, for every k: a clean reader sees
+/// the event and its session, app and user changes all, or none; retried
+/// with the same event, it is there exactly once.
+async fn append_is_all_or_nothing_and_its_retry_lands_once<S: Store + Clone>(
+    store: S,
+    clock: FakeClock,
+) {
+    let clean = FencedSessionService::new(store.clone(), clock.clone());
+    clean
+        .create(create("probe", "probe", HashMap::new()))
+        .await
+        .expect("probe");
+    for lost_reply in [false, true] {
+        for k in 1.. {
+            let user = format!("u-{lost_reply}-{k}");
+            for id in ["own", "s1"] {
+                clean
+                    .create(create(&user, id, HashMap::new()))
+                    .await
+                    .expect("create");
+            }
+            let key = format!("k{lost_reply}{k}");
+            let (app_key, user_key) = (format!("app:{key}"), format!("user:{key}"));
+            let e1 = event(
+                "e1",
+                "assistant",
+                "hi",
+                1,
+                &[(&app_key, json!(1)), (&user_key, json!(1))],
+            );
+            let fence = lease(&store, &user, "s1", "turn").await;
+            let faulty = Faulty::new(store.clone(), k, lost_reply);
+            let svc = FencedSessionService::new(faulty.clone(), clock.clone());
+            let r = with_fence(
+                fence.clone(),
+                svc.append_event_for_identity(append(&user, "s1", e1.clone())),
+            )
+            .await;
+            let seen = observe_all(&store, &clock, &user, "s1", &key).await;
+            let all = (true, true, 1, true, true);
+            let none = (true, true, 0, false, false);
+            assert!(
+                seen == all || seen == none,
+                "k {k}, lost reply {lost_reply}: {seen:?}"
+            );
+            // The turn retries the append it could not confirm.
+            with_fence(
+                fence.clone(),
+                clean.append_event_for_identity(append(&user, "s1", e1)),
+            )
+            .await
+            .expect("retry");
+            assert_eq!(
+                observe_all(&store, &clock, &user, "s1", &key).await,
+                all,
+                "k {k}: once"
+            );
+            release(&store, &fence, "turn").await;
+            if !faulty.fired() {
+                assert!(r.is_ok(), "no fault, k {k}: {:?}", r.err());
+                break;
+            }
+            assert!(r.is_err(), "k {k}: the fault is reported");
+        }
+    }
+}
+
+/// adk event ids are unique: an append of an id the session holds already
+/// answers `Ok` and changes nothing (not the events, not any state).
+async fn a_repeated_event_id_appends_nothing<S: Store + Clone>(store: S, clock: FakeClock) {
+    let svc = FencedSessionService::new(store.clone(), clock);
+    svc.create(create("u1", "s1", HashMap::new()))
+        .await
+        .expect("create");
+    let fence = lease(&store, "u1", "s1", "turn").await;
+    let delta = |v: i64| {
+        [
+            ("count", json!(v)),
+            ("user:count", json!(v)),
+            ("app:count", json!(v)),
+        ]
+    };
+    with_fence(fence.clone(), async {
+        svc.append_event_for_identity(append("u1", "s1", event("e1", "user", "a", 1, &delta(1))))
+            .await
+            .expect("e1");
+        // The same id again, by both methods, with other content.
+        svc.append_event_for_identity(append("u1", "s1", event("e1", "user", "b", 2, &delta(2))))
+            .await
+            .expect("e1 again is Ok");
+        svc.append_event("s1", event("e1", "user", "c", 3, &delta(3)))
+            .await
+            .expect("e1 again by session id is Ok");
+        svc.append_event("s1", event("e2", "user", "d", 4, &[]))
+            .await
+            .expect("e2");
+    })
+    .await;
+    let s = svc.get(get("u1", "s1")).await.expect("get");
+    let texts: Vec<String> = s
+        .events()
+        .all()
+        .iter()
+        .map(|e| {
+            let content = e.llm_response.content.as_ref().expect("content");
+            serde_json::to_value(content).expect("json")["parts"][0]["text"]
+                .as_str()
+                .expect("text")
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(texts, ["a", "d"], "e1 once, as first written");
+    for k in ["count", "user:count", "app:count"] {
+        assert_eq!(s.state().get(k), Some(json!(1)), "{k}");
+    }
+    assert_eq!(
+        store
+            .read_records(&fence.session_key, 0, 100)
+            .await
+            .expect("read")
+            .len(),
+        3,
+        "record 0, e1, e2"
+    );
+}
+
+/// Two replicas: a turn on one stalls past its lease, a turn on the other
+/// takes the session. From the moment the second holds the lease, nothing
+/// of the first lands: not its events, not their app or user deltas.
+async fn a_stale_turn_cannot_land_app_or_user_deltas<S: Store + Clone>(store: S, clock: FakeClock) {
+    let one = FencedSessionService::new(store.clone(), clock.clone());
+    let two = FencedSessionService::new(store.clone(), clock.clone());
+    one.create(create("u1", "s1", HashMap::new()))
+        .await
+        .expect("create");
+    one.create(create("u2", "other", HashMap::new()))
+        .await
+        .expect("create");
+    let set = |v: &str| {
+        vec![
+            ("app:owner", json!(v)),
+            ("user:owner", json!(v)),
+            ("owner", json!(v)),
+        ]
+    };
+    let a = lease(&store, "u1", "s1", "turn-a").await;
+    with_fence(
+        a.clone(),
+        one.append_event_for_identity(append("u1", "s1", event("e1", "user", "x", 1, &set("a")))),
+    )
+    .await
+    .expect("a holds the lease");
+    clock.advance(TURN_TTL_MS + 1);
+    let b = lease(&store, "u1", "s1", "turn-b").await;
+    // b holds the session and has written nothing yet: a's late writes,
+    // with new deltas or a repeated id, all fail.
+    let mut late = event("e2", "assistant", "late", 2, &set("a-late"));
+    late.actions
+        .state_delta
+        .insert("app:only_a".into(), json!(true));
+    for e in [late, event("e1", "user", "x", 1, &set("a-late"))] {
+        let err = with_fence(
+            a.clone(),
+            one.append_event_for_identity(append("u1", "s1", e)),
+        )
+        .await
+        .expect_err("stale");
+        assert_eq!(
+            fence_error(&err),
+            FenceError::Stale {
+                fence: a.fence,
+                latest: b.fence
+            }
+        );
+    }
+    let other = two.get(get("u2", "other")).await.expect("get");
+    assert_eq!(other.state().get("app:owner"), Some(json!("a")));
+    assert_eq!(other.state().get("app:only_a"), None);
+    with_fence(
+        b.clone(),
+        two.append_event_for_identity(append("u1", "s1", event("e3", "user", "y", 3, &set("b")))),
+    )
+    .await
+    .expect("b appends");
+    release(&store, &b, "turn-b").await;
+    // Released by b, still not a's: its number stays superseded.
+    let err = with_fence(
+        a.clone(),
+        one.append_event("s1", event("e4", "user", "z", 4, &set("a-later"))),
+    )
+    .await
+    .expect_err("still stale");
+    assert_eq!(err.code, "session.fence_stale");
+    let s = two.get(get("u1", "s1")).await.expect("get");
+    let ids: Vec<String> = s.events().all().into_iter().map(|e| e.id).collect();
+    assert_eq!(ids, ["e1", "e3"]);
+    for k in ["app:owner", "user:owner", "owner"] {
+        assert_eq!(s.state().get(k), Some(json!("b")), "{k}");
+    }
+    assert_eq!(s.state().get("app:only_a"), None);
+    let other = one.get(get("u2", "other")).await.expect("get");
+    assert_eq!(other.state().get("app:owner"), Some(json!("b")));
+}
+
+/// A store that fails its `k`th call (counting every call from 1): the
+/// call is never made (the store unreachable), or, with `lost_reply`, made
+/// and its answer lost (a timeout after the store acted); or that runs
+/// another replica's work just before it. Every other call goes to the
+/// wrapped store as it is.
+mod faulty {
+    use std::future::Future;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    use tollgate_core::aimd::AimdParams;
+    use tollgate_core::lease::{SessionAcquire, SessionGrant};
+    use tollgate_core::store::{
+        AppendOutcome, BucketTake, Claim, ClaimRequest, CooldownCheck, FenceCheck, MultiTake,
+        ProviderCleared, ReconcileRequest, Reconciled, Release, ReserveOutcome, ReserveRequest,
+        SessionAppend, SessionAppended, SessionCreate, SessionCreated, SessionDelete,
+        SettleOutcome, SettleRequest, TakeOutcome, TakeRequest, TopUser, TurnOutcome, TurnRequest,
+        UserState,
+    };
+    use tollgate_core::{BucketSpec, Store, StoreError, StoreErrorKind};
+
+    /// Work run just before the chosen call (another replica acting).
+    pub(crate) type Hook =
+        Arc<dyn Fn() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+    #[derive(Clone)]
+    pub(crate) struct Faulty<S> {
+        inner: S,
+        at: usize,
+        lost_reply: bool,
+        before: Option<Hook>,
+        calls: Arc<AtomicUsize>,
+        fired: Arc<AtomicBool>,
+    }
+
+    impl<S: Store> Faulty<S> {
+        pub(crate) fn new(inner: S, at: usize, lost_reply: bool) -> Self {
+            Self {
+                inner,
+                at,
+                lost_reply,
+                before: None,
+                calls: Arc::default(),
+                fired: Arc::default(),
+            }
+        }
+
+        /// A store that fails nothing but runs `hook` just before its
+        /// `at`th call, then makes the call.
+        pub(crate) fn interleaved(inner: S, at: usize, hook: Hook) -> Self {
+            Self {
+                before: Some(hook),
+                ..Self::new(inner, at, false)
+            }
+        }
+
+        /// Whether the fault was injected (the store got `at` calls).
+        pub(crate) fn fired(&self) -> bool {
+            self.fired.load(Ordering::SeqCst)
+        }
+
+        async fn call<T>(
+            &self,
+            op: impl Future<Output = Result<T, StoreError>>,
+        ) -> Result<T, StoreError> {
+            let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+            if n != self.at {
+                return op.await;
+            }
+            self.fired.store(true, Ordering::SeqCst);
+            if let Some(hook) = &self.before {
+                hook().await;
+                return op.await;
+            }
+            if !self.lost_reply {
+                return Err(StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    "injected: connection refused",
+                ));
+            }
+            let _ = op.await;
+            Err(StoreError::new(
+                StoreErrorKind::Timeout,
+                "injected: the answer was lost",
+            ))
+        }
+    }
+
+    impl<S: Store> Store for Faulty<S> {
+        async fn admit_turn(&self, req: TurnRequest<'_>) -> Result<TurnOutcome, StoreError> {
+            self.call(self.inner.admit_turn(req)).await
+        }
+        async fn release_run(&self, user: &str, inv: &str) -> Result<Release, StoreError> {
+            self.call(self.inner.release_run(user, inv)).await
+        }
+        async fn renew_run(
+            &self,
+            user: &str,
+            inv: &str,
+            ttl_ms: u64,
+        ) -> Result<Option<u64>, StoreError> {
+            self.call(self.inner.renew_run(user, inv, ttl_ms)).await
+        }
+        async fn reserve_tokens(
+            &self,
+            req: ReserveRequest<'_>,
+        ) -> Result<ReserveOutcome, StoreError> {
+            self.call(self.inner.reserve_tokens(req)).await
+        }
+        async fn settle(&self, req: SettleRequest<'_>) -> Result<SettleOutcome, StoreError> {
+            self.call(self.inner.settle(req)).await
+        }
+        async fn take_many(
+            &self,
+            takes: &[BucketTake<'_>],
+            cooldown: Option<CooldownCheck<'_>>,
+        ) -> Result<MultiTake, StoreError> {
+            self.call(self.inner.take_many(takes, cooldown)).await
+        }
+        async fn take_one(&self, req: TakeRequest<'_>) -> Result<TakeOutcome, StoreError> {
+            self.call(self.inner.take_one(req)).await
+        }
+        async fn extend_cooldown(&self, key: &str, until_ms: u64) -> Result<u64, StoreError> {
+            self.call(self.inner.extend_cooldown(key, until_ms)).await
+        }
+        async fn aimd(
+            &self,
+            key: &str,
+            params: AimdParams,
+            throttled: bool,
+        ) -> Result<u32, StoreError> {
+            self.call(self.inner.aimd(key, params, throttled)).await
+        }
+        async fn clear_provider(
+            &self,
+            cooldown: &str,
+            aimd: &str,
+            params: AimdParams,
+        ) -> Result<ProviderCleared, StoreError> {
+            self.call(self.inner.clear_provider(cooldown, aimd, params))
+                .await
+        }
+        async fn claim_session(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+            self.call(self.inner.claim_session(req)).await
+        }
+        async fn session_acquire(
+            &self,
+            session: &str,
+            holder: &str,
+            ttl_ms: u64,
+        ) -> Result<SessionAcquire, StoreError> {
+            self.call(self.inner.session_acquire(session, holder, ttl_ms))
+                .await
+        }
+        async fn session_renew(
+            &self,
+            session: &str,
+            holder: &str,
+            ttl_ms: u64,
+        ) -> Result<Option<SessionGrant>, StoreError> {
+            self.call(self.inner.session_renew(session, holder, ttl_ms))
+                .await
+        }
+        async fn session_release(&self, session: &str, holder: &str) -> Result<bool, StoreError> {
+            self.call(self.inner.session_release(session, holder)).await
+        }
+        async fn fence_check(&self, session: &str, fence: u64) -> Result<FenceCheck, StoreError> {
+            self.call(self.inner.fence_check(session, fence)).await
+        }
+        async fn append_fenced(
+            &self,
+            session: &str,
+            fence: u64,
+            record: &[u8],
+        ) -> Result<AppendOutcome, StoreError> {
+            self.call(self.inner.append_fenced(session, fence, record))
+                .await
+        }
+        async fn read_records(
+            &self,
+            session: &str,
+            from: u64,
+            limit: usize,
+        ) -> Result<Vec<Vec<u8>>, StoreError> {
+            self.call(self.inner.read_records(session, from, limit))
+                .await
+        }
+        async fn delete_records(&self, session: &str) -> Result<u64, StoreError> {
+            self.call(self.inner.delete_records(session)).await
+        }
+        async fn user_state(
+            &self,
+            user: &str,
+            turns: BucketSpec,
+            tokens: BucketSpec,
+        ) -> Result<UserState, StoreError> {
+            self.call(self.inner.user_state(user, turns, tokens)).await
+        }
+        async fn top_users(&self, n: usize) -> Result<Vec<TopUser>, StoreError> {
+            self.call(self.inner.top_users(n)).await
+        }
+        async fn reset_user(&self, user: &str) -> Result<bool, StoreError> {
+            self.call(self.inner.reset_user(user)).await
+        }
+        async fn reconcile(&self, req: ReconcileRequest<'_>) -> Result<Reconciled, StoreError> {
+            self.call(self.inner.reconcile(req)).await
+        }
+        async fn session_create(
+            &self,
+            req: SessionCreate<'_>,
+        ) -> Result<SessionCreated, StoreError> {
+            self.call(self.inner.session_create(req)).await
+        }
+        async fn session_append(
+            &self,
+            req: SessionAppend<'_>,
+        ) -> Result<SessionAppended, StoreError> {
+            self.call(self.inner.session_append(req)).await
+        }
+        async fn session_delete(&self, req: SessionDelete<'_>) -> Result<u64, StoreError> {
+            self.call(self.inner.session_delete(req)).await
+        }
+    }
+}
+
+/// A turn whose lease lapsed appends an event with session, app and user
+/// deltas while, just before its k-th store call (for every k), another
+/// holder takes the session. What a clean reader sees at the takeover is
+/// what it sees after the append: nothing of the old turn lands once the
+/// new holder has the lease, whether the append was answered `Ok` (it
+/// landed whole before) or stale.
+async fn nothing_of_a_turn_lands_after_a_takeover_between_its_calls<S: Store + Clone>(
+    store: S,
+    clock: FakeClock,
+) {
+    type View = (usize, Option<Value>, Option<Value>, Option<Value>);
+    async fn view<S: Store + Clone>(store: &S, clock: &FakeClock, user: &str) -> View {
+        let svc = FencedSessionService::new(store.clone(), clock.clone());
+        let s = svc.get(get(user, "s1")).await.expect("get");
+        let app = svc.get(get("probe", "probe")).await.expect("probe");
+        (
+            s.events().len(),
+            s.state().get("mark"),
+            s.state().get("user:mark"),
+            app.state().get(&format!("app:{user}")),
+        )
+    }
+    let clean = FencedSessionService::new(store.clone(), clock.clone());
+    clean
+        .create(create("probe", "probe", HashMap::new()))
+        .await
+        .expect("probe");
+    for k in 1.. {
+        let user = format!("u{k}");
+        clean
+            .create(create(&user, "s1", HashMap::new()))
+            .await
+            .expect("create");
+        let old = lease(&store, &user, "s1", "turn-old").await;
+        clock.advance(TURN_TTL_MS + 1);
+        let at_takeover = Arc::new(parking_lot::Mutex::new(None::<View>));
+        let hook: faulty::Hook = {
+            let (store, clock, user, seen) = (
+                store.clone(),
+                clock.clone(),
+                user.clone(),
+                Arc::clone(&at_takeover),
+            );
+            Arc::new(move || {
+                let (store, clock, user, seen) = (
+                    store.clone(),
+                    clock.clone(),
+                    user.clone(),
+                    Arc::clone(&seen),
+                );
+                Box::pin(async move {
+                    lease(&store, &user, "s1", "turn-new").await;
+                    *seen.lock() = Some(view(&store, &clock, &user).await);
+                })
+            })
+        };
+        let faulty = Faulty::interleaved(store.clone(), k, hook);
+        let svc = FencedSessionService::new(faulty.clone(), clock.clone());
+        let app_key = format!("app:{user}");
+        let r = with_fence(
+            old,
+            svc.append_event_for_identity(append(
+                &user,
+                "s1",
+                event(
+                    "e1",
+                    "assistant",
+                    "late",
+                    1,
+                    &[
+                        ("mark", json!(1)),
+                        ("user:mark", json!(1)),
+                        (&app_key, json!(1)),
+                    ],
+                ),
+            )),
+        )
+        .await;
+        if !faulty.fired() {
+            // No takeover during the append: it landed, whole.
+            r.expect("append");
+            assert_eq!(
+                view(&store, &clock, &user).await,
+                (1, Some(json!(1)), Some(json!(1)), Some(json!(1)))
+            );
+            assert!(k > 1, "the append makes at least one store call");
+            break;
+        }
+        let before = at_takeover.lock().clone().expect("the hook ran");
+        assert_eq!(
+            view(&store, &clock, &user).await,
+            before,
+            "k {k}: nothing landed after the takeover ({r:?})"
+        );
+        match r {
+            Ok(()) => assert_eq!(before.0, 1, "k {k}: Ok only if it landed before"),
+            Err(e) => assert_eq!(e.code, "session.fence_stale", "k {k}"),
+        }
+    }
 }

@@ -19,7 +19,12 @@ use crate::decision::Denial;
 use crate::error::StoreError;
 use crate::lease::{Admit, SessionAcquire, SessionGrant, TurnParams};
 
+pub mod grouped;
 pub mod memory;
+
+pub use grouped::{
+    LogWrite, SessionAppend, SessionAppended, SessionCreate, SessionCreated, SessionDelete,
+};
 
 /// How long a reservation (and a run's model-call counter) is remembered
 /// after its last change, ms: a settle or refund later than this answers
@@ -708,6 +713,56 @@ pub trait Store: Send + Sync + 'static {
         &self,
         req: ReconcileRequest<'_>,
     ) -> impl Future<Output = Result<Reconciled, StoreError>> + Send;
+
+    /// Create a session with its record 0 and writes to logs of its group
+    /// ([`grouped`]), all in one step (SPEC §4): [`SessionCreated::Busy`]
+    /// if a holder holds its lease live, [`SessionCreated::Exists`] if it
+    /// has records (either way nothing is written); else a new fencing
+    /// number is issued, held by no one (so a holder from before the create
+    /// can no longer write), `record` becomes record 0 and every log is
+    /// written. Like every operation on a session, it refreshes the
+    /// session's retention whatever it answers.
+    ///
+    /// # Errors
+    ///
+    /// As every operation, and [`StoreErrorKind::Protocol`] if a log is
+    /// not in the session's group ([`grouped::check_group`]).
+    ///
+    /// [`StoreErrorKind::Protocol`]: crate::StoreErrorKind::Protocol
+    fn session_create(
+        &self,
+        req: SessionCreate<'_>,
+    ) -> impl Future<Output = Result<SessionCreated, StoreError>> + Send;
+
+    /// Append an event record to a session and write logs of its group, all
+    /// in one step (SPEC §4), checked in this order:
+    /// [`SessionAppended::Stale`] unless `fence` is the session's latest
+    /// issued number, [`SessionAppended::Missing`] if the session has no
+    /// records, [`SessionAppended::Repeated`] if it holds the event's `id`
+    /// already; in each case nothing is written. Else the record is
+    /// appended, the id remembered (for as long as the session's records)
+    /// and every log written.
+    ///
+    /// # Errors
+    ///
+    /// As [`session_create`](Self::session_create).
+    fn session_append(
+        &self,
+        req: SessionAppend<'_>,
+    ) -> impl Future<Output = Result<SessionAppended, StoreError>> + Send;
+
+    /// Delete a session's records and event ids and, if it had records,
+    /// write logs of its group, all in one step (SPEC §4). The fence
+    /// counter is kept, as by [`delete_records`](Self::delete_records).
+    /// Answers how many records were deleted.
+    ///
+    /// # Errors
+    ///
+    /// As [`session_create`](Self::session_create).
+    fn session_delete(
+        &self,
+        req: SessionDelete<'_>,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 }
 
 #[cfg(test)]

@@ -29,8 +29,10 @@
 //!   did run (or marks its id so a late copy takes nothing), and charges
 //!   no turn for an admission whose lease the store holds.
 //!
-//! Session leases and fenced appends always fail closed: two holders must
-//! never both believe they hold a session. So does clearing a provider
+//! Session leases and fenced appends (the grouped session writes
+//! included: [`Store::session_create`], [`Store::session_append`],
+//! [`Store::session_delete`]) always fail closed: two holders must never
+//! both believe they hold a session. So does clearing a provider
 //! key's cooldown and AIMD state (an operator's write,
 //! [`Store::clear_provider`]): cleared only in the local store, the fleet's
 //! shared state would be untouched while the operator was told it was
@@ -56,6 +58,9 @@ use tollgate_core::store::{
     MultiTake, ProviderCleared, RESERVATION_RETENTION_MS, ReconcileRequest, Reconciled, Release,
     ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome, SettleRequest, TakeOutcome,
     TakeRequest, TopUser, TurnOutcome, TurnRequest, UserState,
+};
+use tollgate_core::store::{
+    SessionAppend, SessionAppended, SessionCreate, SessionCreated, SessionDelete,
 };
 use tollgate_core::{BucketSpec, Clock, MemoryStore, Store, StoreError, StoreErrorKind};
 
@@ -1195,6 +1200,21 @@ impl<S: Store + Clone> Store for Failover<S> {
             m.reset_user(user)
         })
         .await
+    }
+
+    async fn session_create(&self, req: SessionCreate<'_>) -> Result<SessionCreated, StoreError> {
+        self.closed_only("session_create", self.primary.session_create(req))
+            .await
+    }
+
+    async fn session_append(&self, req: SessionAppend<'_>) -> Result<SessionAppended, StoreError> {
+        self.closed_only("session_append", self.primary.session_append(req))
+            .await
+    }
+
+    async fn session_delete(&self, req: SessionDelete<'_>) -> Result<u64, StoreError> {
+        self.closed_only("session_delete", self.primary.session_delete(req))
+            .await
     }
 
     async fn reconcile(&self, req: ReconcileRequest<'_>) -> Result<Reconciled, StoreError> {

@@ -8,6 +8,8 @@
 
 use std::fmt::Write;
 
+use tollgate_core::store::grouped::split_grouped;
+
 /// Escapes `%`, `{`, `}` and `:` in an id.
 pub(crate) fn esc(id: &str) -> std::borrow::Cow<'_, str> {
     if !id.contains(['%', '{', '}', ':']) {
@@ -24,6 +26,18 @@ pub(crate) fn esc(id: &str) -> std::borrow::Cow<'_, str> {
         }
     }
     out.into()
+}
+
+/// The keys of one session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SessionKeys {
+    /// Lease hash `{h, x, f, e}` (holder, its expiry, latest fence,
+    /// retention end).
+    pub(crate) lease: String,
+    /// Records list.
+    pub(crate) records: String,
+    /// Ids of the events appended by `session_append`.
+    pub(crate) ids: String,
 }
 
 /// Builds keys under one prefix.
@@ -89,13 +103,26 @@ impl Keys {
         self.user("sess", user)
     }
 
-    /// A session's lease hash and its records list.
-    pub(crate) fn session(&self, session: &str) -> (String, String) {
-        let s = esc(session);
-        (
-            format!("{}:sl:{{{s}}}", self.prefix),
-            format!("{}:sr:{{{s}}}", self.prefix),
-        )
+    /// A session's lease hash, records list and event-id set. A grouped
+    /// name (`tollgate_core::store::grouped`) is tagged by its group and
+    /// named by the rest, so every name of one group shares one slot; any
+    /// other name is its own tag (the key ends at the tag, so the two
+    /// forms never meet).
+    pub(crate) fn session(&self, session: &str) -> SessionKeys {
+        let p = &self.prefix;
+        let (tag, rest) = match split_grouped(session) {
+            Some((group, rest)) => (esc(group), Some(esc(rest))),
+            None => (esc(session), None),
+        };
+        let key = |kind: &str| match &rest {
+            Some(rest) => format!("{p}:{kind}:{{{tag}}}:{rest}"),
+            None => format!("{p}:{kind}:{{{tag}}}"),
+        };
+        SessionKeys {
+            lease: key("sl"),
+            records: key("sr"),
+            ids: key("si"),
+        }
     }
 
     /// A named bucket or cooldown; the caller's key keeps its own hash tag.
@@ -129,10 +156,18 @@ mod tests {
             "escaping keeps pairs apart"
         );
         assert_eq!(esc("100%"), "100%25");
+        let s1 = k.session("s1");
         assert_eq!(
-            k.session("s1"),
-            ("tg:sl:{s1}".to_owned(), "tg:sr:{s1}".to_owned())
+            (s1.lease.as_str(), s1.records.as_str(), s1.ids.as_str()),
+            ("tg:sl:{s1}", "tg:sr:{s1}", "tg:si:{s1}")
         );
+        // A grouped name: tagged by its group, named by the rest.
+        let name = tollgate_core::store::grouped::grouped_name("adk:a}p", "s:2:u1/x");
+        let g = k.session(&name);
+        assert_eq!(g.lease, "tg:sl:{adk%3Aa%7Dp}:s%3A2%3Au1/x");
+        assert_eq!(g.records, "tg:sr:{adk%3Aa%7Dp}:s%3A2%3Au1/x");
+        assert_eq!(g.ids, "tg:si:{adk%3Aa%7Dp}:s%3A2%3Au1/x");
+        assert_ne!(k.session("g").lease, k.session("@1:g/").lease);
         assert_eq!(k.named("{openai:gpt-4o}:rpm"), "tg:k:{openai:gpt-4o}:rpm");
     }
 }

@@ -23,6 +23,11 @@ use tollgate_core::store::{
 };
 use tollgate_core::{BucketSpec, Clock, Denial, Limit, Store, StoreError};
 
+use tollgate_core::store::grouped::check_group;
+use tollgate_core::store::{
+    LogWrite, SessionAppend, SessionAppended, SessionCreate, SessionCreated, SessionDelete,
+};
+
 use crate::config::{RedisConfig, RedisTarget};
 use crate::error::{bad_reply, classify, timed_out};
 use crate::keys::Keys;
@@ -293,10 +298,11 @@ impl RedisStore {
     }
 
     fn session_call<'a>(&'a self, session: &str, op: &str) -> ScriptInvocation<'a> {
-        let (lease, records) = self.inner.keys.session(session);
+        let keys = self.inner.keys.session(session);
         let mut inv = self.inner.scripts.session.prepare_invoke();
-        inv.key(lease)
-            .key(records)
+        inv.key(keys.lease)
+            .key(keys.records)
+            .key(keys.ids)
             .arg(self.now_arg())
             .arg(op)
             .arg(self.inner.session_retention_ms)
@@ -832,6 +838,78 @@ impl Store for RedisStore {
                 })
             }
             _ => Err(bad_reply("reconcile", format!("{r:?}"))),
+        }
+    }
+
+    async fn session_create(&self, req: SessionCreate<'_>) -> Result<SessionCreated, StoreError> {
+        let mut inv = self.grouped_call(req.session, "create", req.logs)?;
+        inv.arg(req.record);
+        Self::log_args(&mut inv, req.logs);
+        let r: Vec<i64> = self.run("session_create", &inv).await?;
+        match r[..] {
+            [1, fence] => Ok(SessionCreated::Created { fence: u(fence) }),
+            [2] => Ok(SessionCreated::Exists),
+            [3, retry] => Ok(SessionCreated::Busy {
+                retry_after_ms: u(retry).max(1),
+            }),
+            _ => Err(bad_reply("session_create", format!("{r:?}"))),
+        }
+    }
+
+    async fn session_append(&self, req: SessionAppend<'_>) -> Result<SessionAppended, StoreError> {
+        let id = req.id.filter(|id| !id.is_empty());
+        let mut inv = self.grouped_call(req.session, "event", req.logs)?;
+        inv.arg(lua_count(req.fence))
+            .arg(u8::from(id.is_some()))
+            .arg(id.unwrap_or(""))
+            .arg(req.record);
+        Self::log_args(&mut inv, req.logs);
+        let r: Vec<i64> = self.run("session_append", &inv).await?;
+        match r[..] {
+            [1, index] => Ok(SessionAppended::Appended { index: u(index) }),
+            [0, latest] => Ok(SessionAppended::Stale { latest: u(latest) }),
+            [2] => Ok(SessionAppended::Repeated),
+            [4] => Ok(SessionAppended::Missing),
+            _ => Err(bad_reply("session_append", format!("{r:?}"))),
+        }
+    }
+
+    async fn session_delete(&self, req: SessionDelete<'_>) -> Result<u64, StoreError> {
+        let mut inv = self.grouped_call(req.session, "drop", req.logs)?;
+        Self::log_args(&mut inv, req.logs);
+        let r: Vec<i64> = self.run("session_delete", &inv).await?;
+        r.first()
+            .map(|n| u(*n))
+            .ok_or_else(|| bad_reply("session_delete", "empty"))
+    }
+}
+
+impl RedisStore {
+    /// A grouped session op (`session.lua`): the session's keys, then the
+    /// lease hash and records list of each log, all in the session's slot
+    /// ([`check_group`] first).
+    fn grouped_call<'a>(
+        &'a self,
+        session: &str,
+        op: &str,
+        logs: &[LogWrite<'_>],
+    ) -> Result<ScriptInvocation<'a>, StoreError> {
+        check_group(session, logs)?;
+        let mut inv = self.session_call(session, op);
+        for l in logs {
+            let keys = self.inner.keys.session(l.log);
+            inv.key(keys.lease).key(keys.records);
+        }
+        Ok(inv)
+    }
+
+    /// Each log's write: a flag (append or only refresh) and the record.
+    fn log_args(inv: &mut ScriptInvocation<'_>, logs: &[LogWrite<'_>]) {
+        for l in logs {
+            match l.record {
+                Some(record) => inv.arg(1).arg(record),
+                None => inv.arg(0).arg(""),
+            };
         }
     }
 }

@@ -6,7 +6,7 @@
 //! `tollgate-core`, SPEC §2–4); the Redis side is the Lua scripts.
 //!
 //! Names come from small pools so operations collide: three users, four
-//! invocation ids, two sessions, three holders, two named buckets, a
+//! invocation ids, four sessions (two of one group), three holders, two named buckets, a
 //! cooldown and an AIMD state sharing one hash tag. Some ids carry `:`, `{`, `}`, `%` and `.`
 //! to exercise key escaping and reservation-id parsing. Per case, a random
 //! turn plan (bucket, cap, lease TTL, retry cap), two token bucket specs (a
@@ -19,7 +19,9 @@
 //! turn bucket or a named bucket, cooldown extension (an end of 0 or in the past
 //! changes nothing), AIMD reads and 429s (default parameters) and the clearing of
 //! the cooldown and AIMD state together, session leases, fence
-//! checks, fenced appends, record reads and deletion, user inspection and
+//! checks, fenced appends, record reads and deletion, the grouped session
+//! writes (create, event append with an id, delete, each with writes to
+//! another name of the group), user inspection and
 //! reset, top users, and clock moves: mostly a few seconds forward, sometimes
 //! minutes to an hour (past lease, bucket, session and reservation expiry),
 //! rarely a step back. Sessions use a 10-minute retention on both sides.
@@ -66,6 +68,7 @@ use tollgate_core::store::{
     BucketRef, BucketTake, ClaimRequest, CooldownCheck, ReservationId, ReserveOutcome,
     ReserveRequest, SettleRequest, TakeRequest, TurnRequest, UserState,
 };
+use tollgate_core::store::{LogWrite, SessionAppend, SessionCreate, SessionDelete};
 use tollgate_core::{Clock, FakeClock, MemoryStore, Store, StoreError};
 use tollgate_redis::{RedisConfig, RedisStore};
 use tollgate_testkit::T0;
@@ -73,7 +76,9 @@ use tollgate_testkit::redis::{shared_url, unique_prefix};
 
 const USERS: [&str; 3] = ["u0", "u1", "u:{2}%"];
 const INVOCATIONS: [&str; 4] = ["i0", "i1", "i.2", "r:{3}"];
-const SESSIONS: [&str; 2] = ["s0", "s:{1}"];
+/// Two plain session names and two grouped ones (group `g:{%`,
+/// `tollgate_core::store::grouped`), each the other's log in grouped writes.
+const SESSIONS: [&str; 4] = ["s0", "s:{1}", "@4:g:{%/s2", "@4:g:{%/l:3}"];
 /// Session ids a user claims (more than the largest cap drawn).
 const CLAIMED: [&str; 4] = ["c0", "c1", "c:{2}%", "c3"];
 const HOLDERS: [&str; 3] = ["h0", "h1", "h2"];
@@ -253,6 +258,25 @@ enum Op {
     Delete {
         session: usize,
     },
+    /// A grouped create; `logs` are writes to the other grouped name (none
+    /// for a plain session).
+    GroupCreate {
+        session: usize,
+        record: u8,
+        logs: Vec<Option<u8>>,
+    },
+    /// A grouped append at `latest + offset`, with event id `id`.
+    GroupAppend {
+        session: usize,
+        offset: i8,
+        id: Option<u8>,
+        record: u8,
+        logs: Vec<Option<u8>>,
+    },
+    GroupDelete {
+        session: usize,
+        logs: Vec<Option<u8>>,
+    },
     UserState {
         user: usize,
         plan: usize,
@@ -374,6 +398,11 @@ fn rid() -> impl Strategy<Value = Rid> {
 }
 
 /// Mostly the latest fence, else one or two before it, or the next one.
+/// The log writes of a grouped op: up to two (a record, or a refresh).
+fn group_logs() -> impl Strategy<Value = Vec<Option<u8>>> {
+    prop::collection::vec(prop::option::of(any::<u8>()), 0..=2)
+}
+
 fn fence_offset() -> impl Strategy<Value = i8> {
     prop_oneof![6 => Just(0i8), 2 => -2i8..=1]
 }
@@ -470,6 +499,24 @@ fn op() -> impl Strategy<Value = Op> {
         )
             .prop_map(|(session, from, limit)| Op::Read { session, from, limit }),
         2 => session().prop_map(|session| Op::Delete { session }),
+        3 => (session(), any::<u8>(), group_logs())
+            .prop_map(|(session, record, logs)| Op::GroupCreate { session, record, logs }),
+        6 => (
+            session(),
+            fence_offset(),
+            prop_oneof![1 => Just(None), 4 => (0u8..4).prop_map(Some)],
+            any::<u8>(),
+            group_logs(),
+        )
+            .prop_map(|(session, offset, id, record, logs)| Op::GroupAppend {
+                session,
+                offset,
+                id,
+                record,
+                logs,
+            }),
+        1 => (session(), group_logs())
+            .prop_map(|(session, logs)| Op::GroupDelete { session, logs }),
         5 => (user(), plan()).prop_map(|(user, plan)| Op::UserState { user, plan }),
         2 => user().prop_map(|user| Op::ResetUser { user }),
         3 => (0usize..=4).prop_map(|n| Op::TopUsers { n }),
@@ -528,6 +575,30 @@ struct Run<'a> {
     top_users_from_minute: u64,
 }
 
+/// The records of a grouped op's log writes: none
+/// for a plain session (a plain name has no other name in its group).
+fn group_writes(session: usize, logs: &[Option<u8>]) -> Vec<Option<[u8; 2]>> {
+    if tollgate_core::store::grouped::split_grouped(SESSIONS[session]).is_none() {
+        return Vec::new();
+    }
+    logs.iter().map(|r| r.map(|r| [b'l', r])).collect()
+}
+
+/// The log writes, each to the other grouped name of [`SESSIONS`].
+fn log_writes(session: usize, recs: &[Option<[u8; 2]>]) -> Vec<LogWrite<'_>> {
+    let other = if session == 2 {
+        SESSIONS[3]
+    } else {
+        SESSIONS[2]
+    };
+    recs.iter()
+        .map(|r| LogWrite {
+            log: other,
+            record: r.as_ref().map(|r| &r[..]),
+        })
+        .collect()
+}
+
 fn fail(what: impl Debug) -> TestCaseError {
     TestCaseError::fail(format!("{what:?}"))
 }
@@ -570,9 +641,13 @@ fn case_keys(prefix: &str) -> Keys {
         }
     }
     for s in SESSIONS {
-        let s = esc(s);
-        keys.push(format!("{prefix}:sl:{{{s}}}"));
-        keys.push(format!("{prefix}:sr:{{{s}}}"));
+        let (tag, rest) = match tollgate_core::store::grouped::split_grouped(s) {
+            Some((group, rest)) => (esc(group), format!(":{}", esc(rest))),
+            None => (esc(s), String::new()),
+        };
+        for kind in ["sl", "sr", "si"] {
+            keys.push(format!("{prefix}:{kind}:{{{tag}}}{rest}"));
+        }
     }
     for k in BUCKETS.iter().chain([&COOLDOWN, &AIMD]) {
         keys.push(format!("{prefix}:k:{k}"));
@@ -987,6 +1062,68 @@ impl Run<'_> {
                 let m = self.mem.delete_records(s).await;
                 let r = self.redis.delete_records(s).await;
                 self.same(format!("delete_records({session})"), m, r)?;
+            }
+            Op::GroupCreate {
+                session,
+                record,
+                ref logs,
+            } => {
+                let s = SESSIONS[session];
+                let logs = group_writes(session, logs);
+                let writes = log_writes(session, &logs);
+                let rec = [b'c', record];
+                let req = SessionCreate {
+                    session: s,
+                    record: &rec,
+                    logs: &writes,
+                };
+                let m = self.mem.session_create(req).await;
+                let r = self.redis.session_create(req).await;
+                self.same(
+                    format!("session_create({session}, {rec:?}, {logs:?})"),
+                    m,
+                    r,
+                )?;
+            }
+            Op::GroupAppend {
+                session,
+                offset,
+                id,
+                record,
+                ref logs,
+            } => {
+                let s = SESSIONS[session];
+                let fence = self.fence_near(s, offset).await?;
+                let logs = group_writes(session, logs);
+                let writes = log_writes(session, &logs);
+                let id = id.map(|i| format!("e{i}"));
+                let rec = [b'e', record];
+                let req = SessionAppend {
+                    session: s,
+                    fence,
+                    id: id.as_deref(),
+                    record: &rec,
+                    logs: &writes,
+                };
+                let m = self.mem.session_append(req).await;
+                let r = self.redis.session_append(req).await;
+                self.same(
+                    format!("session_append({session}, {fence}, {id:?}, {rec:?}, {logs:?})"),
+                    m,
+                    r,
+                )?;
+            }
+            Op::GroupDelete { session, ref logs } => {
+                let s = SESSIONS[session];
+                let logs = group_writes(session, logs);
+                let writes = log_writes(session, &logs);
+                let req = SessionDelete {
+                    session: s,
+                    logs: &writes,
+                };
+                let m = self.mem.session_delete(req).await;
+                let r = self.redis.session_delete(req).await;
+                self.same(format!("session_delete({session}, {logs:?})"), m, r)?;
             }
             Op::UserState { user, plan } => {
                 let u = USERS[user];

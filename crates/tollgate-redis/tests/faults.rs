@@ -443,7 +443,10 @@ async fn a_busy_redis_is_transient() {
     })
     .await;
     assert!(busy, "Redis answers BUSY");
-    let d = l.admit_turn("u1", "r1").await.expect("decided by the policy");
+    let d = l
+        .admit_turn("u1", "r1")
+        .await
+        .expect("decided by the policy");
     assert!(d.is_allowed());
     let () = redis::cmd("SCRIPT")
         .arg("KILL")
@@ -502,7 +505,10 @@ async fn closes_in_an_outage_are_journalled_and_fallback_usage_reconciled() {
     let c = c.grant().expect("granted").id.clone();
     assert_eq!(c.fallback, Some(store.tag()));
     assert!(c.to_string().starts_with('f'), "{c}");
-    assert!(l.settle("u1", &c, 700).await.unwrap().applied, "closed locally");
+    assert!(
+        l.settle("u1", &c, 700).await.unwrap().applied,
+        "closed locally"
+    );
     assert_eq!(store.owed_users(), 1);
 
     server.resume();
@@ -520,7 +526,11 @@ async fn closes_in_an_outage_are_journalled_and_fallback_usage_reconciled() {
         .user_state("u1", plan.turns, plan.tokens)
         .await
         .unwrap();
-    assert_eq!((st.tokens_available, st.turns_available), (52_300, 2), "{r:?}");
+    assert_eq!(
+        (st.tokens_available, st.turns_available),
+        (52_300, 2),
+        "{r:?}"
+    );
     assert!(st.leases.is_empty(), "{:?}", st.leases);
     assert!(!l.settle("u1", &a, 8_000).await.unwrap().applied, "once");
     // The local reservation is still the fallback's: a second settle says
@@ -554,7 +564,12 @@ async fn a_reserve_that_timed_out_after_it_was_sent_is_charged_once() {
     assert!(l.admit_turn("u1", "r1").await.unwrap().is_allowed());
     // Load the reserve script first: a copy queued before it is loaded
     // would be answered NOSCRIPT (and never run) after the pause.
-    assert!(l.reserve_tokens("u1", "warm", 1_000).await.unwrap().is_allowed());
+    assert!(
+        l.reserve_tokens("u1", "warm", 1_000)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
 
     server.pause();
     let g = l.reserve_tokens("u1", "r1", 6_000).await.unwrap();

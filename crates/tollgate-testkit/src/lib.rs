@@ -81,7 +81,11 @@ macro_rules! for_each_scenario {
             sessions_without_records_are_kept_for_the_grace,
             zero_token_reservations_are_invalid,
             request_ids_answer_the_first_grant,
-            reconcile_charges_and_resolves_ambiguity
+            reconcile_charges_and_resolves_ambiguity,
+            session_create_writes_its_group_in_one_step,
+            session_append_is_fenced_and_once_per_id,
+            session_delete_writes_its_group_in_one_step,
+            grouped_logs_live_as_long_as_they_are_written
         );
     };
 }

@@ -383,6 +383,25 @@ impl Store for Flaky {
     ) -> impl Future<Output = Result<Reconciled, StoreError>> + Send {
         self.inner.reconcile(req)
     }
+    fn session_create(
+        &self,
+        req: tollgate_core::store::SessionCreate<'_>,
+    ) -> impl Future<Output = Result<tollgate_core::store::SessionCreated, StoreError>> + Send {
+        self.inner.session_create(req)
+    }
+    fn session_append(
+        &self,
+        req: tollgate_core::store::SessionAppend<'_>,
+    ) -> impl Future<Output = Result<tollgate_core::store::SessionAppended, StoreError>> + Send
+    {
+        self.inner.session_append(req)
+    }
+    fn session_delete(
+        &self,
+        req: tollgate_core::store::SessionDelete<'_>,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        self.inner.session_delete(req)
+    }
 }
 
 #[tokio::test]

@@ -32,12 +32,16 @@ use std::sync::{Arc, OnceLock};
 use hashbrown::{DefaultHashBuilder, HashTable};
 use parking_lot::{Mutex, MutexGuard};
 
+use super::grouped::check_group;
 use super::{
     AppendOutcome, BucketRef, BucketTake, CLAIM_SLACK_MS, Claim, ClaimRequest, CooldownCheck,
     DEFAULT_SESSION_GRACE_MS, DEFAULT_SESSION_RETENTION_MS, FenceCheck, MultiTake, ProviderCleared,
     RESERVATION_RETENTION_MS, ReconcileRequest, Reconciled, Release, ReservationId, ReserveOutcome,
     ReserveRequest, SettleOutcome, SettleRequest, Store, TakeOutcome, TakeRequest, TopUser,
     TurnOutcome, TurnRequest, UserState,
+};
+use super::{
+    LogWrite, SessionAppend, SessionAppended, SessionCreate, SessionCreated, SessionDelete,
 };
 use crate::aimd::{AimdParams, AimdState};
 use crate::bucket::{self, BucketSpec, BucketState, EXPIRY_GRACE_MS, MAX_SCALED, Take};
@@ -344,6 +348,29 @@ impl<V: Expiring> Multi<'_, '_, V> {
         }
     }
 
+    /// [`Full`] unless there is room for every key at the positions
+    /// `new` names (given to `lock_many`) that is not held now, each
+    /// counted once: for a step that creates only some of its keys.
+    fn check_room_of(&mut self, now: u64, new: &[usize]) -> Result<(), Full> {
+        let mut missing: Vec<&str> = Vec::new();
+        for &n in new {
+            let (key, hash, i) = self.located[n];
+            let held = self
+                .guard(i)
+                .table
+                .find(hash, |(k, _)| &**k == key)
+                .is_some_and(|(_, v)| v.expires_at() > now);
+            if !held && !missing.contains(&key) {
+                missing.push(key);
+            }
+        }
+        if self.cap.has_room(missing.len()) {
+            Ok(())
+        } else {
+            Err(Full)
+        }
+    }
+
     /// Runs `f` on the entry of the `n`th key given to `lock_many` (room
     /// for a new key was checked by [`check_room`](Self::check_room), so
     /// this never answers [`Full`]).
@@ -532,6 +559,9 @@ fn repeat(invocation_id: &str, call: u64, ready_at: u64, now: u64) -> ReserveOut
 struct SessionEntry {
     lease: SessionLease,
     records: Vec<Box<[u8]>>,
+    /// The ids of the events appended by [`Store::session_append`], kept
+    /// with the records.
+    ids: hashbrown::HashSet<Box<str>>,
     expires_at: u64,
 }
 
@@ -1039,15 +1069,7 @@ impl MemoryStore {
         let grace = self.inner.session_grace_ms;
         self.inner.sessions.with(session, now, |s| {
             let r = f(s, now);
-            if s.lease.fence > 0 || !s.records.is_empty() {
-                let lease_end = s.lease.holder.as_ref().map_or(0, |(_, exp)| *exp);
-                let keep = if s.records.is_empty() {
-                    lease_end.max(now).saturating_add(grace)
-                } else {
-                    now.saturating_add(retention)
-                };
-                s.expires_at = keep.max(s.expires_at).max(lease_end);
-            }
+            keep_session(s, now, retention, grace);
             r
         })
     }
@@ -1389,6 +1411,7 @@ impl Store for MemoryStore {
             self.session(session, |s, _| {
                 let n = s.records.len() as u64;
                 s.records = Vec::new();
+                s.ids = hashbrown::HashSet::new();
                 n
             })
         })
@@ -1458,6 +1481,21 @@ impl Store for MemoryStore {
     async fn reconcile(&self, req: ReconcileRequest<'_>) -> Result<Reconciled, StoreError> {
         self.room("reconcile", || self.reconcile_now(req))
     }
+
+    async fn session_create(&self, req: SessionCreate<'_>) -> Result<SessionCreated, StoreError> {
+        check_group(req.session, req.logs)?;
+        self.room("session_create", || self.create_now(req))
+    }
+
+    async fn session_append(&self, req: SessionAppend<'_>) -> Result<SessionAppended, StoreError> {
+        check_group(req.session, req.logs)?;
+        self.room("session_append", || self.append_now(req))
+    }
+
+    async fn session_delete(&self, req: SessionDelete<'_>) -> Result<u64, StoreError> {
+        check_group(req.session, req.logs)?;
+        self.room("session_delete", || self.delete_now(req))
+    }
 }
 
 impl MemoryStore {
@@ -1508,6 +1546,168 @@ impl MemoryStore {
                 refunded,
             }
         })
+    }
+}
+
+/// Keeps a session after an operation on it (SPEC §4): one with records for
+/// the retention past now, one without until its lease's end (or now, if
+/// later) plus the grace; never less than it was kept before, nor less
+/// than its lease. A session with neither records nor a fence is left to
+/// expire at once.
+fn keep_session(s: &mut SessionEntry, now: u64, retention: u64, grace: u64) {
+    if s.lease.fence > 0 || !s.records.is_empty() {
+        let lease_end = s.lease.holder.as_ref().map_or(0, |(_, exp)| *exp);
+        let keep = if s.records.is_empty() {
+            lease_end.max(now).saturating_add(grace)
+        } else {
+            now.saturating_add(retention)
+        };
+        s.expires_at = keep.max(s.expires_at).max(lease_end);
+    }
+}
+
+// ----- grouped session writes ------------------------------------------------
+
+impl MemoryStore {
+    /// Locks the shards of a grouped write's session (position 0) and its
+    /// logs (positions 1…): the whole write is one critical section.
+    fn lock_group<'a, 'k>(
+        &'a self,
+        session: &'k str,
+        logs: &[LogWrite<'k>],
+    ) -> Multi<'a, 'k, SessionEntry> {
+        let keys: Vec<&'k str> = std::iter::once(session)
+            .chain(logs.iter().map(|l| l.log))
+            .collect();
+        self.inner.sessions.lock_many(&keys)
+    }
+
+    /// Room for the keys a grouped write adds: the session if `session`,
+    /// and each log it appends a record to.
+    fn group_room(
+        locked: &mut Multi<'_, '_, SessionEntry>,
+        now: u64,
+        session: bool,
+        logs: &[LogWrite<'_>],
+    ) -> Result<(), Full> {
+        let new: Vec<usize> = session
+            .then_some(0)
+            .into_iter()
+            .chain(
+                logs.iter()
+                    .enumerate()
+                    .filter(|(_, l)| l.record.is_some())
+                    .map(|(i, _)| i + 1),
+            )
+            .collect();
+        locked.check_room_of(now, &new)
+    }
+
+    /// Runs `f` on the `n`th entry of a locked group, then keeps it.
+    fn group_entry<R>(
+        &self,
+        locked: &mut Multi<'_, '_, SessionEntry>,
+        n: usize,
+        now: u64,
+        f: impl FnOnce(&mut SessionEntry) -> R,
+    ) -> Result<R, Full> {
+        let (retention, grace) = (self.inner.session_retention_ms, self.inner.session_grace_ms);
+        locked.with(n, now, |s| {
+            let r = f(s);
+            keep_session(s, now, retention, grace);
+            r
+        })
+    }
+
+    /// Writes every log of a locked group (room was checked).
+    fn write_logs(
+        &self,
+        locked: &mut Multi<'_, '_, SessionEntry>,
+        now: u64,
+        logs: &[LogWrite<'_>],
+    ) -> Result<(), Full> {
+        for (i, l) in logs.iter().enumerate() {
+            self.group_entry(locked, i + 1, now, |s| {
+                if let Some(record) = l.record {
+                    s.records.push(record.into());
+                }
+            })?;
+        }
+        Ok(())
+    }
+
+    fn create_now(&self, req: SessionCreate<'_>) -> Result<SessionCreated, Full> {
+        let mut locked = self.lock_group(req.session, req.logs);
+        let now = self.now();
+        let refusal = self.group_entry(&mut locked, 0, now, |s| match &s.lease.holder {
+            Some((_, exp)) if *exp > now => Some(SessionCreated::Busy {
+                retry_after_ms: (exp - now).max(1),
+            }),
+            _ if !s.records.is_empty() => Some(SessionCreated::Exists),
+            _ => None,
+        })?;
+        if let Some(refusal) = refusal {
+            return Ok(refusal);
+        }
+        Self::group_room(&mut locked, now, true, req.logs)?;
+        let fence = self.group_entry(&mut locked, 0, now, |s| {
+            s.lease.fence += 1;
+            s.lease.holder = None;
+            s.records.push(req.record.into());
+            s.lease.fence
+        })?;
+        self.write_logs(&mut locked, now, req.logs)?;
+        Ok(SessionCreated::Created { fence })
+    }
+
+    fn append_now(&self, req: SessionAppend<'_>) -> Result<SessionAppended, Full> {
+        let mut locked = self.lock_group(req.session, req.logs);
+        let now = self.now();
+        let id = req.id.filter(|id| !id.is_empty());
+        let refusal = self.group_entry(&mut locked, 0, now, |s| {
+            if !s.lease.fence_is_current(req.fence) {
+                Some(SessionAppended::Stale {
+                    latest: s.lease.fence,
+                })
+            } else if s.records.is_empty() {
+                Some(SessionAppended::Missing)
+            } else if id.is_some_and(|id| s.ids.contains(id)) {
+                Some(SessionAppended::Repeated)
+            } else {
+                None
+            }
+        })?;
+        if let Some(refusal) = refusal {
+            return Ok(refusal);
+        }
+        Self::group_room(&mut locked, now, false, req.logs)?;
+        let index = self.group_entry(&mut locked, 0, now, |s| {
+            s.records.push(req.record.into());
+            if let Some(id) = id {
+                s.ids.insert(id.into());
+            }
+            s.records.len() as u64 - 1
+        })?;
+        self.write_logs(&mut locked, now, req.logs)?;
+        Ok(SessionAppended::Appended { index })
+    }
+
+    fn delete_now(&self, req: SessionDelete<'_>) -> Result<u64, Full> {
+        let mut locked = self.lock_group(req.session, req.logs);
+        let now = self.now();
+        let held = locked.with(0, now, |s| s.records.len() as u64)?;
+        if held > 0 {
+            Self::group_room(&mut locked, now, false, req.logs)?;
+        }
+        let deleted = self.group_entry(&mut locked, 0, now, |s| {
+            s.records = Vec::new();
+            s.ids = hashbrown::HashSet::new();
+            held
+        })?;
+        if deleted > 0 {
+            self.write_logs(&mut locked, now, req.logs)?;
+        }
+        Ok(deleted)
     }
 }
 
@@ -1778,6 +1978,60 @@ mod tests {
                 .session_acquire("s2", "h", 1_000)
                 .into_result_ready()
                 .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_grouped_write_needs_room_for_every_key_it_adds_and_only_those() {
+        use crate::store::grouped::grouped_name;
+        let clock = FakeClock::new(1_000_000);
+        let store = small(&clock, 2);
+        let (sess, log, other) = (
+            grouped_name("g", "s"),
+            grouped_name("g", "log"),
+            grouped_name("g", "other"),
+        );
+        let write = |log, record| LogWrite { log, record };
+        // Room for the session and one log: created.
+        let create = SessionCreate {
+            session: &sess,
+            record: b"r0",
+            logs: &[write(&log, Some(b"l")), write(&other, None)],
+        };
+        assert_eq!(
+            store.session_create(create).into_inner_ready(),
+            SessionCreated::Created { fence: 1 }
+        );
+        assert_eq!(store.stats().sessions, 2, "a refreshed log is not created");
+        // At the bound, an append that only refreshes a missing log works…
+        let append = |id, logs| SessionAppend {
+            session: &sess,
+            fence: 1,
+            id: Some(id),
+            record: b"e",
+            logs,
+        };
+        let refresh = [write(&other, None)];
+        assert_eq!(
+            store
+                .session_append(append("e1", &refresh))
+                .into_inner_ready(),
+            SessionAppended::Appended { index: 1 }
+        );
+        // …one that would add it is refused, and writes nothing at all.
+        let add = [write(&log, Some(b"l2")), write(&other, Some(b"o"))];
+        let e = store
+            .session_append(append("e2", &add))
+            .into_result_ready()
+            .unwrap_err();
+        assert!(e.is_full());
+        let read = |name| store.read_records(name, 0, 10).into_inner_ready();
+        assert_eq!(read(&sess).len(), 2);
+        assert_eq!(read(&log), vec![b"l".to_vec()]);
+        // A refused write needs no room: the repeated id is answered.
+        assert_eq!(
+            store.session_append(append("e1", &add)).into_inner_ready(),
+            SessionAppended::Repeated
         );
     }
 
