@@ -628,3 +628,106 @@ async fn a_full_journal_refuses_closes() {
     assert_eq!((r.replayed, r.remaining), (1, 0));
     assert!(l.release_run("u1", "r1").await.unwrap().released());
 }
+
+/// Admission stays idempotent by invocation id across a timeout: an admit
+/// that timed out after Redis queued it is admitted by the fallback, Redis
+/// admits the queued copy when it resumes, and reconciliation charges no
+/// second turn for it (its lease is held in Redis). A repeat of the
+/// admission after recovery refreshes the lease and charges nothing.
+#[tokio::test]
+async fn an_admission_that_timed_out_after_it_was_sent_takes_one_turn() {
+    let server = Pausable::start();
+    let clock = FakeClock::new(tollgate_testkit::T0);
+    let shared = redis_with_timeout(server.server.url(), Duration::from_millis(200))
+        .await
+        .with_clock_override(clock.clone());
+    let store = Failover::new(
+        shared,
+        FailurePolicy::FailOpen {
+            fallback_share: 1.0,
+        },
+        clock.clone(),
+    )
+    .expect("policy");
+    let l = Limiter::new(store.clone(), clock.clone(), plans());
+    let plan = l.plan_for("u1").unwrap();
+    // Load the admission script before the pause (see above).
+    assert!(l.admit_turn("u1", "warm").await.unwrap().is_allowed());
+
+    server.pause();
+    assert!(
+        l.admit_turn("u1", "r1").await.unwrap().is_allowed(),
+        "by the fallback"
+    );
+    server.resume();
+    let r = store.recover().await;
+    assert_eq!((r.users, r.turns), (1, 0), "{r:?}");
+    let st = store
+        .primary()
+        .user_state("u1", plan.turns, plan.tokens)
+        .await
+        .unwrap();
+    assert_eq!(st.turns_available, 2, "warm and r1: one turn each");
+    assert!(st.leases.iter().any(|(id, _)| id == "r1"));
+    assert!(
+        l.admit_turn("u1", "r1").await.unwrap().is_allowed(),
+        "a refresh"
+    );
+    let st = store
+        .primary()
+        .user_state("u1", plan.turns, plan.tokens)
+        .await
+        .unwrap();
+    assert_eq!(st.turns_available, 2, "the repeat charged nothing");
+    assert!(l.release_run("u1", "r1").await.unwrap().released());
+}
+
+/// A reserve with a client request id that the fallback answered during an
+/// outage is answered the same (its local reservation) when the client
+/// retries it after recovery, and is charged once.
+#[tokio::test]
+async fn a_request_id_the_fallback_answered_is_answered_again_after_recovery() {
+    use tollgate_core::Reserve;
+    let mut server = RedisServer::start().expect("redis-server");
+    let clock = FakeClock::new(tollgate_testkit::T0);
+    let store = Failover::new(
+        redis(server.url()).await.with_clock_override(clock.clone()),
+        FailurePolicy::FailOpen {
+            fallback_share: 1.0,
+        },
+        clock.clone(),
+    )
+    .expect("policy")
+    .with_breaker(breaker(1));
+    let l = Limiter::new(store.clone(), clock.clone(), plans());
+    let plan = l.plan_for("u1").unwrap();
+    let call = Reserve {
+        invocation_id: "r1",
+        estimate: 2_000,
+        request_id: Some("req-1"),
+        wait: false,
+    };
+    server.stop();
+    let first = l.reserve("u1", call).await.unwrap();
+    let first = first.grant().expect("granted locally").id.clone();
+    assert_eq!(first.fallback, Some(store.tag()));
+    server.restart().expect("restart");
+    clock.advance(1_000);
+    store.recover().await;
+    assert!(!store.is_down());
+    let again = l.reserve("u1", call).await.unwrap();
+    assert_eq!(
+        again.grant().expect("granted").id,
+        first,
+        "the first answer"
+    );
+    let st = store
+        .primary()
+        .user_state("u1", plan.turns, plan.tokens)
+        .await
+        .unwrap();
+    assert_eq!(
+        st.tokens_available, 58_000,
+        "charged once, by reconciliation"
+    );
+}

@@ -1126,6 +1126,35 @@ async fn fail_closed_is_503_while_redis_is_down() {
 }
 
 #[tokio::test]
+async fn a_retried_reserve_with_a_request_id_is_charged_once() {
+    let store = fail_closed_store(&shared_url());
+    let srv = Server::start(&config_text(64, &store, &hs256_identity())).await;
+    let body = json!({"invocation_id": "r1", "estimate": 6000, "request_id": "call-1"});
+    let first = srv.post("rita", "/v1/tokens/reserve", body.clone()).await;
+    let id = first.ok()["reservation_id"].clone();
+    let again = srv.post("rita", "/v1/tokens/reserve", body).await;
+    assert_eq!(again.ok()["reservation_id"], id, "the first grant");
+    let other = json!({"invocation_id": "r1", "estimate": 6000, "request_id": "call-2"});
+    let second = srv.post("rita", "/v1/tokens/reserve", other).await;
+    assert_ne!(second.ok()["reservation_id"], id);
+    let r = srv
+        .post(
+            "rita",
+            "/v1/tokens/refund",
+            json!({"reservation_id": second.ok()["reservation_id"]}),
+        )
+        .await;
+    // Two reservations of 6,000 were charged, not three, and one refunded:
+    // 54,000 plus what refilled meanwhile (Redis time: 1 token per ms).
+    let balance = r.ok()["balance"].as_i64().expect("balance");
+    assert!((54_000..59_000).contains(&balance), "{balance}");
+    let bad = json!({"invocation_id": "r1", "estimate": 1, "request_id": "a\u{7}b"});
+    let r = srv.post("rita", "/v1/tokens/reserve", bad).await;
+    assert_eq!(r.refused(400, "invalid_request")["field"], "request_id");
+    srv.shutdown().await;
+}
+
+#[tokio::test]
 async fn redis_store_takes_hostile_but_valid_input_without_a_500() {
     let store = fail_closed_store(&shared_url());
     let srv = Server::start(&config_text(64, &store, &hs256_identity())).await;
@@ -1708,10 +1737,17 @@ async fn openapi_document_states_every_bound_refusal_and_link() {
     for path in ["/v1/tokens/settle", "/v1/tokens/refund"] {
         let s = param_schema(doc, "post", path, "reservation_id");
         assert_eq!(
-            s["pattern"], r"^[1-9][0-9]{0,18}\.[^\u0000-\u001f\u007f-\u009f]{1,512}$",
+            s["pattern"],
+            r"^(f[0-9a-f]{8}\.)?[1-9][0-9]{0,18}\.[^\u0000-\u001f\u007f-\u009f]{1,512}$",
             "{path}"
         );
     }
+    let s = param_schema(doc, "post", "/v1/tokens/reserve", "request_id");
+    assert_eq!(
+        (&s["minLength"], &s["maxLength"], &s["pattern"]),
+        (&json!(1), &json!(MAX_ID), &json!(id_pattern)),
+        "{s}"
+    );
     // Every integer's range.
     let ranges = [
         ("post", "/v1/runs", "session_ttl_ms", 1, MAX_SESSION_TTL_MS),
