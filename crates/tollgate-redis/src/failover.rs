@@ -717,19 +717,31 @@ impl<S: Store + Clone> Failover<S> {
                 .collect()
         };
         for user in users {
+            if !self.reconcile_user(&user, out).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Sends `user`'s batch the store has not answered yet, if any, then
+    /// the charges since as a new one. `false` if the store failed.
+    async fn reconcile_user(&self, user: &str, out: &mut Recovery) -> bool {
+        loop {
             // The batch the store has not answered yet, or the user's
             // charges taken out as a new one (what arrives meanwhile adds
             // up in the entry, for the next batch).
-            let batch = {
+            let (batch, resent) = {
                 let mut owed = self.inner.owed.lock();
-                let Some(o) = owed.get_mut(&user) else {
-                    continue;
+                let Some(o) = owed.get_mut(user) else {
+                    return true;
                 };
                 match &o.inflight {
-                    Some(b) => b.clone(),
+                    Some(b) => (b.clone(), true),
+                    None if o.is_settled() => return true,
                     None => {
                         let Some(tokens) = o.tokens.or(o.turns) else {
-                            continue;
+                            return true;
                         };
                         let b = Batch {
                             number: self.inner.next_batch.fetch_add(1, Ordering::Relaxed),
@@ -741,7 +753,7 @@ impl<S: Store + Clone> Failover<S> {
                             admissions: std::mem::take(&mut o.ambiguous_admissions).into(),
                         };
                         o.inflight = Some(b.clone());
-                        b
+                        (b, false)
                     }
                 }
             };
@@ -752,7 +764,7 @@ impl<S: Store + Clone> Failover<S> {
                 .collect();
             let admission_refs: Vec<&str> = batch.admissions.iter().map(String::as_str).collect();
             let req = ReconcileRequest {
-                user: &user,
+                user,
                 turns: batch.turns,
                 tokens: batch.tokens,
                 turns_taken: batch.turns_taken,
@@ -773,7 +785,7 @@ impl<S: Store + Clone> Failover<S> {
                     out.tokens = out.tokens.saturating_add(tokens);
                     out.refunded += refunded;
                     let mut owed = self.inner.owed.lock();
-                    if let Some(o) = owed.get_mut(&user) {
+                    if let Some(o) = owed.get_mut(user) {
                         if o.inflight
                             .as_ref()
                             .is_some_and(|b| b.number == batch.number)
@@ -781,7 +793,7 @@ impl<S: Store + Clone> Failover<S> {
                             o.inflight = None;
                         }
                         if o.is_settled() && o.open.is_empty() {
-                            owed.remove(&user);
+                            owed.remove(user);
                         }
                     }
                 }
@@ -795,8 +807,13 @@ impl<S: Store + Clone> Failover<S> {
                     return false;
                 }
             }
+            // A new batch took everything owed when it was sent (what came
+            // since marked the store dirty); a batch sent again did not:
+            // the charges made since it was first sent follow now.
+            if !resent {
+                return true;
+            }
         }
-        true
     }
 
     async fn replay(&self, out: &mut Recovery) {

@@ -717,15 +717,19 @@ async fn a_reconciliation_that_timed_out_after_it_was_sent_is_charged_once() {
     let r = store.recover().await;
     assert_eq!(r.users, 0, "{r:?}");
     assert_eq!(store.owed_users(), 1);
+    // More is decided meanwhile (and queued in Redis too).
+    let g = l.reserve_tokens("u1", "r1", 500).await.unwrap();
+    assert_eq!(g.grant().expect("granted").id.fallback, Some(store.tag()));
     server.resume();
 
-    // Redis ran both copies: the reserve (6,000), then the reconciliation
-    // (refunding that copy, charging the fallback's 6,000). The same batch
-    // again charges nothing.
+    // Redis ran every copy: the reserves (6,000 and 500) and the first
+    // batch (refunding the first copy, charging the fallback's 6,000). The
+    // same batch again charges nothing; the next one charges the 500 and
+    // refunds its copy.
     let r = store.recover().await;
     assert_eq!(
         (r.users, r.turns, r.tokens, r.refunded),
-        (1, 0, 0, 0),
+        (2, 0, 0, 1),
         "{r:?}"
     );
     assert_eq!(store.owed_users(), 0);
@@ -734,7 +738,10 @@ async fn a_reconciliation_that_timed_out_after_it_was_sent_is_charged_once() {
         .user_state("u1", plan.turns, plan.tokens)
         .await
         .unwrap();
-    assert_eq!(st.tokens_available, 53_000, "60,000 - 1,000 - 6,000: once");
+    assert_eq!(
+        st.tokens_available, 52_500,
+        "60,000 - 1,000 - 6,000 - 500: each once"
+    );
 }
 
 /// A full journal refuses a close with a retryable `Full` error instead of
