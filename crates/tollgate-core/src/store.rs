@@ -289,6 +289,14 @@ pub struct ReconcileRequest<'a> {
     /// them: a run that holds a live lease here was admitted (and charged a
     /// turn) here, so one turn fewer is charged for it.
     pub ambiguous_admissions: &'a [&'a str],
+    /// The replica sending these charges (its fallback tag) …
+    pub replica: u32,
+    /// … and this batch's number, increasing per replica from 1. A batch
+    /// at or below the last one applied for this user from this replica
+    /// is not applied again (it charges nothing and answers zeros): a
+    /// reconciliation whose answer was lost (it timed out after it was
+    /// sent) is retried as the same batch, and so charged once.
+    pub batch: u64,
 }
 
 /// What [`Store::reconcile`] charged.

@@ -5,11 +5,14 @@
 -- KEYS[3] run lease zset     {prefix}:lease:{user}
 -- KEYS[4] usage hash         {prefix}:use:{user}
 -- KEYS[5] run index zset     {prefix}:invs:{user}
+-- KEYS[6] batches hash       {prefix}:rec:{user}  (replica tag -> last batch applied)
 -- ARGV[1] now override   ARGV[2..4] turn amount, period, capacity scaled
 -- ARGV[5..7] token amount, period, capacity scaled
 -- ARGV[8] turns taken   ARGV[9] net tokens   ARGV[10] reservation retention ms
 -- ARGV[11] most runs tracked per user   ARGV[12] prefix of invocation keys
--- ARGV[13] n ambiguous reserves, then n pairs (escaped invocation id,
+-- ARGV[13] the replica's tag   ARGV[14] the batch number: a batch at or below
+--          the last one applied from that replica charges nothing (a retry)
+-- ARGV[15] n ambiguous reserves, then n pairs (escaped invocation id,
 --          request id), then m ambiguous admissions, then m invocation ids.
 -- An ambiguous reserve this store ran (its r<id> names an open call) is
 -- refunded and its id marked superseded ("0:0"); one it did not run is
@@ -22,8 +25,14 @@ local k_amount, k_period, k_cap = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber
 local turns, tokens = tonumber(ARGV[8]), tonumber(ARGV[9])
 local retention, max_runs, prefix = tonumber(ARGV[10]), tonumber(ARGV[11]), ARGV[12]
 
-local n = tonumber(ARGV[13])
-local i = 14
+local replica, batch = ARGV[13], tonumber(ARGV[14])
+local last = tonumber(redis.call('HGET', KEYS[6], replica))
+if last and batch <= last then return {0, 0, 0, now} end
+redis.call('HSET', KEYS[6], replica, batch)
+redis.call('PEXPIRE', KEYS[6], retention)
+
+local n = tonumber(ARGV[15])
+local i = 16
 local refunded, given_back = 0, 0
 for _ = 1, n do
   local inv_id, rid = ARGV[i], ARGV[i + 1]

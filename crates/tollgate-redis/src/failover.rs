@@ -27,7 +27,12 @@
 //!   after it was sent may have run on the shared store: every reserve
 //!   carries a request id, and reconciliation refunds a reserve the store
 //!   did run (or marks its id so a late copy takes nothing), and charges
-//!   no turn for an admission whose lease the store holds.
+//!   no turn for an admission whose lease the store holds. A reserve
+//!   refused after it was sent (fail-closed, under an id this replica
+//!   generated) is checked the same way, so a refusal costs nothing.
+//!   Reconciliation itself is charged once: a user's charges go as a
+//!   numbered batch ([`ReconcileRequest::batch`]), a batch whose answer was
+//!   lost is retried as it is, and the store applies each batch once.
 //!
 //! Session leases and fenced appends (the grouped session writes
 //! included: [`Store::session_create`], [`Store::session_append`],
@@ -183,6 +188,22 @@ struct Owed {
     /// when). Forgotten after the reservation retention, as the local
     /// store forgets them.
     open: HashMap<(String, u64), (u64, u64)>,
+    /// Charges sent to the shared store whose answer never came: retried
+    /// as they are, under their batch number, before anything newer (the
+    /// store applies a batch once, so a lost answer charges once).
+    inflight: Option<Batch>,
+}
+
+/// One reconciliation of one user's charges.
+#[derive(Debug, Clone)]
+struct Batch {
+    number: u64,
+    turns: BucketSpec,
+    tokens: BucketSpec,
+    turns_taken: u64,
+    tokens_net: i64,
+    reserves: Vec<(String, String)>,
+    admissions: Vec<String>,
 }
 
 impl Owed {
@@ -191,6 +212,7 @@ impl Owed {
             && self.tokens_net == 0
             && self.ambiguous_reserves.is_empty()
             && self.ambiguous_admissions.is_empty()
+            && self.inflight.is_none()
     }
 
     fn push_bounded<T>(q: &mut VecDeque<T>, v: T) {
@@ -214,6 +236,7 @@ struct Inner {
     recovering: AtomicBool,
     recovery: tokio::sync::Mutex<()>,
     next_request: AtomicU64,
+    next_batch: AtomicU64,
     hook: Option<Hook>,
     on_full: Arc<std::sync::OnceLock<FullHook>>,
     on_transition: Option<TransitionHook>,
@@ -277,6 +300,7 @@ impl<S: Store + Clone> Failover<S> {
                 recovering: AtomicBool::new(false),
                 recovery: tokio::sync::Mutex::new(()),
                 next_request: AtomicU64::new(0),
+                next_batch: AtomicU64::new(1),
                 hook: None,
                 on_full: Arc::default(),
                 on_transition: None,
@@ -334,6 +358,7 @@ impl<S: Store + Clone> Failover<S> {
             recovering: AtomicBool::new(false),
             recovery: tokio::sync::Mutex::new(()),
             next_request: AtomicU64::new(0),
+            next_batch: AtomicU64::new(1),
             hook: i.hook.clone(),
             on_full: i.on_full.clone(),
             on_transition: i.on_transition.clone(),
@@ -504,7 +529,21 @@ impl<S: Store + Clone> Failover<S> {
         P: Future<Output = Result<T, StoreError>>,
         L: Future<Output = Result<T, StoreError>>,
     {
-        let cause = match self.attempt(name, primary).await {
+        let attempt = self.attempt(name, primary).await;
+        self.decide_after(name, attempt, local).await
+    }
+
+    /// [`decide`](Self::decide) once the shared store was tried.
+    async fn decide_after<'a, T, L>(
+        &'a self,
+        name: &'static str,
+        attempt: Attempt<T>,
+        local: impl FnOnce(&'a MemoryStore, f64) -> L,
+    ) -> Result<(T, Option<bool>), StoreError>
+    where
+        L: Future<Output = Result<T, StoreError>>,
+    {
+        let cause = match attempt {
             Attempt::Done(r) => return r.map(|v| (v, None)),
             Attempt::Failed(cause) => cause,
         };
@@ -678,39 +717,62 @@ impl<S: Store + Clone> Failover<S> {
                 .collect()
         };
         for user in users {
-            // Take the user's charges out; what arrives meanwhile adds up
-            // in a new entry.
-            let (turns, tokens, turns_taken, tokens_net, reserves, admissions) = {
+            if !self.reconcile_user(&user, out).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Sends `user`'s batch the store has not answered yet, if any, then
+    /// the charges since as a new one. `false` if the store failed.
+    async fn reconcile_user(&self, user: &str, out: &mut Recovery) -> bool {
+        loop {
+            // The batch the store has not answered yet, or the user's
+            // charges taken out as a new one (what arrives meanwhile adds
+            // up in the entry, for the next batch).
+            let (batch, resent) = {
                 let mut owed = self.inner.owed.lock();
-                let Some(o) = owed.get_mut(&user) else {
-                    continue;
+                let Some(o) = owed.get_mut(user) else {
+                    return true;
                 };
-                let Some(tokens) = o.tokens.or(o.turns) else {
-                    continue;
-                };
-                let turns = o.turns.unwrap_or(tokens);
-                (
-                    turns,
-                    tokens,
-                    std::mem::take(&mut o.turns_taken),
-                    std::mem::take(&mut o.tokens_net),
-                    std::mem::take(&mut o.ambiguous_reserves),
-                    std::mem::take(&mut o.ambiguous_admissions),
-                )
+                match &o.inflight {
+                    Some(b) => (b.clone(), true),
+                    None if o.is_settled() => return true,
+                    None => {
+                        let Some(tokens) = o.tokens.or(o.turns) else {
+                            return true;
+                        };
+                        let b = Batch {
+                            number: self.inner.next_batch.fetch_add(1, Ordering::Relaxed),
+                            turns: o.turns.unwrap_or(tokens),
+                            tokens,
+                            turns_taken: std::mem::take(&mut o.turns_taken),
+                            tokens_net: std::mem::take(&mut o.tokens_net),
+                            reserves: std::mem::take(&mut o.ambiguous_reserves).into(),
+                            admissions: std::mem::take(&mut o.ambiguous_admissions).into(),
+                        };
+                        o.inflight = Some(b.clone());
+                        (b, false)
+                    }
+                }
             };
-            let reserve_refs: Vec<(&str, &str)> = reserves
+            let reserve_refs: Vec<(&str, &str)> = batch
+                .reserves
                 .iter()
                 .map(|(i, r)| (i.as_str(), r.as_str()))
                 .collect();
-            let admission_refs: Vec<&str> = admissions.iter().map(String::as_str).collect();
+            let admission_refs: Vec<&str> = batch.admissions.iter().map(String::as_str).collect();
             let req = ReconcileRequest {
-                user: &user,
-                turns,
-                tokens,
-                turns_taken,
-                tokens_net,
+                user,
+                turns: batch.turns,
+                tokens: batch.tokens,
+                turns_taken: batch.turns_taken,
+                tokens_net: batch.tokens_net,
                 ambiguous_reserves: &reserve_refs,
                 ambiguous_admissions: &admission_refs,
+                replica: self.inner.tag,
+                batch: batch.number,
             };
             match self.attempt("reconcile", self.primary.reconcile(req)).await {
                 Attempt::Done(Ok(Reconciled {
@@ -723,32 +785,35 @@ impl<S: Store + Clone> Failover<S> {
                     out.tokens = out.tokens.saturating_add(tokens);
                     out.refunded += refunded;
                     let mut owed = self.inner.owed.lock();
-                    if let Some(o) = owed.get(&user)
-                        && o.is_settled()
-                        && o.open.is_empty()
-                    {
-                        owed.remove(&user);
+                    if let Some(o) = owed.get_mut(user) {
+                        if o.inflight
+                            .as_ref()
+                            .is_some_and(|b| b.number == batch.number)
+                        {
+                            o.inflight = None;
+                        }
+                        if o.is_settled() && o.open.is_empty() {
+                            owed.remove(user);
+                        }
                     }
                 }
                 failed => {
+                    // Kept as it is: it may have been applied (a timeout
+                    // after it was sent), so it is retried as the same
+                    // batch, never merged into a new one.
                     if let Attempt::Done(Err(e)) = &failed {
                         tracing::error!(user, error = %e, "reconciliation refused; charges kept");
-                    }
-                    let mut owed = self.inner.owed.lock();
-                    let o = owed.entry(user).or_default();
-                    o.turns_taken = o.turns_taken.saturating_add(turns_taken);
-                    o.tokens_net = o.tokens_net.saturating_add(tokens_net);
-                    for r in reserves.into_iter().rev() {
-                        o.ambiguous_reserves.push_front(r);
-                    }
-                    for a in admissions.into_iter().rev() {
-                        o.ambiguous_admissions.push_front(a);
                     }
                     return false;
                 }
             }
+            // A new batch took everything owed when it was sent (what came
+            // since marked the store dirty); a batch sent again did not:
+            // the charges made since it was first sent follow now.
+            if !resent {
+                return true;
+            }
         }
-        true
     }
 
     async fn replay(&self, out: &mut Recovery) {
@@ -934,6 +999,7 @@ impl<S: Store + Clone> Store for Failover<S> {
             return Ok(self.tag_outcome(out));
         }
         let generated;
+        let own_id = req.request_id.is_none();
         let rid = match req.request_id {
             Some(r) => r,
             None => {
@@ -945,18 +1011,41 @@ impl<S: Store + Clone> Store for Failover<S> {
             request_id: Some(rid),
             ..req
         };
-        let (out, local) = self
-            .decide(
-                "reserve_tokens",
-                self.primary.reserve_tokens(req),
-                |m, share| {
-                    m.reserve_tokens(ReserveRequest {
-                        tokens: scale_spec(&req.tokens, share),
-                        ..req
-                    })
-                },
-            )
-            .await?;
+        let attempt = self
+            .attempt("reserve_tokens", self.primary.reserve_tokens(req))
+            .await;
+        let sent_and_failed = matches!(attempt, Attempt::Failed(Some(_)));
+        let decided = self
+            .decide_after("reserve_tokens", attempt, |m, share| {
+                m.reserve_tokens(ReserveRequest {
+                    tokens: scale_spec(&req.tokens, share),
+                    ..req
+                })
+            })
+            .await;
+        let (out, local) = match decided {
+            Ok(v) => v,
+            Err(e) => {
+                // Refused (fail_closed, or the local store failed) after
+                // the call was sent: it may still run in the shared store
+                // (queued behind a pause), charging a reservation the
+                // caller never got. Reconciliation finds it by its id and
+                // refunds it (or marks the id so a late copy takes
+                // nothing). Only for an id this replica generated: a
+                // caller's own id is the caller's to retry, and a retry
+                // answers that grant.
+                if sent_and_failed && own_id {
+                    self.owe(req.user, |o| {
+                        o.tokens = Some(req.tokens);
+                        Owed::push_bounded(
+                            &mut o.ambiguous_reserves,
+                            (req.invocation_id.to_owned(), rid.to_owned()),
+                        );
+                    });
+                }
+                return Err(e);
+            }
+        };
         let Some(ambiguous) = local else {
             return Ok(out);
         };

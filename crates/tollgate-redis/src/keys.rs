@@ -72,6 +72,11 @@ impl Keys {
         self.user("lease", user)
     }
 
+    /// The last reconciliation batch applied per replica, of a user.
+    pub(crate) fn reconciled(&self, user: &str) -> String {
+        self.user("rec", user)
+    }
+
     /// The per-minute token usage of a user.
     pub(crate) fn usage(&self, user: &str) -> String {
         self.user("use", user)

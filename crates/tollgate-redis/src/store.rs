@@ -811,6 +811,7 @@ impl Store for RedisStore {
             .key(k.leases(req.user))
             .key(k.usage(req.user))
             .key(k.runs(req.user))
+            .key(k.reconciled(req.user))
             .arg(self.now_arg());
         Self::spec_args(&mut inv, &req.turns);
         Self::spec_args(&mut inv, &req.tokens)
@@ -819,6 +820,8 @@ impl Store for RedisStore {
             .arg(RESERVATION_RETENTION_MS)
             .arg(MAX_TRACKED_RUNS)
             .arg(k.invocation_prefix(req.user))
+            .arg(req.replica)
+            .arg(req.batch.min(1 << 53))
             .arg(req.ambiguous_reserves.len());
         for (invocation, request) in req.ambiguous_reserves {
             inv.arg(crate::keys::esc(invocation).as_ref()).arg(*request);

@@ -329,7 +329,7 @@ impl Metrics {
         let owed_users = Gauge::default();
         registry.register(
             "store_owed_users",
-            "Users whose fallback decisions wait to be charged to the shared store",
+            "Users whose fallback decisions wait to be charged to the shared store, or whose refused reserves (sent, then failed) wait to be checked there",
             owed_users.clone(),
         );
         Self {

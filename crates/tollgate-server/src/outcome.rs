@@ -30,6 +30,8 @@
 //! detail (see [`ApiError::to_status`]).
 
 use std::collections::HashMap;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::Json;
@@ -38,7 +40,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use tollgate_core::gate::OVERLOADED_RETRY_MS;
 use tollgate_core::provider::ProviderError;
-use tollgate_core::{Denial, Limit, LimiterError, StoreError};
+use tollgate_core::{Clock, Denial, Limit, LimiterError, MonotonicClock, StoreError};
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic_types::{ErrorDetails, StatusExt};
 
@@ -472,7 +474,9 @@ impl ApiError {
                 body("forbidden", m.clone()),
             ),
             ApiError::StoreUnavailable(detail) => {
-                tracing::warn!(error = %detail, "store unavailable");
+                if let Some(suppressed) = UNAVAILABLE_LOG.admit(log_now_ms()) {
+                    tracing::warn!(error = %detail, suppressed, "store unavailable");
+                }
                 Row::new(
                     H::SERVICE_UNAVAILABLE,
                     G::Unavailable,
@@ -489,7 +493,9 @@ impl ApiError {
             // a full store needs its state to expire first. The hint is a
             // backoff, not a limit of the client's.
             ApiError::StoreFull(detail) => {
-                tracing::warn!(error = %detail, "store full");
+                if let Some(suppressed) = FULL_LOG.admit(log_now_ms()) {
+                    tracing::warn!(error = %detail, suppressed, "store full");
+                }
                 let mut b = body(
                     "store_full",
                     "the limit store is full; existing runs and sessions still work, retry new ones shortly",
@@ -539,7 +545,9 @@ impl ApiError {
                 ),
             ),
             ApiError::Internal(detail) => {
-                tracing::error!(error = %detail, "internal error");
+                if let Some(suppressed) = INTERNAL_LOG.admit(log_now_ms()) {
+                    tracing::error!(error = %detail, suppressed, "internal error");
+                }
                 Row::new(
                     H::INTERNAL_SERVER_ERROR,
                     G::Internal,
@@ -591,6 +599,69 @@ impl ApiError {
     }
 }
 
+/// How often each kind of store fault is logged at most: an outage fails
+/// every request, and one line per request would flood the log (and cost
+/// the replica time when it can least afford it).
+pub const FAULT_LOG_EVERY_MS: u64 = 1_000;
+
+/// At most one log line per [`FAULT_LOG_EVERY_MS`] for one kind of fault;
+/// the line carries how many were suppressed since the one before.
+#[derive(Debug)]
+pub struct LogLimiter {
+    /// When the next line may be written (ms on [`log_now_ms`]'s clock).
+    next_ms: AtomicU64,
+    suppressed: AtomicU64,
+}
+
+impl LogLimiter {
+    /// A limiter that lets the first line through.
+    pub const fn new() -> Self {
+        Self {
+            next_ms: AtomicU64::new(0),
+            suppressed: AtomicU64::new(0),
+        }
+    }
+
+    /// At `now_ms`: `Some(n)` when a line is due (`n` lines were
+    /// suppressed since the last one), `None` when this one is suppressed
+    /// (and counted). One caller wins a due slot when several race.
+    pub fn admit(&self, now_ms: u64) -> Option<u64> {
+        let next = self.next_ms.load(Ordering::Relaxed);
+        if now_ms >= next
+            && self
+                .next_ms
+                .compare_exchange(
+                    next,
+                    now_ms.saturating_add(FAULT_LOG_EVERY_MS),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+        {
+            return Some(self.suppressed.swap(0, Ordering::AcqRel));
+        }
+        self.suppressed.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+}
+
+impl Default for LogLimiter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+static UNAVAILABLE_LOG: LogLimiter = LogLimiter::new();
+static FULL_LOG: LogLimiter = LogLimiter::new();
+static INTERNAL_LOG: LogLimiter = LogLimiter::new();
+
+/// The fault logs' clock: monotonic, so a wall-clock step back never
+/// silences them.
+fn log_now_ms() -> u64 {
+    static CLOCK: OnceLock<MonotonicClock> = OnceLock::new();
+    CLOCK.get_or_init(MonotonicClock::new).now_ms()
+}
+
 /// The `domain` of every `google.rpc.ErrorInfo` tollgate sends.
 pub const ERROR_DOMAIN: &str = "tollgate";
 
@@ -630,5 +701,39 @@ impl IntoResponse for ApiError {
             resp.extensions_mut().insert(StoreFault);
         }
         resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fault_logs_are_at_most_one_line_a_second_with_the_suppressed_count() {
+        let log = LogLimiter::new();
+        assert_eq!(log.admit(5_000), Some(0), "the first line is written");
+        // 989 requests in the next second: none logged, all counted.
+        for ms in 0..989 {
+            assert_eq!(log.admit(5_000 + ms), None);
+        }
+        assert_eq!(log.admit(5_999), None);
+        assert_eq!(
+            log.admit(6_000),
+            Some(990),
+            "a second later: one line, with what it suppressed"
+        );
+        assert_eq!(log.admit(6_500), None);
+        // A quiet spell: the next fault is logged at once, counting the one
+        // suppressed before it.
+        assert_eq!(log.admit(60_000), Some(1));
+        assert_eq!(log.admit(60_001), None);
+    }
+
+    #[test]
+    fn each_kind_of_fault_has_its_own_limit() {
+        let (a, b) = (LogLimiter::new(), LogLimiter::new());
+        assert_eq!(a.admit(1_000), Some(0));
+        assert_eq!(b.admit(1_000), Some(0), "another kind is not silenced");
+        assert_eq!(a.admit(1_001), None);
     }
 }

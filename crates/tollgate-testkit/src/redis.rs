@@ -762,11 +762,28 @@ impl RedisCluster {
     ///
     /// No master serves the slot, or no replica took over within 15 s.
     pub fn kill_master_of(&mut self, slot: u16) -> io::Result<FailedOver> {
+        self.kill_master_of_then(slot, || {})
+    }
+
+    /// [`kill_master_of`](Self::kill_master_of), calling `killed` once the
+    /// master is gone and before waiting for its replica (a chaos test
+    /// sends what must meet the dead master then).
+    ///
+    /// # Errors
+    ///
+    /// As [`kill_master_of`](Self::kill_master_of).
+    pub fn kill_master_of_then(
+        &mut self,
+        slot: u16,
+        killed: impl FnOnce(),
+    ) -> io::Result<FailedOver> {
+        let on_killed = killed;
         let killed = self.master_of(slot)?;
         let start = Instant::now();
         if let Some(n) = self.nodes.iter_mut().find(|n| n.port == killed) {
             n.kill();
         }
+        on_killed();
         let limit = Duration::from_secs(15);
         let promoted = poll(limit, || {
             let now = self.master_of(slot).ok().filter(|&p| p != killed)?;

@@ -1757,7 +1757,7 @@ pub async fn request_ids_answer_the_first_grant<S: Store + Clone>(store: S, cloc
 /// charged, into debt if need be; an ambiguous reserve the store ran is
 /// refunded (so it is charged once) and one it did not run is marked, so a
 /// late copy takes nothing; an ambiguous admission whose lease is held
-/// here is not charged a second turn.
+/// here is not charged a second turn; a batch is applied once per replica.
 pub async fn reconcile_charges_and_resolves_ambiguity<S: Store + Clone>(
     store: S,
     clock: FakeClock,
@@ -1784,6 +1784,8 @@ pub async fn reconcile_charges_and_resolves_ambiguity<S: Store + Clone>(
         tokens_net: 70_000,
         ambiguous_reserves: &[("run", "ran"), ("run", "never-ran")],
         ambiguous_admissions: &["held", "not-held"],
+        replica: 7,
+        batch: 1,
     };
     let r = l.store().reconcile(req).await.unwrap();
     assert_eq!(
@@ -1798,6 +1800,12 @@ pub async fn reconcile_charges_and_resolves_ambiguity<S: Store + Clone>(
     // 4 - 2 turns; 54,000 + 6,000 refunded - 70,000 charged: in debt.
     assert_eq!((s.turns_available, s.tokens_available), (2, -10_000));
     assert_eq!(s.tokens_last_minute, 6_000 + 64_000);
+    // The same batch again (a retry after its answer was lost): charged
+    // once.
+    let again = l.store().reconcile(req).await.unwrap();
+    assert_eq!(again, Reconciled::default());
+    let s = state(&l, "u1").await;
+    assert_eq!((s.turns_available, s.tokens_available), (2, -10_000));
     // The refunded reservation is closed; its id and the one never run are
     // superseded: a late copy or a retry takes nothing.
     assert!(!l.settle("u1", &first.id, 6_000).await.unwrap().applied);
@@ -1820,6 +1828,7 @@ pub async fn reconcile_charges_and_resolves_ambiguity<S: Store + Clone>(
         tokens_net: -100_000,
         ambiguous_reserves: &[],
         ambiguous_admissions: &[],
+        batch: 2,
         ..req
     };
     let r = l.store().reconcile(back).await.unwrap();

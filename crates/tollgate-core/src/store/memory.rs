@@ -420,7 +420,14 @@ struct CallState {
     tokens: Option<(BucketState, u64)>,
     invocations: Vec<Invocation>,
     usage: Usage,
+    /// The last reconciliation batch applied from each replica (tag,
+    /// batch), at most [`MAX_RECONCILING_REPLICAS`], the least recent
+    /// forgotten first.
+    reconciled: Vec<(u32, u64)>,
 }
+
+/// Replicas whose last reconciliation batch a user's state remembers.
+const MAX_RECONCILING_REPLICAS: usize = 64;
 
 struct Invocation {
     id: Box<str>,
@@ -1502,6 +1509,18 @@ impl MemoryStore {
     fn reconcile_now(&self, req: ReconcileRequest<'_>) -> Result<Reconciled, Full> {
         let now = self.now();
         self.inner.users.with(req.user, now, |u| {
+            let c = u.calls();
+            match c.reconciled.iter().position(|(r, _)| *r == req.replica) {
+                Some(i) if c.reconciled[i].1 >= req.batch => return Reconciled::default(),
+                Some(i) => {
+                    c.reconciled.remove(i);
+                }
+                None if c.reconciled.len() >= MAX_RECONCILING_REPLICAS => {
+                    c.reconciled.remove(0);
+                }
+                None => {}
+            }
+            c.reconciled.push((req.replica, req.batch));
             let mut refunded = 0u32;
             let mut given_back: i64 = 0;
             if !req.ambiguous_reserves.is_empty() {
