@@ -108,6 +108,21 @@ impl Pausable {
     }
 }
 
+/// A [`Pausable`] server and a failover over it under `policy`: 200 ms op
+/// timeout, Redis on the test's fake clock, the breaker opening after `k`
+/// faults in a row.
+async fn on_pausable(policy: FailurePolicy, k: u32) -> (Pausable, FakeClock, Failover<RedisStore>) {
+    let server = Pausable::start();
+    let clock = FakeClock::new(tollgate_testkit::T0);
+    let shared = redis_with_timeout(server.server.url(), Duration::from_millis(200))
+        .await
+        .with_clock_override(clock.clone());
+    let store = Failover::new(shared, policy, clock.clone())
+        .expect("policy")
+        .with_breaker(breaker(k));
+    (server, clock, store)
+}
+
 impl Drop for Pausable {
     fn drop(&mut self) {
         // A stopped server cannot be stopped by SIGTERM.
@@ -466,20 +481,13 @@ async fn a_busy_redis_is_transient() {
 #[tokio::test]
 async fn closes_in_an_outage_are_journalled_and_fallback_usage_reconciled() {
     use tollgate_core::store::Release;
-    let server = Pausable::start();
-    let clock = FakeClock::new(tollgate_testkit::T0);
-    let shared = redis_with_timeout(server.server.url(), Duration::from_millis(200))
-        .await
-        .with_clock_override(clock.clone());
-    let store = Failover::new(
-        shared,
+    let (server, clock, store) = on_pausable(
         FailurePolicy::FailOpen {
             fallback_share: 1.0,
         },
-        clock.clone(),
+        2,
     )
-    .expect("policy")
-    .with_breaker(breaker(2));
+    .await;
     let l = Limiter::new(store.clone(), clock.clone(), plans());
     let plan = l.plan_for("u1").unwrap();
     assert!(l.admit_turn("u1", "r1").await.unwrap().is_allowed());
@@ -545,20 +553,13 @@ async fn closes_in_an_outage_are_journalled_and_fallback_usage_reconciled() {
 /// it, so the user is charged once, by the fallback's reservation.
 #[tokio::test]
 async fn a_reserve_that_timed_out_after_it_was_sent_is_charged_once() {
-    let server = Pausable::start();
-    let clock = FakeClock::new(tollgate_testkit::T0);
-    let shared = redis_with_timeout(server.server.url(), Duration::from_millis(200))
-        .await
-        .with_clock_override(clock.clone());
-    let store = Failover::new(
-        shared,
+    let (server, clock, store) = on_pausable(
         FailurePolicy::FailOpen {
             fallback_share: 1.0,
         },
-        clock.clone(),
+        5,
     )
-    .expect("policy")
-    .with_breaker(breaker(5));
+    .await;
     let l = Limiter::new(store.clone(), clock.clone(), plans());
     let plan = l.plan_for("u1").unwrap();
     assert!(l.admit_turn("u1", "r1").await.unwrap().is_allowed());
@@ -606,14 +607,7 @@ async fn a_reserve_that_timed_out_after_it_was_sent_is_charged_once() {
 /// copy and refunds it: the refused reserve costs nothing.
 #[tokio::test]
 async fn under_fail_closed_a_reserve_that_timed_out_after_it_was_sent_is_refunded() {
-    let server = Pausable::start();
-    let clock = FakeClock::new(tollgate_testkit::T0);
-    let shared = redis_with_timeout(server.server.url(), Duration::from_millis(200))
-        .await
-        .with_clock_override(clock.clone());
-    let store = Failover::new(shared, FailurePolicy::FailClosed, clock.clone())
-        .expect("policy")
-        .with_breaker(breaker(5));
+    let (server, clock, store) = on_pausable(FailurePolicy::FailClosed, 5).await;
     let l = Limiter::new(store.clone(), clock.clone(), plans());
     let plan = l.plan_for("u1").unwrap();
     assert!(l.admit_turn("u1", "r1").await.unwrap().is_allowed());
@@ -671,20 +665,13 @@ async fn under_fail_closed_a_reserve_that_timed_out_after_it_was_sent_is_refunde
 #[tokio::test]
 async fn a_reconciliation_that_timed_out_after_it_was_sent_is_charged_once() {
     use tollgate_core::store::ReconcileRequest;
-    let server = Pausable::start();
-    let clock = FakeClock::new(tollgate_testkit::T0);
-    let shared = redis_with_timeout(server.server.url(), Duration::from_millis(200))
-        .await
-        .with_clock_override(clock.clone());
-    let store = Failover::new(
-        shared,
+    let (server, clock, store) = on_pausable(
         FailurePolicy::FailOpen {
             fallback_share: 1.0,
         },
-        clock.clone(),
+        100,
     )
-    .expect("policy")
-    .with_breaker(breaker(100));
+    .await;
     let l = Limiter::new(store.clone(), clock.clone(), plans());
     let plan = l.plan_for("u1").unwrap();
     // Load the scripts first (a copy queued before its script is loaded
@@ -748,15 +735,8 @@ async fn a_reconciliation_that_timed_out_after_it_was_sent_is_charged_once() {
 /// answering it pending.
 #[tokio::test]
 async fn a_full_journal_refuses_closes() {
-    let server = Pausable::start();
-    let clock = FakeClock::new(tollgate_testkit::T0);
-    let shared = redis_with_timeout(server.server.url(), Duration::from_millis(200))
-        .await
-        .with_clock_override(clock.clone());
-    let store = Failover::new(shared, FailurePolicy::FailClosed, clock.clone())
-        .expect("policy")
-        .with_breaker(breaker(1))
-        .with_journal_capacity(1);
+    let (server, clock, store) = on_pausable(FailurePolicy::FailClosed, 1).await;
+    let store = store.with_journal_capacity(1);
     let l = Limiter::new(store.clone(), clock.clone(), plans());
     assert!(l.admit_turn("u1", "r1").await.unwrap().is_allowed());
     let a = l.reserve_tokens("u1", "r1", 100).await.unwrap();
@@ -781,19 +761,13 @@ async fn a_full_journal_refuses_closes() {
 /// admission after recovery refreshes the lease and charges nothing.
 #[tokio::test]
 async fn an_admission_that_timed_out_after_it_was_sent_takes_one_turn() {
-    let server = Pausable::start();
-    let clock = FakeClock::new(tollgate_testkit::T0);
-    let shared = redis_with_timeout(server.server.url(), Duration::from_millis(200))
-        .await
-        .with_clock_override(clock.clone());
-    let store = Failover::new(
-        shared,
+    let (server, clock, store) = on_pausable(
         FailurePolicy::FailOpen {
             fallback_share: 1.0,
         },
-        clock.clone(),
+        5,
     )
-    .expect("policy");
+    .await;
     let l = Limiter::new(store.clone(), clock.clone(), plans());
     let plan = l.plan_for("u1").unwrap();
     // Load the admission script before the pause (see above).

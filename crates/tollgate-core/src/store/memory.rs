@@ -329,31 +329,19 @@ impl<V: Expiring> Multi<'_, '_, V> {
     /// [`Full`] unless there is room for every key not held now (each
     /// counted once).
     fn check_room(&mut self, now: u64) -> Result<(), Full> {
-        let mut missing: Vec<&str> = Vec::new();
-        for n in 0..self.located.len() {
-            let (key, hash, i) = self.located[n];
-            let held = self
-                .guard(i)
-                .table
-                .find(hash, |(k, _)| &**k == key)
-                .is_some_and(|(_, v)| v.expires_at() > now);
-            if !held && !missing.contains(&key) {
-                missing.push(key);
-            }
-        }
-        if self.cap.has_room(missing.len()) {
-            Ok(())
-        } else {
-            Err(Full)
-        }
+        self.check_room_of(now, 0..self.located.len())
     }
 
     /// [`Full`] unless there is room for every key at the positions
     /// `new` names (given to `lock_many`) that is not held now, each
     /// counted once: for a step that creates only some of its keys.
-    fn check_room_of(&mut self, now: u64, new: &[usize]) -> Result<(), Full> {
+    fn check_room_of(
+        &mut self,
+        now: u64,
+        new: impl IntoIterator<Item = usize>,
+    ) -> Result<(), Full> {
         let mut missing: Vec<&str> = Vec::new();
-        for &n in new {
+        for n in new {
             let (key, hash, i) = self.located[n];
             let held = self
                 .guard(i)
@@ -1619,7 +1607,7 @@ impl MemoryStore {
                     .map(|(i, _)| i + 1),
             )
             .collect();
-        locked.check_room_of(now, &new)
+        locked.check_room_of(now, new.iter().copied())
     }
 
     /// Runs `f` on the `n`th entry of a locked group, then keeps it.
