@@ -233,6 +233,10 @@ struct Inner {
     journal: Mutex<Journal>,
     owed: Mutex<HashMap<String, Owed>>,
     dirty: AtomicBool,
+    /// Whether the local store has decided anything yet: until it has,
+    /// releases, renewals and request-id repeats need not ask it (the
+    /// common path stays one store call).
+    local_used: AtomicBool,
     recovering: AtomicBool,
     recovery: tokio::sync::Mutex<()>,
     next_request: AtomicU64,
@@ -297,6 +301,7 @@ impl<S: Store + Clone> Failover<S> {
                 journal: Mutex::default(),
                 owed: Mutex::default(),
                 dirty: AtomicBool::new(false),
+                local_used: AtomicBool::new(false),
                 recovering: AtomicBool::new(false),
                 recovery: tokio::sync::Mutex::new(()),
                 next_request: AtomicU64::new(0),
@@ -355,6 +360,7 @@ impl<S: Store + Clone> Failover<S> {
             journal: Mutex::default(),
             owed: Mutex::default(),
             dirty: AtomicBool::new(false),
+            local_used: AtomicBool::new(false),
             recovering: AtomicBool::new(false),
             recovery: tokio::sync::Mutex::new(()),
             next_request: AtomicU64::new(0),
@@ -550,6 +556,7 @@ impl<S: Store + Clone> Failover<S> {
         match self.share() {
             Some(share) => {
                 self.event(name, true, cause.as_ref());
+                self.inner.local_used.store(true, Ordering::Relaxed);
                 let v = local(&self.inner.fallback, share).await?;
                 Ok((v, Some(cause.is_some())))
             }
@@ -631,6 +638,10 @@ impl<S: Store + Clone> Failover<S> {
             j.entries.pop_front();
             j.expired += 1;
         }
+    }
+
+    fn local_used(&self) -> bool {
+        self.inner.local_used.load(Ordering::Relaxed)
     }
 
     fn request_id(&self) -> String {
@@ -925,7 +936,11 @@ impl<S: Store + Clone> Store for Failover<S> {
             Attempt::Failed(_) => None,
         };
         // A run admitted locally during an outage holds its lease here.
-        let local = self.inner.fallback.release_run(user, invocation_id).await?;
+        let local = if self.local_used() {
+            self.inner.fallback.release_run(user, invocation_id).await?
+        } else {
+            Release::NotHeld
+        };
         match shared {
             Some(Release::Released) => Ok(Release::Released),
             Some(_) => Ok(local),
@@ -960,7 +975,7 @@ impl<S: Store + Clone> Store for Failover<S> {
             .await
         {
             Attempt::Done(Ok(Some(exp))) => return Ok(Some(exp)),
-            Attempt::Done(Ok(None)) => {
+            Attempt::Done(Ok(None)) if self.local_used() => {
                 // Maybe admitted locally during an outage.
                 return self
                     .inner
@@ -968,17 +983,19 @@ impl<S: Store + Clone> Store for Failover<S> {
                     .renew_run(user, invocation_id, ttl_ms)
                     .await;
             }
+            Attempt::Done(Ok(None)) => return Ok(None),
             Attempt::Done(Err(e)) => return Err(e),
             Attempt::Failed(cause) => cause,
         };
         // A lease the local store holds can be renewed here; one in the
         // shared store cannot: the client must not believe it holds a lease
         // that is expiring there.
-        if let Some(exp) = self
-            .inner
-            .fallback
-            .renew_run(user, invocation_id, ttl_ms)
-            .await?
+        if self.local_used()
+            && let Some(exp) = self
+                .inner
+                .fallback
+                .renew_run(user, invocation_id, ttl_ms)
+                .await?
         {
             self.event("renew_run", true, cause.as_ref());
             return Ok(Some(exp));
@@ -991,6 +1008,7 @@ impl<S: Store + Clone> Store for Failover<S> {
         // A retry of a request the local store answered during an outage
         // gets that answer again, wherever the shared store is now.
         if let Some(rid) = req.request_id
+            && self.local_used()
             && let Some(out) = self
                 .inner
                 .fallback
