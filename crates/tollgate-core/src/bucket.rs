@@ -137,6 +137,18 @@ impl BucketSpec {
         (MAX_SCALED as u64 - self.capacity * self.period_ms) / self.amount
     }
 
+    /// Whether a take of `cost` waiting at most `max_wait_ms` can never be
+    /// granted, whatever the level (rule 4's second case):
+    /// `cost > capacity + max_wait_ms × rate`, with `max_wait_ms` cut to
+    /// [`max_wait_limit`](Self::max_wait_limit). Exact, in 128 bits; every
+    /// store asks this one question ([`take`] here, the Redis store before
+    /// it calls a script).
+    pub fn exceeds(&self, cost: u64, max_wait_ms: u64) -> bool {
+        let max_wait_ms = max_wait_ms.min(self.max_wait_limit());
+        i128::from(cost) * i128::from(self.period_ms)
+            > i128::from(self.capacity_scaled()) + i128::from(max_wait_ms) * i128::from(self.amount)
+    }
+
     /// The largest cost a take with `max_wait_ms` can ever be granted:
     /// `capacity + max_wait_ms × rate`, in whole tokens (rounded down).
     pub fn max_cost(&self, max_wait_ms: u64) -> u64 {
@@ -248,6 +260,12 @@ pub fn full_in_ms(spec: &BucketSpec, level: i64) -> u64 {
     ceil_div(missing, spec.amount as i64).max(0) as u64
 }
 
+/// A saved state with its expiry (ms) as of `now`: `None` once expired (a
+/// missing state is a full bucket, rule 1).
+pub fn live(saved: Option<(BucketState, u64)>, now: u64) -> Option<BucketState> {
+    saved.filter(|(_, exp)| *exp > now).map(|(s, _)| s)
+}
+
 /// Rule 6: when a key holding `level` may be dropped, written at `now`.
 pub fn expires_at(spec: &BucketSpec, level: i64, now: u64) -> u64 {
     now.saturating_add(full_in_ms(spec, level))
@@ -270,9 +288,7 @@ pub fn take(
     // Debt past 2^53 could not be kept exactly: cap the wait a take may be
     // granted with so that capacity + max_wait × rate stays within it.
     let max_wait_ms = max_wait_ms.min(spec.max_wait_limit());
-    let cost_scaled = i128::from(cost) * i128::from(spec.period_ms);
-    let reach = i128::from(spec.capacity_scaled()) + i128::from(max_wait_ms) * i128::from(amount);
-    if cost_scaled > reach {
+    if spec.exceeds(cost, max_wait_ms) {
         // Rule 4's second case: never grantable (and so its wait is past
         // max_wait whatever the level).
         return Transition {
@@ -281,6 +297,7 @@ pub fn take(
             expires_at: expires_at(spec, s.level, now),
         };
     }
+    let cost_scaled = i128::from(cost) * i128::from(spec.period_ms);
     // cost_scaled <= 2^53 + max_wait × amount; with level >= -2^53 the
     // difference fits in i64 unless max_wait is absurd, so saturate.
     let after = (i128::from(s.level) - cost_scaled).max(i128::from(i64::MIN + 1)) as i64;

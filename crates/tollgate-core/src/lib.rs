@@ -45,7 +45,9 @@ pub mod lease;
 pub mod limiter;
 pub mod plan;
 pub mod provider;
+pub mod reserve;
 pub mod store;
+pub mod take;
 
 pub use bucket::{BucketSpec, BucketState};
 pub use clock::{Clock, FakeClock, MonotonicClock, SystemClock};

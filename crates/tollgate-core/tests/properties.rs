@@ -18,6 +18,13 @@
 //!    through [`MemoryStore`]) is accepted iff it carries the latest number.
 //! 6. [`concurrent_admissions_never_exceed_cap`]: tasks racing on a
 //!    multi-threaded runtime never hold more run leases than the cap.
+//! 7. [`settles_apply_at_most_once_and_the_cap_holds`]: the pure model-call
+//!    bookkeeping ([`reserve`]) closes a reservation at most once, keeps a
+//!    run within `max_llm_calls` and answers a repeated request id with its
+//!    first grant.
+//! 8. [`take_many_is_all_or_nothing`]: the pure multi-bucket take
+//!    ([`take::take_many`]) saves every take or none, waits the largest wait
+//!    and names the right refusing bucket.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -31,7 +38,12 @@ use tollgate_core::bucket::{self, BucketSpec, BucketState, MAX_SCALED, Take};
 use tollgate_core::lease::{
     Acquire, Admit, LeaseSet, SessionAcquire, SessionGrant, SessionLease, TurnParams,
 };
-use tollgate_core::store::{AppendOutcome, TurnRequest};
+use tollgate_core::reserve::{self, CallState};
+use tollgate_core::store::{
+    AppendOutcome, BucketTake, MultiTake, ReservationId, ReserveOutcome, ReserveRequest,
+    SettleOutcome, SettleRequest, TurnRequest,
+};
+use tollgate_core::take::{self, Cooldown};
 use tollgate_core::{Denial, FakeClock, Limit, MemoryStore, Store};
 
 /// Runs a [`MemoryStore`] future, which is always ready at once.
@@ -570,5 +582,247 @@ proptest! {
         prop_assert_eq!(admitted + denied, tasks * ROUNDS);
         let st = ready(store.user_state("u", params.turns, tokens)).unwrap();
         prop_assert!(st.leases.is_empty(), "leases left after every release: {:?}", st.leases);
+    }
+}
+
+#[derive(Debug, Clone)]
+enum CallOp {
+    /// Reserve `estimate` for run `run`, with request id `request` (if any).
+    Reserve {
+        run: u8,
+        estimate: u64,
+        max_wait_ms: u64,
+        shadow: bool,
+        request: Option<u8>,
+    },
+    /// Settle (`Some(actual)`) or refund the `pick`th reservation named so
+    /// far (or a made-up one past the end).
+    Close { pick: usize, actual: Option<u64> },
+}
+
+fn call_op(spec: BucketSpec) -> impl Strategy<Value = CallOp> {
+    let cap = spec.capacity();
+    let period = spec.period_ms();
+    prop_oneof![
+        3 => (0u8..2, 0..=cap, 0..=period, prop::bool::weighted(0.2), prop::option::of(0u8..3))
+            .prop_map(|(run, estimate, max_wait_ms, shadow, request)| CallOp::Reserve {
+                run,
+                estimate,
+                max_wait_ms,
+                shadow,
+                request,
+            }),
+        2 => (0usize..12, prop::option::of(0..=2 * cap))
+            .prop_map(|(pick, actual)| CallOp::Close { pick, actual }),
+    ]
+}
+
+proptest! {
+    /// Property 7: the model-call bookkeeping of [`reserve`] against a
+    /// model. A settle or refund applies at most once (a repeat answers
+    /// `AlreadyClosed` with the refilled balance and changes no level); a
+    /// reservation never named is `Unknown`; a run never counts more
+    /// grants than `max_llm_calls` (shadow mode aside); a repeated request
+    /// id answers its first grant and charges nothing.
+    #[test]
+    fn settles_apply_at_most_once_and_the_cap_holds(
+        (spec, max_llm_calls, ops) in spec().prop_flat_map(|s| {
+            (Just(s), 1u64..=4, prop::collection::vec((-1_000i64..=60_000, call_op(s)), 1..40))
+        })
+    ) {
+        let mut state = CallState::default();
+        let mut now = 1_000_000u64;
+        // Every reservation named: (id, open?).
+        let mut named: Vec<(ReservationId, bool)> = Vec::new();
+        let mut grants: HashMap<(u8, u8), ReservationId> = HashMap::new();
+        let mut counted: HashMap<u8, u64> = HashMap::new();
+        for (step, op) in ops {
+            now = now.saturating_add_signed(step);
+            match op {
+                CallOp::Reserve { run, estimate, max_wait_ms, shadow, request } => {
+                    let inv = format!("run-{run}");
+                    let rid = request.map(|r| format!("req-{r}"));
+                    let before = state.tokens;
+                    let req = ReserveRequest {
+                        user: "u",
+                        invocation_id: &inv,
+                        tokens: spec,
+                        estimate,
+                        max_wait_ms,
+                        max_llm_calls,
+                        shadow,
+                        request_id: rid.as_deref(),
+                    };
+                    let out = reserve::reserve(&mut state, now, &req);
+                    if let Some(first) = request.and_then(|r| grants.get(&(run, r))) {
+                        let ReserveOutcome::Granted { reservation, .. } = &out else {
+                            return Err(TestCaseError::fail(format!("repeat not granted: {out:?}")));
+                        };
+                        prop_assert_eq!(reservation, first);
+                        prop_assert_eq!(state.tokens, before, "a repeat charges nothing");
+                        continue;
+                    }
+                    let n = counted.entry(run).or_default();
+                    match out {
+                        ReserveOutcome::Granted { reservation, wait_ms } => {
+                            prop_assert!(wait_ms <= max_wait_ms);
+                            *n += 1;
+                            prop_assert!(*n <= max_llm_calls, "run {} past its cap", run);
+                            prop_assert_eq!(reservation.call, *n);
+                            if let Some(r) = request {
+                                grants.insert((run, r), reservation.clone());
+                            }
+                            named.push((reservation, true));
+                        }
+                        ReserveOutcome::Denied { denial, shadow_reservation } => {
+                            if *n >= max_llm_calls {
+                                prop_assert!(matches!(denial, Denial::CapReached { .. }), "{:?}", denial);
+                            }
+                            prop_assert_eq!(shadow_reservation.is_some(), shadow);
+                            if let Some(s) = shadow_reservation {
+                                *n += 1;
+                                prop_assert_eq!(s.call, *n);
+                                named.push((s, true));
+                            }
+                        }
+                        ReserveOutcome::Superseded => {
+                            return Err(TestCaseError::fail("nothing was reconciled"));
+                        }
+                    }
+                }
+                CallOp::Close { pick, actual } => {
+                    let made_up = ReservationId::new("run-0", 99);
+                    let id = named.get(pick).map_or(made_up, |(id, _)| id.clone());
+                    let balance_before =
+                        spec.unscale(bucket::refill(&spec, bucket::live(state.tokens, now), now).level);
+                    let req = SettleRequest { user: "u", tokens: spec, reservation: &id, actual };
+                    let out = reserve::settle(&mut state, now, &req);
+                    match named.get_mut(pick) {
+                        Some((_, open @ true)) => {
+                            prop_assert!(matches!(out, SettleOutcome::Applied { .. }), "{:?}", out);
+                            *open = false;
+                        }
+                        Some((_, false)) => {
+                            prop_assert_eq!(out, SettleOutcome::AlreadyClosed { balance: balance_before });
+                            let after = spec.unscale(
+                                bucket::refill(&spec, bucket::live(state.tokens, now), now).level,
+                            );
+                            prop_assert_eq!(after, balance_before, "a repeated close changed the level");
+                        }
+                        None => prop_assert_eq!(out, SettleOutcome::Unknown),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A multi-bucket take over keys `a`, `b`, `c` (a key may be named twice),
+/// each key with its own spec and saved state, and maybe a cooldown.
+#[allow(clippy::type_complexity)]
+fn multi_run() -> impl Strategy<
+    Value = (
+        Vec<(BucketSpec, Option<BucketState>)>,
+        Vec<(usize, u64, u64)>,
+        Option<Cooldown>,
+    ),
+> {
+    prop::collection::vec(spec().prop_flat_map(|s| (Just(s), start_state(s))), 3).prop_flat_map(
+        |keys| {
+            let take = (0usize..3, 0u64..=60_000, 0u64..=120_000);
+            (
+                Just(keys),
+                prop::collection::vec(take, 0..5),
+                prop::option::of((1_000_000u64..1_200_000, 0u64..=100_000).prop_map(
+                    |(until_ms, max_wait_ms)| Cooldown {
+                        until_ms,
+                        max_wait_ms,
+                    },
+                )),
+            )
+        },
+    )
+}
+
+proptest! {
+    /// Property 8: the multi-bucket take is all or nothing. Granted: each
+    /// bucket's saved state is its take in order (a key named twice taken
+    /// twice), the wait the largest of the takes' and the cooldown's.
+    /// Refused or exceeds-capacity: every saved state is only refilled, and
+    /// the bucket named is the first that can never grant, or the refusal
+    /// with the largest hint.
+    #[test]
+    fn take_many_is_all_or_nothing((keys, picks, cooldown) in multi_run()) {
+        const NAMES: [&str; 3] = ["a", "b", "c"];
+        let now = 1_100_000u64;
+        let takes: Vec<BucketTake<'_>> = picks
+            .iter()
+            .map(|&(k, cost, max_wait_ms)| BucketTake {
+                key: NAMES[k],
+                spec: keys[k].0,
+                cost: cost % (2 * keys[k].0.capacity() + 1),
+                max_wait_ms,
+            })
+            .collect();
+        let states: Vec<Option<BucketState>> = picks.iter().map(|&(k, _, _)| keys[k].1).collect();
+        let tr = take::take_many(&takes, &states, cooldown, now);
+        prop_assert_eq!(tr.states.len(), takes.len());
+        // The takes one by one, each from what the last take of its key left.
+        let mut current: HashMap<usize, Option<BucketState>> = HashMap::new();
+        let mut each = Vec::new();
+        for (&(k, _, _), t) in picks.iter().zip(&takes) {
+            let before = *current.entry(k).or_insert(keys[k].1);
+            let one = bucket::take(&t.spec, before, now, t.cost, t.max_wait_ms);
+            current.insert(k, Some(one.state));
+            each.push(one);
+        }
+        let cooldown_left = cooldown.map(|c| (c.until_ms.saturating_sub(now), c.max_wait_ms));
+        match tr.outcome {
+            MultiTake::Granted { wait_ms } => {
+                let mut wait = 0;
+                for (one, saved) in each.iter().zip(&tr.states) {
+                    let Take::Granted { wait_ms } = one.outcome else {
+                        return Err(TestCaseError::fail("granted with a refused bucket"));
+                    };
+                    wait = wait.max(wait_ms);
+                    prop_assert_eq!(*saved, (one.state, one.expires_at));
+                }
+                if let Some((left, max)) = cooldown_left {
+                    prop_assert!(left <= max);
+                    wait = wait.max(left);
+                }
+                prop_assert_eq!(wait_ms, wait);
+            }
+            refused => {
+                for ((t, s), saved) in takes.iter().zip(&states).zip(&tr.states) {
+                    let r = bucket::refill(&t.spec, *s, now);
+                    prop_assert_eq!(*saved, (r, bucket::expires_at(&t.spec, r.level, now)));
+                }
+                let first_exceeds = takes.iter().position(|t| t.spec.exceeds(t.cost, t.max_wait_ms));
+                match refused {
+                    MultiTake::ExceedsCapacity { index } => {
+                        prop_assert_eq!(Some(index), first_exceeds);
+                    }
+                    MultiTake::Refused { index, retry_after_ms } => {
+                        prop_assert_eq!(first_exceeds, None);
+                        let hints = each.iter().enumerate().filter_map(|(i, one)| match one.outcome {
+                            Take::Refused { retry_after_ms } => Some((Some(i), retry_after_ms)),
+                            _ => None,
+                        });
+                        let cooldown_hint = cooldown_left
+                            .filter(|(left, max)| left > max)
+                            .map(|(left, max)| (None, left - max));
+                        let mut best: Option<(Option<usize>, u64)> = None;
+                        for (i, h) in hints.chain(cooldown_hint) {
+                            if best.is_none_or(|(_, b)| h > b) {
+                                best = Some((i, h));
+                            }
+                        }
+                        prop_assert_eq!(Some((index, retry_after_ms)), best);
+                    }
+                    MultiTake::Granted { .. } => unreachable!(),
+                }
+            }
+        }
     }
 }

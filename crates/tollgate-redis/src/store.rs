@@ -311,11 +311,6 @@ impl RedisStore {
     }
 }
 
-fn exceeds(spec: &BucketSpec, cost: u64, max_wait_ms: u64) -> bool {
-    i128::from(cost) * i128::from(spec.period_ms())
-        > i128::from(spec.capacity_scaled()) + i128::from(max_wait_ms) * i128::from(spec.amount())
-}
-
 impl Store for RedisStore {
     async fn admit_turn(&self, req: TurnRequest<'_>) -> Result<TurnOutcome, StoreError> {
         let k = &self.inner.keys;
@@ -385,7 +380,7 @@ impl Store for RedisStore {
     async fn reserve_tokens(&self, req: ReserveRequest<'_>) -> Result<ReserveOutcome, StoreError> {
         let k = &self.inner.keys;
         let max_wait = req.max_wait_ms.min(req.tokens.max_wait_limit());
-        let too_big = exceeds(&req.tokens, req.estimate, max_wait);
+        let too_big = req.tokens.exceeds(req.estimate, max_wait);
         let mut inv = self.inner.scripts.reserve_tokens.prepare_invoke();
         inv.key(k.tokens(req.user))
             .key(k.invocation(req.user, req.invocation_id))
@@ -493,7 +488,7 @@ impl Store for RedisStore {
             .arg(cooldown.map_or(0, |c| lua_count(c.max_wait_ms)));
         for t in takes {
             let max_wait = t.max_wait_ms.min(t.spec.max_wait_limit());
-            let too_big = exceeds(&t.spec, t.cost, max_wait);
+            let too_big = t.spec.exceeds(t.cost, max_wait);
             Self::spec_args(&mut inv, &t.spec)
                 .arg(if too_big { 0 } else { t.cost })
                 .arg(max_wait)
@@ -519,7 +514,7 @@ impl Store for RedisStore {
             BucketRef::Turns(user) => k.turn(user),
             BucketRef::Named(name) => k.named(name),
         };
-        let too_big = exceeds(&req.spec, req.cost, 0);
+        let too_big = req.spec.exceeds(req.cost, 0);
         let mut inv = self.inner.scripts.take_one.prepare_invoke();
         inv.key(key).arg(self.now_arg());
         Self::spec_args(&mut inv, &req.spec)

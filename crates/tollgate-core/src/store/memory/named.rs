@@ -1,0 +1,182 @@
+//! Named keys: buckets, cooldowns and AIMD states. The rules are core's
+//! pure transitions ([`take`], [`bucket`], [`aimd`](crate::aimd)); this file
+//! looks the keys up under their shards' locks and applies them.
+
+use super::MemoryStore;
+use super::shards::{Expiring, Full};
+use crate::aimd::{AimdParams, AimdState};
+use crate::bucket::{BucketState, EXPIRY_GRACE_MS, MAX_SCALED};
+use crate::store::{
+    BucketRef, BucketTake, CooldownCheck, MultiTake, ProviderCleared, TakeOutcome, TakeRequest,
+};
+use crate::take::{self, Cooldown};
+
+/// What a named key holds.
+#[derive(Default)]
+pub(super) enum KeyEntry {
+    #[default]
+    Empty,
+    Bucket(BucketState, u64),
+    Cooldown(u64),
+    Aimd(AimdState, u64),
+}
+
+impl Expiring for KeyEntry {
+    fn expires_at(&self) -> u64 {
+        match *self {
+            KeyEntry::Empty => 0,
+            KeyEntry::Bucket(_, e) | KeyEntry::Aimd(_, e) => e,
+            // Kept a grace period past its end, like Redis keeps the key
+            // (by real time) while a stepped-back clock may still see it.
+            KeyEntry::Cooldown(until) => until.saturating_add(EXPIRY_GRACE_MS),
+        }
+    }
+}
+
+impl KeyEntry {
+    /// The live bucket state held, if any.
+    fn bucket(&self, now: u64) -> Option<BucketState> {
+        match *self {
+            KeyEntry::Bucket(s, exp) if exp > now => Some(s),
+            _ => None,
+        }
+    }
+}
+
+impl MemoryStore {
+    pub(super) fn take_many_now(
+        &self,
+        takes: &[BucketTake<'_>],
+        cooldown: Option<CooldownCheck<'_>>,
+    ) -> Result<MultiTake, Full> {
+        let now = self.now();
+        if let ([t], None) = (takes, cooldown) {
+            // One bucket: a single probe under a single lock.
+            return self.inner.keys.with(t.key, now, |e| {
+                let tr = take::take_many(takes, &[e.bucket(now)], None, now);
+                let (state, exp) = tr.states[0];
+                *e = KeyEntry::Bucket(state, exp);
+                tr.outcome
+            });
+        }
+        let mut keys: Vec<&str> = takes.iter().map(|t| t.key).collect();
+        if let Some(c) = cooldown {
+            keys.push(c.key);
+        }
+        let mut locked = self.inner.keys.lock_many(&keys);
+        // Room for every new key first: a refusal must change nothing.
+        locked.check_room(now)?;
+        let states: Vec<Option<BucketState>> = (0..takes.len())
+            .map(|n| locked.with(n, now, |e| e.bucket(now)))
+            .collect::<Result<_, Full>>()?;
+        let cooldown = match cooldown {
+            Some(c) => Some(Cooldown {
+                until_ms: locked.with(takes.len(), now, |e| match *e {
+                    KeyEntry::Cooldown(u) => u,
+                    _ => 0,
+                })?,
+                max_wait_ms: c.max_wait_ms,
+            }),
+            None => None,
+        };
+        let tr = take::take_many(takes, &states, cooldown, now);
+        for (n, &(state, exp)) in tr.states.iter().enumerate() {
+            locked.with(n, now, |e| *e = KeyEntry::Bucket(state, exp))?;
+        }
+        Ok(tr.outcome)
+    }
+
+    pub(super) fn take_one_now(&self, req: TakeRequest<'_>) -> Result<TakeOutcome, Full> {
+        let now = self.now();
+        let spec = req.spec;
+        match req.bucket {
+            BucketRef::Turns(user) => self.take_turns(user, now, &spec, req.cost),
+            BucketRef::Named(key) => self.inner.keys.with(key, now, |e| {
+                let (outcome, save) = take::take_one(&spec, e.bucket(now), now, req.cost);
+                if let Some((state, exp)) = save {
+                    *e = KeyEntry::Bucket(state, exp);
+                }
+                outcome
+            }),
+        }
+    }
+
+    pub(super) fn extend_cooldown_now(&self, key: &str, until_ms: u64) -> Result<u64, Full> {
+        let now = self.now();
+        self.inner.keys.with(key, now, |e| {
+            // As the Redis script: a cooldown that has passed counts as none.
+            let current = match *e {
+                KeyEntry::Cooldown(u) if u > now => u,
+                _ => 0,
+            };
+            let until = current.max(until_ms.min(MAX_SCALED as u64));
+            *e = if until > now {
+                KeyEntry::Cooldown(until)
+            } else {
+                KeyEntry::Empty
+            };
+            until
+        })
+    }
+
+    pub(super) fn aimd_now(
+        &self,
+        key: &str,
+        params: AimdParams,
+        throttled: bool,
+    ) -> Result<u32, Full> {
+        let now = self.now();
+        let p = params.clamped();
+        self.inner.keys.with(key, now, |e| {
+            let state = match *e {
+                KeyEntry::Aimd(s, exp) if exp > now => s,
+                _ => AimdState::FULL_RATE,
+            };
+            if !throttled {
+                return state.effective(now, &p);
+            }
+            let next = state.throttled(now, &p);
+            // Back at the configured rate, the state can be forgotten (after
+            // a grace period, for a clock that steps back).
+            let until = next
+                .full_at(&p)
+                .unwrap_or(now)
+                .max(now.saturating_add(1))
+                .saturating_add(EXPIRY_GRACE_MS);
+            *e = KeyEntry::Aimd(next, until);
+            next.effective(now, &p)
+        })
+    }
+
+    pub(super) fn clear_provider_now(
+        &self,
+        cooldown: &str,
+        aimd: &str,
+        params: AimdParams,
+    ) -> Result<ProviderCleared, Full> {
+        let now = self.now();
+        let p = params.clamped();
+        // Both keys under their locks at once: one step, as the Redis script.
+        let mut locked = self.inner.keys.lock_many(&[cooldown, aimd]);
+        let cooldown_until_ms = locked.with(0, now, |e| {
+            let until = match *e {
+                KeyEntry::Cooldown(u) if u > now => Some(u),
+                _ => None,
+            };
+            *e = KeyEntry::Empty;
+            until
+        })?;
+        let effective_permille = locked.with(1, now, |e| {
+            let state = match *e {
+                KeyEntry::Aimd(s, exp) if exp > now => s,
+                _ => AimdState::FULL_RATE,
+            };
+            *e = KeyEntry::Empty;
+            state.effective(now, &p)
+        })?;
+        Ok(ProviderCleared {
+            cooldown_until_ms,
+            effective_permille,
+        })
+    }
+}

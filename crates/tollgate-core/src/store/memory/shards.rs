@@ -1,0 +1,298 @@
+//! The memory store's tables: lock-striped shards of expiring entries
+//! under one entry bound, and multi-key steps over several shards.
+
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use hashbrown::{DefaultHashBuilder, HashTable};
+use parking_lot::{Mutex, MutexGuard};
+
+const SHARDS: usize = 64;
+const SWEEP_EVERY_MS: u64 = 60_000;
+const MIN_SWEEP_LEN: usize = 1_024;
+
+/// The entry bound, shared by the three tables.
+pub(super) struct EntryCap {
+    pub(super) max: usize,
+    pub(super) count: AtomicUsize,
+}
+
+impl EntryCap {
+    /// Takes room for one more entry, if there is any.
+    pub(super) fn try_add(&self) -> bool {
+        self.count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    pub(super) fn add(&self) {
+        self.count.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(super) fn sub(&self, n: usize) {
+        if n > 0 {
+            self.count.fetch_sub(n, Ordering::AcqRel);
+        }
+    }
+
+    pub(super) fn has_room(&self, n: usize) -> bool {
+        self.count.load(Ordering::Acquire).saturating_add(n) <= self.max
+    }
+}
+
+/// An operation needed a new entry and the store is at its bound.
+#[derive(Debug)]
+pub(super) struct Full;
+
+pub(super) trait Expiring: Default {
+    /// After this time (ms) the entry is as good as missing.
+    fn expires_at(&self) -> u64;
+
+    /// Makes an expired entry as good as new before an operation uses it.
+    fn reset(&mut self) {
+        *self = Self::default();
+    }
+}
+
+#[repr(align(128))]
+struct Padded<T>(T);
+
+struct Shard<V> {
+    table: HashTable<(Box<str>, V)>,
+    sweep_len: usize,
+    next_sweep_at: u64,
+}
+
+pub(super) struct Shards<V> {
+    hasher: DefaultHashBuilder,
+    cap: Arc<EntryCap>,
+    shards: Box<[Padded<Mutex<Shard<V>>>]>,
+}
+
+impl<V: Expiring> Shards<V> {
+    pub(super) fn new(cap: Arc<EntryCap>) -> Self {
+        Self {
+            hasher: DefaultHashBuilder::default(),
+            cap,
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Padded(Mutex::new(Shard {
+                        table: HashTable::new(),
+                        sweep_len: MIN_SWEEP_LEN,
+                        next_sweep_at: 0,
+                    }))
+                })
+                .collect(),
+        }
+    }
+
+    fn locate(&self, key: &str) -> (u64, usize) {
+        let hash = self.hasher.hash_one(key);
+        (hash, ((hash >> 40) as usize) % SHARDS)
+    }
+
+    /// Runs `f` on the live entry of `key` (a default one if missing or
+    /// expired). Entries left expired by `f` are removed. A missing key is
+    /// added only if `f` leaves it live and there is room: else [`Full`],
+    /// and nothing changed.
+    pub(super) fn with<R>(
+        &self,
+        key: &str,
+        now: u64,
+        f: impl FnOnce(&mut V) -> R,
+    ) -> Result<R, Full> {
+        let (hash, i) = self.locate(key);
+        let mut shard = self.shards[i].0.lock();
+        let r = shard.with(&self.hasher, &self.cap, true, hash, key, now, f);
+        shard.maybe_sweep(&self.hasher, &self.cap, now);
+        r
+    }
+
+    /// Reads the live entry of `key`, if any, without creating one.
+    pub(super) fn read<R>(&self, key: &str, now: u64, f: impl FnOnce(Option<&V>) -> R) -> R {
+        let (hash, i) = self.locate(key);
+        let shard = self.shards[i].0.lock();
+        let entry = shard
+            .table
+            .find(hash, |(k, _)| &**k == key)
+            .map(|(_, v)| v)
+            .filter(|v| v.expires_at() > now);
+        f(entry)
+    }
+
+    /// Locks the shards of `keys` in index order (no deadlock), for one
+    /// atomic step over several keys. Each key is hashed once.
+    pub(super) fn lock_many<'a, 'k>(&'a self, keys: &[&'k str]) -> Multi<'a, 'k, V> {
+        let located: Vec<(&'k str, u64, usize)> = keys
+            .iter()
+            .map(|k| {
+                let (h, i) = self.locate(k);
+                (*k, h, i)
+            })
+            .collect();
+        let mut idx: Vec<usize> = located.iter().map(|l| l.2).collect();
+        idx.sort_unstable();
+        idx.dedup();
+        let guards = idx.iter().map(|&i| (i, self.shards[i].0.lock())).collect();
+        Multi {
+            hasher: &self.hasher,
+            cap: &self.cap,
+            located,
+            guards,
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.0.lock().table.len()).sum()
+    }
+
+    pub(super) fn purge(&self, now: u64) {
+        for s in self.shards.iter() {
+            s.0.lock().sweep(&self.hasher, &self.cap, now);
+        }
+    }
+
+    pub(super) fn for_each_live(&self, now: u64, mut f: impl FnMut(&str, &V)) {
+        for s in self.shards.iter() {
+            let shard = s.0.lock();
+            for (k, v) in shard.table.iter() {
+                if v.expires_at() > now {
+                    f(k, v);
+                }
+            }
+        }
+    }
+}
+
+impl<V: Expiring> Shard<V> {
+    /// As [`Shards::with`]. With `check`, a new key needs room under `cap`
+    /// (a multi-key step checks for room first and passes `false`).
+    #[allow(clippy::too_many_arguments)]
+    fn with<R>(
+        &mut self,
+        hasher: &DefaultHashBuilder,
+        cap: &EntryCap,
+        check: bool,
+        hash: u64,
+        key: &str,
+        now: u64,
+        f: impl FnOnce(&mut V) -> R,
+    ) -> Result<R, Full> {
+        let eq = |(k, _): &(Box<str>, V)| &**k == key;
+        match self.table.entry(hash, eq, |(k, _)| hasher.hash_one(&**k)) {
+            hashbrown::hash_table::Entry::Occupied(mut occupied) => {
+                let v = &mut occupied.get_mut().1;
+                if v.expires_at() <= now {
+                    v.reset();
+                }
+                let r = f(v);
+                if v.expires_at() <= now {
+                    occupied.remove();
+                    cap.sub(1);
+                }
+                Ok(r)
+            }
+            hashbrown::hash_table::Entry::Vacant(vacant) => {
+                // Decide on a fresh entry first: one left expired (a read,
+                // a refusal) is never stored, so it needs no room.
+                let mut v = V::default();
+                let r = f(&mut v);
+                if v.expires_at() > now {
+                    if check {
+                        if !cap.try_add() {
+                            return Err(Full);
+                        }
+                    } else {
+                        cap.add();
+                    }
+                    vacant.insert((key.into(), v));
+                }
+                Ok(r)
+            }
+        }
+    }
+
+    fn maybe_sweep(&mut self, hasher: &DefaultHashBuilder, cap: &EntryCap, now: u64) {
+        if self.table.len() > self.sweep_len || now >= self.next_sweep_at {
+            self.sweep(hasher, cap, now);
+        }
+    }
+
+    fn sweep(&mut self, hasher: &DefaultHashBuilder, cap: &EntryCap, now: u64) {
+        let before = self.table.len();
+        self.table.retain(|(_, v)| v.expires_at() > now);
+        cap.sub(before - self.table.len());
+        // Rehashing moves entries: it must be given their real hashes.
+        self.table
+            .shrink_to(self.table.len() * 2, |(k, _)| hasher.hash_one(&**k));
+        self.sweep_len = (self.table.len() * 2).max(MIN_SWEEP_LEN);
+        self.next_sweep_at = now.saturating_add(SWEEP_EVERY_MS);
+    }
+}
+
+pub(super) struct Multi<'a, 'k, V> {
+    hasher: &'a DefaultHashBuilder,
+    cap: &'a EntryCap,
+    located: Vec<(&'k str, u64, usize)>,
+    guards: Vec<(usize, MutexGuard<'a, Shard<V>>)>,
+}
+
+impl<V: Expiring> Multi<'_, '_, V> {
+    fn guard(&mut self, i: usize) -> &mut Shard<V> {
+        self.guards
+            .iter_mut()
+            .find(|(j, _)| *j == i)
+            .map(|(_, g)| &mut **g)
+            .expect("lock_many locked every key's shard")
+    }
+
+    /// [`Full`] unless there is room for every key not held now (each
+    /// counted once).
+    pub(super) fn check_room(&mut self, now: u64) -> Result<(), Full> {
+        self.check_room_of(now, 0..self.located.len())
+    }
+
+    /// [`Full`] unless there is room for every key at the positions
+    /// `new` names (given to `lock_many`) that is not held now, each
+    /// counted once: for a step that creates only some of its keys.
+    pub(super) fn check_room_of(
+        &mut self,
+        now: u64,
+        new: impl IntoIterator<Item = usize>,
+    ) -> Result<(), Full> {
+        let mut missing: Vec<&str> = Vec::new();
+        for n in new {
+            let (key, hash, i) = self.located[n];
+            let held = self
+                .guard(i)
+                .table
+                .find(hash, |(k, _)| &**k == key)
+                .is_some_and(|(_, v)| v.expires_at() > now);
+            if !held && !missing.contains(&key) {
+                missing.push(key);
+            }
+        }
+        if self.cap.has_room(missing.len()) {
+            Ok(())
+        } else {
+            Err(Full)
+        }
+    }
+
+    /// Runs `f` on the entry of the `n`th key given to `lock_many` (room
+    /// for a new key was checked by [`check_room`](Self::check_room), so
+    /// this never answers [`Full`]).
+    pub(super) fn with<R>(
+        &mut self,
+        n: usize,
+        now: u64,
+        f: impl FnOnce(&mut V) -> R,
+    ) -> Result<R, Full> {
+        let (key, hash, i) = self.located[n];
+        let (hasher, cap) = (self.hasher, self.cap);
+        self.guard(i).with(hasher, cap, false, hash, key, now, f)
+    }
+}
