@@ -8,11 +8,12 @@
 //! # Memory
 //!
 //! Entries expire by SPEC §2 rule 6 (buckets), with their latest lease
-//! (leases), [`RESERVATION_RETENTION_MS`] after a run's last model call, and
-//! session retention for sessions. An expired entry reads as missing at once;
-//! its memory is returned by a sweep of its shard that runs inline on a write
-//! when the shard has doubled since the last sweep or a minute has passed,
-//! or on demand through [`MemoryStore::purge_expired`].
+//! (leases), [`RESERVATION_RETENTION_MS`](super::RESERVATION_RETENTION_MS)
+//! after a run's last model call, and session retention for sessions. An
+//! expired entry reads as missing at once; its memory is returned by a
+//! sweep of its shard that runs inline on a write when the shard has
+//! doubled since the last sweep or a minute has passed, or on demand
+//! through [`MemoryStore::purge_expired`].
 //!
 //! The store holds at most [`MemoryConfig::max_entries`] entries in all
 //! (users, sessions and named keys together; default
