@@ -40,6 +40,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
+use tollgate_outcome::TooManyWaits;
 use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming};
 use tower_service::Service;
 
@@ -479,18 +480,6 @@ pub struct WaitGate {
     max_total: usize,
     per_user: usize,
     users: Arc<parking_lot::Mutex<HashMap<String, usize>>>,
-}
-
-/// A `wait=true` request refused before anything was decided: its user,
-/// or the replica, already has as many waiting as allowed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum TooManyWaits {
-    /// The user has `max_waits_per_user` waiting.
-    #[error("this user already has {0} wait=true requests waiting")]
-    User(usize),
-    /// The replica holds `max_waiting` waiting.
-    #[error("this replica already holds {0} waiting requests")]
-    Replica(usize),
 }
 
 /// One `wait=true` request's place; dropping it frees the place.

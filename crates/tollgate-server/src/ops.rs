@@ -992,7 +992,7 @@ pub async fn provider_permit<S: Store + Clone>(
     let decision = match governor.permit(permit).await {
         Ok(d) => d,
         Err(e) => {
-            let err = ApiError::from_provider(e, clock.now_ms());
+            let err = crate::outcome::from_provider(e, clock.now_ms());
             if let ApiError::ProviderExhausted { reason, .. } = &err {
                 // A configured key (exhaustion is only recorded for those).
                 app.metrics()
@@ -1093,7 +1093,7 @@ pub async fn provider_feedback<S: Store + Clone>(
     let out = governor
         .feedback(provider, &req.model, status, &headers, req.body.as_deref())
         .await
-        .map_err(|e| ApiError::from_provider(e, governor.clock().now_ms()))?;
+        .map_err(|e| crate::outcome::from_provider(e, governor.clock().now_ms()))?;
     let class = out.feedback.class();
     app.metrics().provider_response(provider, &req.model, class);
     if let Some(p) = out.effective_permille {

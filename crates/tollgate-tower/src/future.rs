@@ -11,7 +11,9 @@ use http_body_util::{Either, Full};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::error::Rejection;
+use tollgate_outcome::ApiError;
+
+use crate::error;
 use crate::service::{Check, SHADOW_DENIED_HEADER, TurnChecked, Verdict};
 
 /// The body of a [`TurnRate`](crate::TurnRate) response: the inner
@@ -67,7 +69,7 @@ pin_project! {
         },
         /// Refused before the limiter was asked (no identity).
         Rejected {
-            rejection: Option<Rejection>,
+            rejection: Option<ApiError>,
         },
         /// The response was handed out.
         Done,
@@ -87,7 +89,7 @@ where
         }
     }
 
-    pub(crate) fn rejected(rejection: Rejection) -> Self {
+    pub(crate) fn rejected(rejection: ApiError) -> Self {
         Self {
             state: State::Rejected {
                 rejection: Some(rejection),
@@ -149,7 +151,7 @@ where
                         }
                         Verdict::Reject(rejection) => {
                             state.set(State::Done);
-                            return Poll::Ready(Ok(rejection.into_response().map(Either::Right)));
+                            return Poll::Ready(Ok(error::respond(rejection).map(Either::Right)));
                         }
                     }
                 }
@@ -168,7 +170,7 @@ where
                         panic!("{POLLED_AFTER_DONE}");
                     };
                     state.set(State::Done);
-                    return Poll::Ready(Ok(rejection.into_response().map(Either::Right)));
+                    return Poll::Ready(Ok(error::respond(rejection).map(Either::Right)));
                 }
                 StateProj::Done => panic!("{POLLED_AFTER_DONE}"),
             }

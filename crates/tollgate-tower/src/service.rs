@@ -12,9 +12,10 @@ use std::task::{Context, Poll};
 
 use http::{HeaderName, Request, Response};
 use tollgate_core::{Decision, Denial, Limiter, Store};
+use tollgate_outcome::ApiError;
 use tower_service::Service;
 
-use crate::error::Rejection;
+use crate::error;
 use crate::future::{ResponseBody, ResponseFuture};
 use crate::identity::IdentityExtractor;
 
@@ -122,7 +123,7 @@ where
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let Some(user) = self.identity.user(&req).filter(|u| !u.is_empty()) else {
             // The inner service keeps its readiness for the next call.
-            return ResponseFuture::rejected(Rejection::Unauthorized);
+            return ResponseFuture::rejected(error::unauthorized());
         };
         let fresh = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, fresh);
@@ -142,7 +143,7 @@ pub(crate) enum Verdict {
         shadow_denied: Option<Denial>,
     },
     /// Answer this refusal instead.
-    Reject(Rejection),
+    Reject(ApiError),
 }
 
 /// The pending limiter check of one request.
@@ -175,8 +176,8 @@ async fn check<S: Store>(limiter: Arc<Limiter<S>>, user: String) -> Verdict {
             user,
             shadow_denied,
         },
-        Ok(Decision::Denied(d)) => Verdict::Reject(Rejection::Denied(d)),
-        Err(e) => Verdict::Reject(Rejection::Limiter(e)),
+        Ok(Decision::Denied(d)) => Verdict::Reject(ApiError::Denied(d)),
+        Err(e) => Verdict::Reject(ApiError::from(e)),
     }
 }
 

@@ -19,7 +19,7 @@ use super::proto;
 use super::proto::tollgate_server::{Tollgate, TollgateServer};
 use crate::identity::Identity;
 use crate::ops::{self, Shadowed};
-use crate::outcome::ApiError;
+use crate::outcome::{ApiError, GrpcStatus};
 use crate::state::App;
 
 /// Largest request message accepted, bytes: the HTTP API's body limit.

@@ -99,7 +99,7 @@ use tonic::{Request, Response, Status};
 pub use super::api::MAX_MESSAGE_BYTES;
 use crate::metrics::DecisionLabels;
 use crate::ops;
-use crate::outcome::ApiError;
+use crate::outcome::{ApiError, GrpcStatus};
 use crate::rls::{KEY_METADATA, RlsKey, RlsRules, RlsServer, Target};
 use crate::state::App;
 
@@ -400,7 +400,7 @@ impl<S: Store + Clone> RlsService<S> {
     /// `RESOURCE_EXHAUSTED` over the in-flight cap, `UNAVAILABLE` when the
     /// store cannot be reached, `INTERNAL` on another store fault.
     pub async fn decide(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
-        check_request(req)?;
+        check_request(req).map_err(|e| e.to_status())?;
         let _place = self.gate.try_acquire().map_err(|_| {
             tracing::debug!("rate-limit service: at its in-flight cap");
             ApiError::Overloaded.to_status()

@@ -19,7 +19,7 @@ use tollgate_core::Store;
 use tollgate_core::provider::{ExhaustionHold, ProviderStatus};
 
 use crate::ops::check_id;
-use crate::outcome::ApiError;
+use crate::outcome::{ApiError, HttpError};
 use crate::state::App;
 
 /// Proof that the request carries the admin token.
@@ -30,11 +30,10 @@ impl<S: Store + Clone> FromRequestParts<App<S>> for Admin {
 
     async fn from_request_parts(parts: &mut Parts, app: &App<S>) -> Result<Self, Response> {
         let Some(token) = app.admin_token() else {
-            return Err((
-                StatusCode::NOT_FOUND,
-                Json(serde_json::json!({"error": "not_found", "message": "admin endpoints are off (no admin_token)"})),
-            )
-                .into_response());
+            return Err(HttpError(ApiError::NotFound(
+                "admin endpoints are off (no admin_token)".to_owned(),
+            ))
+            .into_response());
         };
         let given = parts
             .headers
@@ -45,10 +44,10 @@ impl<S: Store + Clone> FromRequestParts<App<S>> for Admin {
         if bool::from(given.as_bytes().ct_eq(token.as_bytes())) {
             Ok(Admin)
         } else {
-            Err(
-                ApiError::Unauthorized("admin endpoints need the admin token".to_owned())
-                    .into_response(),
-            )
+            Err(HttpError(ApiError::Unauthorized(
+                "admin endpoints need the admin token".to_owned(),
+            ))
+            .into_response())
         }
     }
 }
@@ -87,7 +86,7 @@ async fn user<S: Store + Clone>(
     _: Admin,
     State(app): State<App<S>>,
     Path(id): Path<String>,
-) -> Result<Json<UserView>, ApiError> {
+) -> Result<Json<UserView>, HttpError> {
     path_id(&id, "user")?;
     let plan = app.limiter().plan_for(&id)?;
     let st = app.store().user_state(&id, plan.turns, plan.tokens).await?;
@@ -118,7 +117,7 @@ async fn top<S: Store + Clone>(
     _: Admin,
     State(app): State<App<S>>,
     q: Result<Query<TopQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<serde_json::Value>, HttpError> {
     let Query(q) = q.map_err(|e| ApiError::invalid("n", e.body_text()))?;
     let n = q.n.unwrap_or(10).min(1_000);
     let users = app.store().top_users(n).await?;
@@ -129,7 +128,7 @@ async fn reset<S: Store + Clone>(
     _: Admin,
     State(app): State<App<S>>,
     Path(id): Path<String>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<serde_json::Value>, HttpError> {
     path_id(&id, "user")?;
     let reset = app.store().reset_user(&id).await?;
     tracing::info!(user = %id, reset, "admin: buckets reset");
@@ -140,7 +139,7 @@ async fn release<S: Store + Clone>(
     _: Admin,
     State(app): State<App<S>>,
     Path((id, inv)): Path<(String, String)>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<serde_json::Value>, HttpError> {
     path_id(&id, "user")?;
     path_id(&inv, "invocation_id")?;
     let outcome = app.store().release_run(&id, &inv).await?;
@@ -224,13 +223,13 @@ pub struct ClearedView {
 async fn providers<S: Store + Clone>(
     _: Admin,
     State(app): State<App<S>>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<serde_json::Value>, HttpError> {
     let governor = app.providers();
     let now = || governor.clock().now_ms();
     let all = governor
         .statuses()
         .await
-        .map_err(|e| ApiError::from_provider(e, now()))?;
+        .map_err(|e| crate::outcome::from_provider(e, now()))?;
     let now = now();
     let views: Vec<ProviderView> = all
         .into_iter()
@@ -243,14 +242,14 @@ async fn provider<S: Store + Clone>(
     _: Admin,
     State(app): State<App<S>>,
     Path((provider, model)): Path<(String, String)>,
-) -> Result<Json<ProviderView>, ApiError> {
+) -> Result<Json<ProviderView>, HttpError> {
     path_id(&provider, "provider")?;
     path_id(&model, "model")?;
     let governor = app.providers();
     let st = governor
         .status(&provider, &model)
         .await
-        .map_err(|e| ApiError::from_provider(e, governor.clock().now_ms()))?;
+        .map_err(|e| crate::outcome::from_provider(e, governor.clock().now_ms()))?;
     Ok(Json(ProviderView::new(st, governor.clock().now_ms())))
 }
 
@@ -258,14 +257,14 @@ async fn clear_provider<S: Store + Clone>(
     _: Admin,
     State(app): State<App<S>>,
     Path((provider, model)): Path<(String, String)>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<serde_json::Value>, HttpError> {
     path_id(&provider, "provider")?;
     path_id(&model, "model")?;
     let governor = app.providers();
     let out = governor
         .clear(&provider, &model)
         .await
-        .map_err(|e| ApiError::from_provider(e, governor.clock().now_ms()))?;
+        .map_err(|e| crate::outcome::from_provider(e, governor.clock().now_ms()))?;
     app.metrics()
         .provider_rate(&provider, &model, tollgate_core::aimd::FULL);
     tracing::info!(

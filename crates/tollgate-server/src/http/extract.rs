@@ -11,16 +11,16 @@ use serde::de::DeserializeOwned;
 use tollgate_core::Store;
 
 use crate::identity::Identity;
-use crate::outcome::ApiError;
+use crate::outcome::{ApiError, HttpError};
 use crate::state::App;
 
 /// The verified user of the request.
 pub(crate) struct User(pub(crate) String);
 
 impl<S: Store + Clone> FromRequestParts<App<S>> for User {
-    type Rejection = ApiError;
+    type Rejection = HttpError;
 
-    async fn from_request_parts(parts: &mut Parts, app: &App<S>) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, app: &App<S>) -> Result<Self, HttpError> {
         Caller::from_request_parts(parts, app)
             .await
             .map(|c| User(c.0.user))
@@ -36,9 +36,9 @@ pub(crate) struct Caller(pub(crate) Identity);
 pub(crate) struct Verified(pub(crate) Identity);
 
 impl<S: Store + Clone> FromRequestParts<App<S>> for Caller {
-    type Rejection = ApiError;
+    type Rejection = HttpError;
 
-    async fn from_request_parts(parts: &mut Parts, app: &App<S>) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, app: &App<S>) -> Result<Self, HttpError> {
         if let Some(Verified(identity)) = parts.extensions.get::<Verified>() {
             return Ok(Caller(identity.clone()));
         }
@@ -48,7 +48,9 @@ impl<S: Store + Clone> FromRequestParts<App<S>> for Caller {
             .extensions
             .get::<ConnectInfo<SocketAddr>>()
             .map(|c| c.0.ip());
-        crate::ops::verify_caller(app, &parts.headers, peer).map(Caller)
+        crate::ops::verify_caller(app, &parts.headers, peer)
+            .map(Caller)
+            .map_err(HttpError)
     }
 }
 
@@ -60,14 +62,14 @@ where
     S: Store + Clone,
     T: DeserializeOwned,
 {
-    type Rejection = ApiError;
+    type Rejection = HttpError;
 
-    async fn from_request(req: Request, app: &App<S>) -> Result<Self, ApiError> {
+    async fn from_request(req: Request, app: &App<S>) -> Result<Self, HttpError> {
         let bytes = Bytes::from_request(req, app)
             .await
             .map_err(|e| ApiError::invalid("body", e.body_text()))?;
         if bytes.is_empty() {
-            return Err(ApiError::invalid("body", "a JSON object is required"));
+            return Err(ApiError::invalid("body", "a JSON object is required").into());
         }
         let mut de = serde_json::Deserializer::from_slice(&bytes);
         let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {

@@ -6,7 +6,7 @@
 use axum::Json;
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -27,7 +27,7 @@ pub use crate::ops::{
     PermitResponse, RefundRequest, ReleasedResponse, RenewResponse, ReserveRequest,
     ReserveResponse, SessionLeaseBody, SessionLeaseRequest, SettleRequest,
 };
-use crate::outcome::{ApiError, ErrorBody, StoreFault};
+use crate::outcome::{ApiError, ErrorBody, HttpError, StoreFault};
 use crate::state::App;
 
 /// `DELETE /v1/runs/{invocation_id}` options.
@@ -52,7 +52,7 @@ pub struct HealthResponse {
     pub status: &'static str,
 }
 
-type ApiResult<T> = Result<Json<T>, ApiError>;
+type ApiResult<T> = Result<Json<T>, HttpError>;
 
 /// A path parameter, checked as an id naming `field`.
 fn path_id(
@@ -95,7 +95,7 @@ async fn admit_run<S: Store + Clone>(
     State(app): State<App<S>>,
     User(user): User,
     Body(req): Body<AdmitRequest>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     Ok(shadowed(ops::admit_run(&app, &user, req).await?))
 }
 
@@ -143,7 +143,7 @@ async fn reserve<S: Store + Clone>(
     State(app): State<App<S>>,
     User(user): User,
     Body(req): Body<ReserveRequest>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     // With wait=true, a client that disconnects drops this future; the
     // limiter then refunds the reservation it was waiting on.
     Ok(shadowed(ops::reserve_tokens(&app, &user, req).await?))
@@ -286,7 +286,7 @@ async fn healthz() -> Json<HealthResponse> {
     (status = 503, body = ErrorBody, description = "store_unavailable: the store is down under fail_closed")))]
 async fn readyz<S: Store + Clone>(
     State(app): State<App<S>>,
-) -> Result<Json<HealthResponse>, ApiError> {
+) -> Result<Json<HealthResponse>, HttpError> {
     // A read through the store as a limit decision would make it: 503 when
     // the store is unreachable under fail_closed; under fail_open the
     // replica can still decide (locally), so it stays ready.
@@ -386,11 +386,8 @@ fn state_byte_limits(v: &mut serde_json::Value) {
     }
 }
 
-async fn not_found() -> impl IntoResponse {
-    (
-        StatusCode::NOT_FOUND,
-        Json(serde_json::json!({"error": "not_found", "message": "no such route"})),
-    )
+async fn not_found() -> HttpError {
+    HttpError(ApiError::NotFound("no such route".to_owned()))
 }
 
 /// The largest `/v1` request body, bytes (larger: 400 naming `body`).
@@ -417,30 +414,33 @@ async fn admit<S: Store + Clone>(State(app): State<App<S>>, req: Request, next: 
         Ok(caller) => {
             parts.extensions.insert(Verified(caller));
         }
-        Err(e) => return e.into_response(),
+        Err(e) => return HttpError(e).into_response(),
     }
     let timeout = app.edge().body_timeout;
-    let bytes = match tokio::time::timeout(timeout, axum::body::to_bytes(body, MAX_BODY_BYTES))
-        .await
-    {
-        Ok(Ok(bytes)) => bytes,
-        Ok(Err(e)) => {
-            return ApiError::invalid("body", format!("cannot read the body: {e}")).into_response();
-        }
-        Err(_elapsed) => {
-            let mut resp = ApiError::RequestTimeout {
-                timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+    let bytes =
+        match tokio::time::timeout(timeout, axum::body::to_bytes(body, MAX_BODY_BYTES)).await {
+            Ok(Ok(bytes)) => bytes,
+            Ok(Err(e)) => {
+                return HttpError(ApiError::invalid(
+                    "body",
+                    format!("cannot read the body: {e}"),
+                ))
+                .into_response();
             }
-            .into_response();
-            // The rest of the body is never read: the connection ends.
-            resp.headers_mut()
-                .insert(CONNECTION, HeaderValue::from_static("close"));
-            return resp;
-        }
-    };
+            Err(_elapsed) => {
+                let mut resp = HttpError(ApiError::RequestTimeout {
+                    timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+                })
+                .into_response();
+                // The rest of the body is never read: the connection ends.
+                resp.headers_mut()
+                    .insert(CONNECTION, HeaderValue::from_static("close"));
+                return resp;
+            }
+        };
     let place = match ops::enter(&app) {
         Ok(place) => place,
-        Err(overloaded) => return overloaded.into_response(),
+        Err(overloaded) => return HttpError(overloaded).into_response(),
     };
     let resp = next
         .run(Request::from_parts(parts, axum::body::Body::from(bytes)))
