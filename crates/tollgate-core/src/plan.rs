@@ -167,6 +167,40 @@ pub struct FieldError {
     pub reason: String,
 }
 
+/// A field path as TOML writes it, for a [`FieldError`] of a config file:
+/// keys that are not bare keys quoted
+/// (`providers."openai:gpt-4o".requests.brust`, as validation names them),
+/// array indexes in brackets. Empty for the whole file. The server's config
+/// and the planner both name a serde error's field with it.
+pub fn toml_path(path: &serde_path_to_error::Path) -> String {
+    use fmt::Write as _;
+    use serde_path_to_error::Segment;
+    let mut out = String::new();
+    for segment in path.iter() {
+        let key = match segment {
+            Segment::Seq { index } => {
+                let _ = write!(out, "[{index}]");
+                continue;
+            }
+            Segment::Map { key } | Segment::Enum { variant: key } => key.as_str(),
+            Segment::Unknown => "?",
+        };
+        if !out.is_empty() {
+            out.push('.');
+        }
+        let bare = !key.is_empty()
+            && key
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        if bare || key == "?" {
+            out.push_str(key);
+        } else {
+            let _ = write!(out, "{key:?}");
+        }
+    }
+    out
+}
+
 impl fmt::Display for FieldError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.path, self.reason)

@@ -9,11 +9,10 @@
 //! server, so a typo is never silently dropped.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::Path;
 
 use serde::Deserialize;
-use tollgate_core::plan::{FieldError, PlanBook};
+use tollgate_core::plan::{FieldError, PlanBook, toml_path};
 use tollgate_core::provider::{ProviderBook, ProvidersConfig, validate_providers};
 use tollgate_core::{PlanConfig, PlanOverride, PlansConfig};
 
@@ -149,36 +148,6 @@ fn field_error(path: &str, reason: &str) -> FieldError {
         path: path.to_owned(),
         reason: reason.trim().to_owned(),
     }
-}
-
-/// A field path as TOML writes it, keys that are not bare quoted
-/// (`providers."openai:gpt-4o".requests.brust`), as validation names them.
-fn toml_path(path: &serde_path_to_error::Path) -> String {
-    use serde_path_to_error::Segment;
-    let mut out = String::new();
-    for segment in path.iter() {
-        let key = match segment {
-            Segment::Seq { index } => {
-                let _ = write!(out, "[{index}]");
-                continue;
-            }
-            Segment::Map { key } | Segment::Enum { variant: key } => key.as_str(),
-            Segment::Unknown => "?",
-        };
-        if !out.is_empty() {
-            out.push('.');
-        }
-        let bare = !key.is_empty()
-            && key
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-        if bare || key == "?" {
-            out.push_str(key);
-        } else {
-            let _ = write!(out, "{key:?}");
-        }
-    }
-    out
 }
 
 #[cfg(test)]
