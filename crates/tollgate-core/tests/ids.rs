@@ -13,7 +13,11 @@ fn limiter() -> Limiter<MemoryStore> {
     )
     .unwrap();
     let clock = FakeClock::new(0);
-    Limiter::new(MemoryStore::new(clock.clone()), clock, cfg.validate().unwrap())
+    Limiter::new(
+        MemoryStore::new(clock.clone()),
+        clock,
+        cfg.validate().unwrap(),
+    )
 }
 
 fn refused(r: Result<impl std::fmt::Debug, LimiterError>) -> (&'static str, String) {
@@ -32,7 +36,10 @@ async fn the_limiter_refuses_control_characters_empty_and_long_ids() {
     );
     assert_eq!(
         refused(l.admit_turn("u1", "inv\u{0}").await),
-        ("invocation_id", "must not contain control characters".to_owned())
+        (
+            "invocation_id",
+            "must not contain control characters".to_owned()
+        )
     );
     assert_eq!(
         refused(l.admit_turn("", "inv").await),
