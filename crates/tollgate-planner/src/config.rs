@@ -3,10 +3,12 @@
 //! `simulate` reads the same TOML file as the server (docs/config.md) but
 //! only its limits: top-level `default_plan`, `[plans.<name>]`, `[users]`,
 //! `[overrides.<user>]` and `[providers."<provider>:<model>"]`. The
-//! server-only settings (`listen`, `grpc_listen`, `rls_listen`,
-//! `admin_token`, `max_in_flight`, `[store]`, `[identity]`, `[rls]`) are
-//! accepted and ignored; any other top-level key is an error, as in the
-//! server, so a typo is never silently dropped.
+//! server-only settings (`listen`, `grpc_listen`, `admin_listen`,
+//! `rls_listen`, `admin_token`, `max_in_flight`, `[store]`, `[identity]`,
+//! `[rls]`, `[limits]`) are accepted and ignored; any other top-level key is
+//! an error, as in the server, so a typo is never silently dropped. The
+//! server's tests check that every top-level key of its config is accepted
+//! here (`tollgate-server/tests/config_keys.rs`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -60,6 +62,10 @@ struct LimitsFile {
     _rls_listen: Option<toml::Value>,
     #[serde(default, rename = "rls")]
     _rls: Option<toml::Value>,
+    #[serde(default, rename = "admin_listen")]
+    _admin_listen: Option<toml::Value>,
+    #[serde(default, rename = "limits")]
+    _limits: Option<toml::Value>,
 }
 
 impl Limits {
