@@ -41,6 +41,7 @@ pub mod clock;
 pub mod decision;
 pub mod error;
 pub mod gate;
+pub mod id;
 pub mod lease;
 pub mod limiter;
 pub mod plan;

@@ -17,9 +17,6 @@ use crate::store::{
     SettleOutcome, SettleRequest, Store, TakeRequest, TurnRequest,
 };
 
-/// Longest accepted user id, invocation id or reservation id, bytes.
-pub const MAX_ID_LEN: usize = 512;
-
 /// A granted run lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunLease {
@@ -137,17 +134,9 @@ impl<S> std::fmt::Debug for Limiter<S> {
     }
 }
 
+/// The one id rule ([`crate::id`]), naming `field` in the error.
 fn check_id(field: &'static str, v: &str) -> Result<(), LimiterError> {
-    if v.is_empty() {
-        return Err(LimiterError::invalid(field, "must not be empty"));
-    }
-    if v.len() > MAX_ID_LEN {
-        return Err(LimiterError::invalid(
-            field,
-            format!("must be at most {MAX_ID_LEN} bytes"),
-        ));
-    }
-    Ok(())
+    crate::id::check_id(v).map_err(|e| LimiterError::invalid(field, e.to_string()))
 }
 
 fn check_estimate(estimate: u64) -> Result<(), LimiterError> {

@@ -40,6 +40,51 @@ pub struct RateConfig {
     pub burst: Option<i64>,
 }
 
+impl RateConfig {
+    /// Validates this rate as the bucket it describes: the one rate rule of
+    /// every config (plans, Envoy RLS rules, provider quotas). `amount` and
+    /// `period_ms` at least 1, `burst` (default `amount`) at least 1, and
+    /// the 2^53 rule of [`BucketSpec::new`]. Each problem is pushed to
+    /// `errors` under `path` (`plans.support.turns.amount: must be at least
+    /// 1 (got 0)`); checks after a bad field go on with 1 in its place, so
+    /// every problem is listed at once.
+    ///
+    /// Answers the bucket, or `None` if anything was wrong.
+    pub fn validate(&self, path: &str, errors: &mut Vec<FieldError>) -> Option<BucketSpec> {
+        let before = errors.len();
+        let mut at_least_1 = |field: &str, v: i64, what: &str| -> u64 {
+            if v < 1 {
+                errors.push(FieldError {
+                    path: format!("{path}.{field}"),
+                    reason: format!("{what}must be at least 1 (got {v})"),
+                });
+                1
+            } else {
+                v as u64
+            }
+        };
+        let amount = at_least_1("amount", self.amount, "");
+        let period = at_least_1("period_ms", self.period_ms, "");
+        let burst = match self.burst {
+            Some(b) => at_least_1("burst", b, "capacity "),
+            None => amount,
+        };
+        match BucketSpec::new(amount, period, burst) {
+            Ok(spec) if errors.len() == before => Some(spec),
+            Ok(_) => None,
+            Err(_) => {
+                errors.push(FieldError {
+                    path: path.to_owned(),
+                    reason: format!(
+                        "burst × period_ms ({burst} × {period}) and amount × period_ms must not exceed 2^53"
+                    ),
+                });
+                None
+            }
+        }
+    }
+}
+
 /// A plan as written in config.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -167,6 +212,40 @@ pub struct FieldError {
     pub reason: String,
 }
 
+/// A field path as TOML writes it, for a [`FieldError`] of a config file:
+/// keys that are not bare keys quoted
+/// (`providers."openai:gpt-4o".requests.brust`, as validation names them),
+/// array indexes in brackets. Empty for the whole file. The server's config
+/// and the planner both name a serde error's field with it.
+pub fn toml_path(path: &serde_path_to_error::Path) -> String {
+    use fmt::Write as _;
+    use serde_path_to_error::Segment;
+    let mut out = String::new();
+    for segment in path.iter() {
+        let key = match segment {
+            Segment::Seq { index } => {
+                let _ = write!(out, "[{index}]");
+                continue;
+            }
+            Segment::Map { key } | Segment::Enum { variant: key } => key.as_str(),
+            Segment::Unknown => "?",
+        };
+        if !out.is_empty() {
+            out.push('.');
+        }
+        let bare = !key.is_empty()
+            && key
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        if bare || key == "?" {
+            out.push_str(key);
+        } else {
+            let _ = write!(out, "{key:?}");
+        }
+    }
+    out
+}
+
 impl fmt::Display for FieldError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.path, self.reason)
@@ -231,31 +310,9 @@ impl Check {
     }
 
     fn rate(&mut self, path: &str, r: &RateConfig) -> BucketSpec {
-        let amount = self.positive(&format!("{path}.amount"), r.amount);
-        let period = self.positive(&format!("{path}.period_ms"), r.period_ms);
-        let burst = match r.burst {
-            Some(b) if b < 1 => {
-                self.err(
-                    &format!("{path}.burst"),
-                    format!("capacity must be at least 1 (got {b})"),
-                );
-                1
-            }
-            Some(b) => b as u64,
-            None => amount,
-        };
-        match BucketSpec::new(amount, period, burst) {
-            Ok(s) => s,
-            Err(_) => {
-                self.err(
-                    path,
-                    format!(
-                        "burst × period_ms ({burst} × {period}) and amount × period_ms must not exceed 2^53"
-                    ),
-                );
-                BucketSpec::new(1, 1, 1).expect("valid")
-            }
-        }
+        // A placeholder after an error, so the checks that follow still run.
+        r.validate(path, &mut self.errors)
+            .unwrap_or_else(|| BucketSpec::new(1, 1, 1).expect("valid"))
     }
 
     fn plan(&mut self, path: &str, name: &str, c: &PlanConfig) -> Plan {

@@ -3,17 +3,18 @@
 //! `simulate` reads the same TOML file as the server (docs/config.md) but
 //! only its limits: top-level `default_plan`, `[plans.<name>]`, `[users]`,
 //! `[overrides.<user>]` and `[providers."<provider>:<model>"]`. The
-//! server-only settings (`listen`, `grpc_listen`, `rls_listen`,
-//! `admin_token`, `max_in_flight`, `[store]`, `[identity]`, `[rls]`) are
-//! accepted and ignored; any other top-level key is an error, as in the
-//! server, so a typo is never silently dropped.
+//! server-only settings (`listen`, `grpc_listen`, `admin_listen`,
+//! `rls_listen`, `admin_token`, `max_in_flight`, `[store]`, `[identity]`,
+//! `[rls]`, `[limits]`) are accepted and ignored; any other top-level key is
+//! an error, as in the server, so a typo is never silently dropped. The
+//! server's tests check that every top-level key of its config is accepted
+//! here (`tollgate-server/tests/config_keys.rs`).
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::Path;
 
 use serde::Deserialize;
-use tollgate_core::plan::{FieldError, PlanBook};
+use tollgate_core::plan::{FieldError, PlanBook, toml_path};
 use tollgate_core::provider::{ProviderBook, ProvidersConfig, validate_providers};
 use tollgate_core::{PlanConfig, PlanOverride, PlansConfig};
 
@@ -61,6 +62,10 @@ struct LimitsFile {
     _rls_listen: Option<toml::Value>,
     #[serde(default, rename = "rls")]
     _rls: Option<toml::Value>,
+    #[serde(default, rename = "admin_listen")]
+    _admin_listen: Option<toml::Value>,
+    #[serde(default, rename = "limits")]
+    _limits: Option<toml::Value>,
 }
 
 impl Limits {
@@ -149,36 +154,6 @@ fn field_error(path: &str, reason: &str) -> FieldError {
         path: path.to_owned(),
         reason: reason.trim().to_owned(),
     }
-}
-
-/// A field path as TOML writes it, keys that are not bare quoted
-/// (`providers."openai:gpt-4o".requests.brust`), as validation names them.
-fn toml_path(path: &serde_path_to_error::Path) -> String {
-    use serde_path_to_error::Segment;
-    let mut out = String::new();
-    for segment in path.iter() {
-        let key = match segment {
-            Segment::Seq { index } => {
-                let _ = write!(out, "[{index}]");
-                continue;
-            }
-            Segment::Map { key } | Segment::Enum { variant: key } => key.as_str(),
-            Segment::Unknown => "?",
-        };
-        if !out.is_empty() {
-            out.push('.');
-        }
-        let bare = !key.is_empty()
-            && key
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-        if bare || key == "?" {
-            out.push_str(key);
-        } else {
-            let _ = write!(out, "{key:?}");
-        }
-    }
-    out
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tollgate_core::plan::FieldError;
+use tollgate_core::plan::{FieldError, toml_path};
 use tollgate_core::provider::{ProviderBook, ProvidersConfig, validate_providers};
 use tollgate_core::{PlanBook, PlanConfig, PlanOverride, PlansConfig, SystemClock};
 use tollgate_redis::{BreakerConfig, FailurePolicy, RedisConfig, RedisTarget};
@@ -605,38 +605,6 @@ impl Config {
         })?;
         file.validate(base_dir).map_err(fail)
     }
-}
-
-/// A field path as TOML writes it: keys that are not bare keys quoted
-/// (`providers."openai:gpt-4o".requests.brust`, as validation names them),
-/// array indexes in brackets. Empty for the whole file.
-fn toml_path(path: &serde_path_to_error::Path) -> String {
-    use fmt::Write as _;
-    use serde_path_to_error::Segment;
-    let mut out = String::new();
-    for segment in path.iter() {
-        let key = match segment {
-            Segment::Seq { index } => {
-                let _ = write!(out, "[{index}]");
-                continue;
-            }
-            Segment::Map { key } | Segment::Enum { variant: key } => key.as_str(),
-            Segment::Unknown => "?",
-        };
-        if !out.is_empty() {
-            out.push('.');
-        }
-        let bare = !key.is_empty()
-            && key
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-        if bare || key == "?" {
-            out.push_str(key);
-        } else {
-            let _ = write!(out, "{key:?}");
-        }
-    }
-    out
 }
 
 fn toml_error(e: &toml::de::Error) -> FieldError {

@@ -92,8 +92,8 @@ pub const DEFAULT_USER_CLAIM: &str = "sub";
 /// The header of `trusted_header` mode when `header` is not set.
 pub const DEFAULT_TRUSTED_HEADER: &str = "x-tollgate-user";
 
-/// The longest accepted user id, bytes.
-pub const MAX_USER_ID_BYTES: usize = 512;
+/// The longest accepted user id, bytes (the one id rule of core).
+pub use tollgate_core::id::MAX_ID_LEN as MAX_USER_ID_BYTES;
 
 /// The shortest accepted HS256 secret, bytes (RFC 7518 §3.2: at least the
 /// hash size). The dev secret is exempt: it is public anyway.
@@ -790,19 +790,16 @@ fn one_header<'h>(
     Ok(Some(value))
 }
 
-/// A user id is non-empty, at most [`MAX_USER_ID_BYTES`] bytes, and free of
-/// control characters (it ends up in store keys and logs).
+/// A user id follows the one id rule ([`tollgate_core::id::check_id`]):
+/// non-empty, at most [`MAX_USER_ID_BYTES`] bytes, free of control
+/// characters (it ends up in store keys and logs).
 fn check_user_id(user: &str) -> Result<(), &'static str> {
-    if user.is_empty() {
-        return Err("it is empty");
-    }
-    if user.len() > MAX_USER_ID_BYTES {
-        return Err("it is longer than 512 bytes");
-    }
-    if user.chars().any(char::is_control) {
-        return Err("it contains control characters");
-    }
-    Ok(())
+    use tollgate_core::id::IdError;
+    tollgate_core::id::check_id(user).map_err(|e| match e {
+        IdError::Empty => "it is empty",
+        IdError::TooLong => "it is longer than 512 bytes",
+        _ => "it contains control characters",
+    })
 }
 
 /// What is read from a token's header before any key is chosen.

@@ -32,8 +32,8 @@ pub const MAX_SESSION_TTL_MS: u64 = 3_600_000;
 /// Largest token count accepted in a request (2^53: exact everywhere).
 pub const MAX_TOKENS: u64 = 1 << 53;
 /// Longest id accepted (invocation, session, holder, reservation,
-/// provider, model, tenant), bytes.
-pub const MAX_ID: usize = 512;
+/// provider, model, tenant), bytes: the one id rule of core.
+pub use tollgate_core::id::MAX_ID_LEN as MAX_ID;
 
 /// A JSON integer for a `u64` field. JSON Schema's `integer` (the
 /// OpenAPI document's type of these fields) is any number with a zero
@@ -468,29 +468,14 @@ pub fn verify_caller<S: Store + Clone>(
         .map_err(|e| ApiError::Unauthorized(e.message()))
 }
 
-/// Checks an id: non-empty, at most [`MAX_ID`] bytes, no control
-/// characters.
+/// Checks an id by the one id rule ([`tollgate_core::id::check_id`]):
+/// non-empty, at most [`MAX_ID`] bytes, no control characters.
 ///
 /// # Errors
 ///
 /// [`ApiError::Invalid`] naming `field`.
 pub fn check_id(field: &str, v: &str) -> Result<(), ApiError> {
-    if v.is_empty() {
-        return Err(ApiError::invalid(field, "must not be empty"));
-    }
-    if v.len() > MAX_ID {
-        return Err(ApiError::invalid(
-            field,
-            format!("must be at most {MAX_ID} bytes"),
-        ));
-    }
-    if v.chars().any(char::is_control) {
-        return Err(ApiError::invalid(
-            field,
-            "must not contain control characters",
-        ));
-    }
-    Ok(())
+    tollgate_core::id::check_id(v).map_err(|e| ApiError::invalid(field, e.to_string()))
 }
 
 fn session_key(user: &str, session: &str) -> String {

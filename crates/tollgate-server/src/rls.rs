@@ -565,42 +565,7 @@ impl Check {
     }
 
     fn rate(&mut self, path: &str, r: &RateConfig) -> Option<BucketSpec> {
-        let mut ok = true;
-        for (field, v) in [("amount", r.amount), ("period_ms", r.period_ms)] {
-            if v < 1 {
-                self.err(
-                    format!("{path}.{field}"),
-                    format!("must be at least 1 (got {v})"),
-                );
-                ok = false;
-            }
-        }
-        if let Some(b) = r.burst
-            && b < 1
-        {
-            self.err(
-                format!("{path}.burst"),
-                format!("capacity must be at least 1 (got {b})"),
-            );
-            ok = false;
-        }
-        if !ok {
-            return None;
-        }
-        let (amount, period) = (r.amount as u64, r.period_ms as u64);
-        let burst = r.burst.map_or(amount, |b| b as u64);
-        match BucketSpec::new(amount, period, burst) {
-            Ok(s) => Some(s),
-            Err(_) => {
-                self.err(
-                    path,
-                    format!(
-                        "burst × period_ms ({burst} × {period}) and amount × period_ms must not exceed 2^53"
-                    ),
-                );
-                None
-            }
-        }
+        r.validate(path, &mut self.errors)
     }
 }
 

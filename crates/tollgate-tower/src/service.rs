@@ -205,6 +205,6 @@ mod tests {
         let b = fresh_invocation_id();
         assert_ne!(a, b);
         assert!(a.starts_with("tollgate-tower."));
-        assert!(a.len() <= tollgate_core::limiter::MAX_ID_LEN);
+        assert!(a.len() <= tollgate_core::id::MAX_ID_LEN);
     }
 }

@@ -211,7 +211,7 @@ async fn a_user_without_a_plan_is_401_and_a_bad_user_id_400() {
         r#"{"error":"unauthorized","message":"this user has no plan"}"#
     );
 
-    let long = "u".repeat(tollgate_core::limiter::MAX_ID_LEN + 1);
+    let long = "u".repeat(tollgate_core::id::MAX_ID_LEN + 1);
     let a = send(&app, turn(Some(&long))).await;
     assert_eq!(a.status, StatusCode::BAD_REQUEST);
     assert_eq!(

@@ -1,0 +1,57 @@
+//! The one id rule (SPEC §6, `tollgate_core::id`) holds at the `Limiter`,
+//! so the tower layer and the adk crate refuse what the sidecar refuses.
+
+use tollgate_core::id::MAX_ID_LEN;
+use tollgate_core::{FakeClock, Limiter, LimiterError, MemoryStore, PlansConfig};
+
+fn limiter() -> Limiter<MemoryStore> {
+    let cfg: PlansConfig = serde_json::from_str(
+        r#"{ "default_plan": "p", "plans": { "p": {
+            "turns": { "amount": 10, "period_ms": 1000 },
+            "tokens": { "amount": 1000, "period_ms": 1000 },
+            "concurrent_runs": 2 } } }"#,
+    )
+    .unwrap();
+    let clock = FakeClock::new(0);
+    Limiter::new(
+        MemoryStore::new(clock.clone()),
+        clock,
+        cfg.validate().unwrap(),
+    )
+}
+
+fn refused(r: Result<impl std::fmt::Debug, LimiterError>) -> (&'static str, String) {
+    match r {
+        Err(LimiterError::InvalidRequest { field, message }) => (field, message),
+        other => panic!("expected an invalid request, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn the_limiter_refuses_control_characters_empty_and_long_ids() {
+    let l = limiter();
+    assert_eq!(
+        refused(l.admit_turn("u\n1", "inv").await),
+        ("user", "must not contain control characters".to_owned())
+    );
+    assert_eq!(
+        refused(l.admit_turn("u1", "inv\u{0}").await),
+        (
+            "invocation_id",
+            "must not contain control characters".to_owned()
+        )
+    );
+    assert_eq!(
+        refused(l.admit_turn("", "inv").await),
+        ("user", "must not be empty".to_owned())
+    );
+    let long = "u".repeat(MAX_ID_LEN + 1);
+    assert_eq!(
+        refused(l.admit_turn(&long, "inv").await),
+        ("user", format!("must be at most {MAX_ID_LEN} bytes"))
+    );
+    // The longest id is accepted, and so is any non-control Unicode.
+    let longest = "u".repeat(MAX_ID_LEN);
+    assert!(l.admit_turn(&longest, "inv").await.unwrap().is_allowed());
+    assert!(l.admit_turn("üser/1 ✓", "inv").await.unwrap().is_allowed());
+}
