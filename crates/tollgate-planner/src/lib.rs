@@ -1,8 +1,8 @@
 //! # tollgate-planner
 //!
-//! Planning tools over tollgate's real limiter (SPEC §6–7), as a library:
-//! the `tollgate` binary wires them to its `simulate`, `capacity` and
-//! `derive` subcommands, and nothing here parses command lines.
+//! Planning tools over tollgate's real limiter (SPEC §6–7), as a library,
+//! and their command lines: [`cli`] holds the `simulate`, `capacity` and
+//! `derive` subcommands as [`clap::Args`] that the `tollgate` binary embeds.
 //!
 //! * [`simulate`]: replay a traffic trace (JSON lines) through the real
 //!   [`Limiter`](tollgate_core::Limiter) and
@@ -36,6 +36,7 @@
 //! The formats and outputs are described in `docs/planning.md`.
 
 pub mod capacity;
+pub mod cli;
 pub mod config;
 pub mod derive;
 mod error;

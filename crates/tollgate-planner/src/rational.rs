@@ -1,17 +1,20 @@
-//! [`Rational`]: exact non-negative fractions, parsed from decimals.
+//! [`Rational`]: exact non-negative fractions, parsed from decimals. The
+//! arithmetic (reduced fractions, checked products and sums, comparison) is
+//! `num-rational`'s `Ratio<u128>`; decimal parsing, rounding halves up and
+//! display are here, since `num-rational` neither parses nor writes
+//! decimals.
 
-use std::cmp::Ordering;
 use std::fmt;
 use std::str::FromStr;
+
+use num_rational::Ratio;
+use num_traits::{CheckedAdd, CheckedDiv, CheckedMul};
 
 /// An exact non-negative number: a fraction of two integers, parsed from a
 /// plain decimal (`40`, `5.5`, `3.2`, `10_000`). Planning arithmetic stays
 /// exact with it: 40 × 5.5 is 220, not 219.99999999999997.
-#[derive(Debug, Clone, Copy)]
-pub struct Rational {
-    num: u128,
-    den: u128,
-}
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Rational(Ratio<u128>);
 
 /// Why a number could not be parsed or computed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -25,66 +28,49 @@ pub enum RationalError {
     Overflow,
 }
 
-fn gcd(mut a: u128, mut b: u128) -> u128 {
-    while b != 0 {
-        (a, b) = (b, a % b);
-    }
-    a
-}
-
 impl Rational {
     /// Zero.
-    pub const ZERO: Rational = Rational { num: 0, den: 1 };
+    pub const ZERO: Rational = Rational(Ratio::new_raw(0, 1));
 
     /// `num / den` for constants: both must already be reduced and `den`
     /// not 0.
     pub(crate) const fn reduced(num: u128, den: u128) -> Self {
-        Rational { num, den }
+        Rational(Ratio::new_raw(num, den))
     }
 
     /// The integer `n`.
     pub fn int(n: u64) -> Self {
-        Rational {
-            num: u128::from(n),
-            den: 1,
-        }
+        Rational(Ratio::from_integer(u128::from(n)))
     }
 
     /// `num / den`, reduced. `None` if `den` is 0.
     pub fn new(num: u128, den: u128) -> Option<Self> {
-        if den == 0 {
-            return None;
-        }
-        let g = gcd(num, den).max(1);
-        Some(Rational {
-            num: num / g,
-            den: den / g,
-        })
+        (den != 0).then(|| Rational(Ratio::new(num, den)))
     }
 
     /// The numerator (reduced).
     pub fn numer(&self) -> u128 {
-        self.num
+        *self.0.numer()
     }
 
     /// The denominator (reduced, at least 1).
     pub fn denom(&self) -> u128 {
-        self.den
+        *self.0.denom()
     }
 
     /// Whether it is 0.
     pub fn is_zero(&self) -> bool {
-        self.num == 0
+        self.numer() == 0
     }
 
     /// Whether it is a whole number.
     pub fn is_integer(&self) -> bool {
-        self.den == 1
+        self.0.is_integer()
     }
 
     /// The smallest integer not below it.
     pub fn ceil(&self) -> u128 {
-        self.num.div_ceil(self.den)
+        self.numer().div_ceil(self.denom())
     }
 
     /// Rounded to the nearest integer, halves up.
@@ -95,17 +81,18 @@ impl Rational {
     /// `self × scale`, rounded halves up, without overflowing (saturating
     /// past `u128::MAX`).
     fn scaled(&self, scale: u128) -> u128 {
-        let (q, r) = (self.num / self.den, self.num % self.den);
+        let (num, den) = (self.numer(), self.denom());
+        let (q, r) = (num / den, num % den);
         let frac = match r.checked_mul(scale).and_then(|x| x.checked_mul(2)) {
-            Some(x) => x.saturating_add(self.den) / self.den.saturating_mul(2).max(1),
-            None => ((r as f64 / self.den as f64) * scale as f64).round() as u128,
+            Some(x) => x.saturating_add(den) / den.saturating_mul(2).max(1),
+            None => ((r as f64 / den as f64) * scale as f64).round() as u128,
         };
         q.saturating_mul(scale).saturating_add(frac)
     }
 
     /// The nearest `f64` (for JSON).
     pub fn to_f64(&self) -> f64 {
-        self.num as f64 / self.den as f64
+        self.numer() as f64 / self.denom() as f64
     }
 
     /// `self × other`, exactly.
@@ -114,15 +101,10 @@ impl Rational {
     ///
     /// [`RationalError::Overflow`] if it does not fit.
     pub fn try_mul(self, other: Rational) -> Result<Rational, RationalError> {
-        let g1 = gcd(self.num, other.den).max(1);
-        let g2 = gcd(other.num, self.den).max(1);
-        let num = (self.num / g1)
-            .checked_mul(other.num / g2)
-            .ok_or(RationalError::Overflow)?;
-        let den = (self.den / g2)
-            .checked_mul(other.den / g1)
-            .ok_or(RationalError::Overflow)?;
-        Ok(Rational::new(num, den).unwrap_or(Rational::ZERO))
+        self.0
+            .checked_mul(&other.0)
+            .map(Rational)
+            .ok_or(RationalError::Overflow)
     }
 
     /// `self / other`, exactly; `None` if `other` is 0.
@@ -131,14 +113,13 @@ impl Rational {
     ///
     /// [`RationalError::Overflow`] if it does not fit.
     pub fn try_div(self, other: Rational) -> Result<Option<Rational>, RationalError> {
-        if other.num == 0 {
+        if other.is_zero() {
             return Ok(None);
         }
-        self.try_mul(Rational {
-            num: other.den,
-            den: other.num,
-        })
-        .map(Some)
+        self.0
+            .checked_div(&other.0)
+            .map(|q| Some(Rational(q)))
+            .ok_or(RationalError::Overflow)
     }
 
     /// `self + other`, exactly.
@@ -147,22 +128,10 @@ impl Rational {
     ///
     /// [`RationalError::Overflow`] if it does not fit.
     pub fn try_add(self, other: Rational) -> Result<Rational, RationalError> {
-        let g = gcd(self.den, other.den).max(1);
-        let den = (self.den / g)
-            .checked_mul(other.den)
-            .ok_or(RationalError::Overflow)?;
-        let a = self
-            .num
-            .checked_mul(den / self.den)
-            .ok_or(RationalError::Overflow)?;
-        let b = other
-            .num
-            .checked_mul(den / other.den)
-            .ok_or(RationalError::Overflow)?;
-        Ok(
-            Rational::new(a.checked_add(b).ok_or(RationalError::Overflow)?, den)
-                .unwrap_or(Rational::ZERO),
-        )
+        self.0
+            .checked_add(&other.0)
+            .map(Rational)
+            .ok_or(RationalError::Overflow)
     }
 
     /// Written with at most `places` decimals, rounded halves up, trailing
@@ -192,44 +161,6 @@ pub(crate) fn group(n: u128) -> String {
         out.push(c);
     }
     out
-}
-
-impl PartialEq for Rational {
-    fn eq(&self, other: &Self) -> bool {
-        self.num == other.num && self.den == other.den
-    }
-}
-
-impl Eq for Rational {}
-
-impl PartialOrd for Rational {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Rational {
-    fn cmp(&self, other: &Self) -> Ordering {
-        // Both are below 2^100 in practice (parsing caps digits); compare
-        // by cross-multiplying in 256 bits made of two u128 halves.
-        let (a_hi, a_lo) = widening_mul(self.num, other.den);
-        let (b_hi, b_lo) = widening_mul(other.num, self.den);
-        (a_hi, a_lo).cmp(&(b_hi, b_lo))
-    }
-}
-
-fn widening_mul(a: u128, b: u128) -> (u128, u128) {
-    const MASK: u128 = u64::MAX as u128;
-    let (a1, a0) = (a >> 64, a & MASK);
-    let (b1, b0) = (b >> 64, b & MASK);
-    let p00 = a0 * b0;
-    let p01 = a0 * b1;
-    let p10 = a1 * b0;
-    let p11 = a1 * b1;
-    let mid = (p00 >> 64) + (p01 & MASK) + (p10 & MASK);
-    let lo = (p00 & MASK) | (mid << 64);
-    let hi = p11 + (p01 >> 64) + (p10 >> 64) + (mid >> 64);
-    (hi, lo)
 }
 
 /// Digits accepted in one number, so that products of a few stay exact.
