@@ -1,10 +1,11 @@
 //! Key material: reading key files (bounded), public keys in PEM and JWK
 //! form, and the checks a key must pass before it verifies anything.
 //!
-//! Nothing here parses by hand: PEM blocks are read by the `pem` crate and by
-//! [`jsonwebtoken`]'s own key constructors, the PKCS#1 `RSAPublicKey` by
-//! `pkcs1` (through `rsa`), RSA key sizes and exponents are checked by `rsa`,
-//! P-256 points by `p256`, and base64url by `base64`.
+//! Nothing here parses by hand: PEM files and JWKs become keys through
+//! [`jsonwebtoken`]'s own key constructors (which read PEM with the `pem`
+//! crate), the PKCS#1 `RSAPublicKey` is read by `pkcs1` (through `rsa`), RSA
+//! key sizes and exponents are checked by `rsa`, P-256 points by `p256`, and
+//! base64url by `base64`.
 
 use std::io::Read;
 use std::path::Path;
@@ -36,16 +37,19 @@ pub(super) fn read_capped(path: &Path) -> Result<Vec<u8>, String> {
     Ok(bytes)
 }
 
-/// The public key of `alg` (RS256 or ES256) in the PEM file at `path`,
-/// checked: an RSA key by [`check_rsa_public`], an EC key by
-/// [`check_ec_public`]. A file holding a private key is refused.
+/// The public key of `alg` (RS256 or ES256) in the PEM file at `path`, read
+/// by [`jsonwebtoken`]'s own constructors and checked: an RSA key by
+/// [`check_rsa_public`], an EC key by [`check_ec_public`]. A file that
+/// mentions a private key anywhere (`PRIVATE KEY`, `RSA PRIVATE KEY`, …, even
+/// in a block that does not parse) is refused: it should not be on the
+/// server at all.
 pub(super) fn load_public_key(
     path: &Path,
     alg: jsonwebtoken::Algorithm,
 ) -> Result<DecodingKey, String> {
     let pem = read_capped(path)?;
     let shown = path.display();
-    if holds_private_key(&pem) {
+    if pem.windows(11).any(|w| w == b"PRIVATE KEY") {
         return Err(format!(
             "{shown} holds a private key; give the public key only \
              (openssl pkey -in private.pem -pubout -out public.pem)"
@@ -70,16 +74,6 @@ pub(super) fn load_public_key(
         }
         _ => Err("unsupported algorithm".to_owned()),
     }
-}
-
-/// Whether a PEM file holds a private key (`PRIVATE KEY`, `RSA PRIVATE KEY`,
-/// `EC PRIVATE KEY`, … blocks). Text that is not PEM holds none.
-fn holds_private_key(pem: &[u8]) -> bool {
-    pem::parse_many(pem).is_ok_and(|blocks| {
-        blocks
-            .iter()
-            .any(|block| block.tag().ends_with("PRIVATE KEY"))
-    })
 }
 
 /// `(n, e)` of a PKCS#1 `RSAPublicKey` in DER (what

@@ -61,7 +61,7 @@
 //!   signature, claims on the injected clock, minting;
 //! - `jwks.rs`: a JWKS file as a key source, reread when it changes;
 //! - `keys.rs`: key files and key material (PEM, JWK) and their checks, all
-//!   parsed by maintained crates (`jsonwebtoken`, `pem`, `rsa`, `p256`,
+//!   parsed by maintained crates (`jsonwebtoken`, `rsa`, `p256`,
 //!   `base64`);
 //! - `trusted.rs`: trusted_header mode.
 

@@ -49,11 +49,29 @@ fn ec_keys_are_p256_points() {
 }
 
 #[test]
-fn private_keys_are_recognised_by_their_pem_label() {
-    assert!(holds_private_key(RSA_A_PRIVATE.as_bytes()));
-    assert!(holds_private_key(EC_A_PRIVATE.as_bytes()));
-    let both = format!("{RSA_A_PUBLIC}{EC_A_PRIVATE}");
-    assert!(holds_private_key(both.as_bytes()));
-    assert!(!holds_private_key(RSA_A_PUBLIC.as_bytes()));
-    assert!(!holds_private_key(b"not a key"));
+fn public_key_files_never_hold_a_private_key() {
+    let dir = TempDir::new("keys-pem");
+    let load = |name: &str, contents: &str, alg| {
+        load_public_key(&dir.write(name, contents), alg).map(|_| ())
+    };
+    assert!(load("rsa.pem", RSA_A_PUBLIC, Algorithm::RS256).is_ok());
+    assert!(load("ec.pem", EC_A_PUBLIC, Algorithm::ES256).is_ok());
+    for (name, contents) in [
+        ("private.pem", RSA_A_PRIVATE.to_owned()),
+        ("ec-private.pem", EC_A_PRIVATE.to_owned()),
+        // A public key first does not hide a private key after it.
+        ("both.pem", format!("{RSA_A_PUBLIC}{EC_A_PRIVATE}")),
+        // Nor does a private block that does not parse.
+        (
+            "broken.pem",
+            format!("{RSA_A_PUBLIC}-----BEGIN PRIVATE KEY-----\nAAAA\n"),
+        ),
+    ] {
+        let e = load(name, &contents, Algorithm::RS256).unwrap_err();
+        assert!(e.contains("holds a private key"), "{name}: {e}");
+    }
+    for (name, contents) in [("text.pem", "not a key"), ("empty.pem", "")] {
+        let e = load(name, contents, Algorithm::RS256).unwrap_err();
+        assert!(e.contains("not an RSA public key in PEM"), "{name}: {e}");
+    }
 }
