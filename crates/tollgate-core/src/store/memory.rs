@@ -32,6 +32,7 @@ use std::sync::{Arc, OnceLock};
 use hashbrown::{DefaultHashBuilder, HashTable};
 use parking_lot::{Mutex, MutexGuard};
 
+use super::MAX_TRACKED_RUNS;
 use super::grouped::check_group;
 use super::{
     AppendOutcome, BucketRef, BucketTake, CLAIM_SLACK_MS, Claim, ClaimRequest, CooldownCheck,
@@ -52,10 +53,6 @@ use crate::lease::{self, LeaseSet, SessionAcquire, SessionGrant, SessionLease};
 
 const SHARDS: usize = 64;
 
-/// Runs per user whose call counters and open reservations are remembered;
-/// past it the least recently active run's record is dropped (its open
-/// reservations then settle as unknown, which never under-charges).
-pub const MAX_TRACKED_RUNS: usize = 256;
 const SWEEP_EVERY_MS: u64 = 60_000;
 const MIN_SWEEP_LEN: usize = 1_024;
 /// At the entry bound, every shard is swept for room at most this often, ms.
