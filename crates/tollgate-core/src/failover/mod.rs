@@ -50,6 +50,11 @@
 //!
 //! The journal and the owed charges are in memory: a replica that crashes
 //! during an outage loses them (SPEC §6).
+//!
+//! [`RESERVATION_RETENTION_MS`]: crate::store::RESERVATION_RETENTION_MS
+//! [`SettleOutcome::Pending`]: crate::store::SettleOutcome::Pending
+//! [`Release::Pending`]: crate::store::Release::Pending
+//! [`ReconcileRequest::batch`]: crate::store::ReconcileRequest::batch
 
 mod breaker;
 mod journal;

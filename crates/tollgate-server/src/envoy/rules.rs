@@ -33,8 +33,8 @@ pub struct RlsConfig {
     #[serde(default)]
     pub key_file: Option<PathBuf>,
     /// Calls the service answers at once (default
-    /// [`DEFAULT_MAX_IN_FLIGHT`]); past it a call is answered
-    /// `RESOURCE_EXHAUSTED` at once. Read at startup only.
+    /// [`DEFAULT_MAX_IN_FLIGHT`](super::DEFAULT_MAX_IN_FLIGHT)); past it a
+    /// call is answered `RESOURCE_EXHAUSTED` at once. Read at startup only.
     #[serde(default)]
     pub max_in_flight: Option<usize>,
     /// The rate-limit domain answered (Envoy's ratelimit filter `domain`);
