@@ -11,7 +11,9 @@
 //! integer arithmetic ([`bucket`]), and pure lease transitions ([`lease`]).
 //! A [`Store`] applies them atomically ([`MemoryStore`] here; Redis in
 //! `tollgate-redis`), and the [`Limiter`] resolves each user's [`Plan`].
-//! Time always comes from an injected [`Clock`].
+//! [`Failover`](failover::Failover) applies the failure policy of SPEC §6
+//! (fail closed, or fail open on a local store with scaled rates) to any
+//! store. Time always comes from an injected [`Clock`].
 //!
 //! ```
 //! use tollgate_core::{FakeClock, Limiter, MemoryStore, PlansConfig};
@@ -40,6 +42,7 @@ pub mod bucket;
 pub mod clock;
 pub mod decision;
 pub mod error;
+pub mod failover;
 pub mod gate;
 pub mod id;
 pub mod lease;
@@ -55,7 +58,7 @@ pub use clock::{Clock, FakeClock, MonotonicClock, SystemClock};
 pub use decision::{Decision, Denial, Limit, Outcome};
 pub use error::{LimiterError, StoreError, StoreErrorKind};
 pub use gate::{Overloaded, ReplicaGate, ReplicaPermit};
-pub use limiter::{Limiter, Reservation, Reserve, RunLease, SessionsHeld, Settled, TurnsTaken};
+pub use limiter::{Limiter, Reservation, Reserve, RunLease, SessionsHeld, Settled, Taken};
 pub use plan::{Plan, PlanBook, PlanConfig, PlanOverride, PlansConfig, RateConfig};
 pub use store::memory::MemoryStore;
 pub use store::{ReservationId, Store};

@@ -6,15 +6,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 
-use crate::bucket::{MAX_SCALED, Take};
+use crate::bucket::{BucketSpec, MAX_SCALED, Take};
 use crate::clock::Clock;
 use crate::decision::{Decision, Denial, Limit, Waited};
-use crate::error::LimiterError;
+use crate::error::{LimiterError, StoreError};
 use crate::lease::{Admit, TurnParams};
 use crate::plan::{Plan, PlanBook};
 use crate::store::{
     BucketRef, Claim, ClaimRequest, Release, ReservationId, ReserveOutcome, ReserveRequest,
-    SettleOutcome, SettleRequest, Store, TakeRequest, TurnRequest,
+    SettleOutcome, SettleRequest, Store, TakeOutcome, TakeRequest, TurnRequest,
 };
 
 /// A granted run lease.
@@ -51,20 +51,21 @@ impl Waited for Reservation {
     }
 }
 
-/// Turns taken from a user's turn bucket without a run lease
-/// ([`Limiter::take_turns`]), and what is left.
+/// What a single take from a bucket took, without a lease or a wait: turns
+/// from a user's turn bucket ([`Limiter::take_turns`]) or tokens from a
+/// named bucket ([`Limiter::take_bucket`]), and what is left.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TurnsTaken {
+pub struct Taken {
     /// How many were taken: the cost, or 0 when only shadow mode let the
     /// request through.
     pub taken: u64,
-    /// Whole turns left in the bucket now.
+    /// Whole tokens (turns) left in the bucket now.
     pub remaining: u64,
     /// How long until the bucket is full again, ms.
     pub full_in_ms: u64,
 }
 
-impl Waited for TurnsTaken {
+impl Waited for Taken {
     fn wait_ms(&self) -> u64 {
         0
     }
@@ -271,11 +272,7 @@ impl<S: Store> Limiter<S> {
     /// store fault.
     ///
     /// [`Denial::ExceedsCapacity`]: crate::Denial::ExceedsCapacity
-    pub async fn take_turns(
-        &self,
-        user: &str,
-        cost: u64,
-    ) -> Result<Decision<TurnsTaken>, LimiterError> {
+    pub async fn take_turns(&self, user: &str, cost: u64) -> Result<Decision<Taken>, LimiterError> {
         let plan = self.plan_for(user)?;
         let out = self
             .store
@@ -285,38 +282,59 @@ impl<S: Store> Limiter<S> {
                 cost,
             })
             .await?;
-        let denial = match out.take {
-            Take::Granted { .. } => {
-                return Ok(Decision::Allowed {
-                    grant: TurnsTaken {
-                        taken: cost,
-                        remaining: out.remaining,
-                        full_in_ms: out.full_in_ms,
-                    },
-                    shadow_denied: None,
-                });
-            }
-            Take::Refused { retry_after_ms } => Denial::Limited {
-                limit: Limit::TurnRate,
-                retry_after_ms,
+        Ok(match taken(&out, cost, Limit::TurnRate, &plan.turns) {
+            Ok(grant) => Decision::Allowed {
+                grant,
+                shadow_denied: None,
             },
-            Take::ExceedsCapacity => Denial::ExceedsCapacity {
-                limit: Limit::TurnRate,
-                cost,
-                max_cost: plan.turns.capacity(),
-            },
-        };
-        Ok(if plan.shadow {
-            Decision::Allowed {
-                grant: TurnsTaken {
+            Err(denial) if plan.shadow => Decision::Allowed {
+                grant: Taken {
                     taken: 0,
                     remaining: out.remaining,
                     full_in_ms: out.full_in_ms,
                 },
                 shadow_denied: Some(denial),
-            }
-        } else {
-            Decision::Denied(denial)
+            },
+            Err(denial) => Decision::Denied(denial),
+        })
+    }
+
+    /// Takes `cost` tokens from the named bucket `key` of rate `spec` (a
+    /// bucket of its own, in the key space of `take_many`, not a user's:
+    /// an Envoy rate-limit descriptor's), in one store step
+    /// ([`Store::take_one`]), and answers the decision ([`Limit::Bucket`]).
+    ///
+    /// As [`take_turns`](Self::take_turns): a refusal takes nothing and
+    /// carries the exact retry hint, a cost larger than the burst is
+    /// [`Denial::ExceedsCapacity`], a cost of 0 takes nothing and reports
+    /// the bucket. There is no plan, so no shadow mode: a caller with a
+    /// shadow setting of its own applies it to the answer.
+    ///
+    /// # Errors
+    ///
+    /// A store fault.
+    ///
+    /// [`Denial::ExceedsCapacity`]: crate::Denial::ExceedsCapacity
+    pub async fn take_bucket(
+        &self,
+        key: &str,
+        spec: BucketSpec,
+        cost: u64,
+    ) -> Result<Decision<Taken>, StoreError> {
+        let out = self
+            .store
+            .take_one(TakeRequest {
+                bucket: BucketRef::Named(key),
+                spec,
+                cost,
+            })
+            .await?;
+        Ok(match taken(&out, cost, Limit::Bucket, &spec) {
+            Ok(grant) => Decision::Allowed {
+                grant,
+                shadow_denied: None,
+            },
+            Err(denial) => Decision::Denied(denial),
         })
     }
 
@@ -691,5 +709,27 @@ impl<S: Store> Drop for RefundOnDrop<S> {
                 tracing::warn!(user, reservation = %id, "no runtime to refund an abandoned wait");
             }
         }
+    }
+}
+
+/// The enforcing answer of one take of `cost` from a bucket of `spec`
+/// ([`Store::take_one`]): what was taken, or why it was refused (by
+/// `limit`).
+fn taken(out: &TakeOutcome, cost: u64, limit: Limit, spec: &BucketSpec) -> Result<Taken, Denial> {
+    match out.take {
+        Take::Granted { .. } => Ok(Taken {
+            taken: cost,
+            remaining: out.remaining,
+            full_in_ms: out.full_in_ms,
+        }),
+        Take::Refused { retry_after_ms } => Err(Denial::Limited {
+            limit,
+            retry_after_ms,
+        }),
+        Take::ExceedsCapacity => Err(Denial::ExceedsCapacity {
+            limit,
+            cost,
+            max_cost: spec.capacity(),
+        }),
     }
 }

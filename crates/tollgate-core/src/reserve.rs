@@ -13,7 +13,7 @@
 
 use crate::bucket::{self, BucketSpec, BucketState, MAX_SCALED, Take};
 use crate::decision::{Denial, Limit};
-use crate::store::memory::MAX_TRACKED_RUNS;
+use crate::store::MAX_TRACKED_RUNS;
 use crate::store::{
     RESERVATION_RETENTION_MS, ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome,
     SettleRequest, sliding_minute,

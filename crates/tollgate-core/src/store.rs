@@ -31,6 +31,13 @@ pub use grouped::{
 /// unknown reservation.
 pub const RESERVATION_RETENTION_MS: u64 = 3_600_000;
 
+/// Runs per user whose record (model-call counter and open reservations) a
+/// store remembers (SPEC §2): past it the least recently active run's
+/// record is dropped, so its open reservations then settle as unknown,
+/// which never under-charges. Every store enforces it (the Redis scripts
+/// are passed this value).
+pub const MAX_TRACKED_RUNS: usize = 256;
+
 /// Default time a session's lease state, fence counter and records are kept
 /// after the last activity (SPEC §4): 7 days.
 pub const DEFAULT_SESSION_RETENTION_MS: u64 = 7 * 24 * 3_600_000;

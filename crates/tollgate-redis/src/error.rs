@@ -13,7 +13,7 @@ use tollgate_core::{StoreError, StoreErrorKind};
 /// a fault of the shared store too). Permanent: bad credentials, scripts
 /// that fail, answers this client does not understand.
 ///
-/// [`Failover`]: crate::Failover
+/// [`Failover`]: tollgate_core::failover::Failover
 pub(crate) fn classify(e: RedisError) -> StoreError {
     let kind = if e.code() == Some("OOM") {
         StoreErrorKind::Full

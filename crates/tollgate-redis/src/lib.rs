@@ -8,24 +8,17 @@
 //! (levels scaled by the period, integer ceilings), and time from Redis
 //! `TIME`, so a fleet decides on one clock.
 //!
-//! [`Failover`] applies the failure policy of SPEC §6 (fail closed, or fail
-//! open on a local store with scaled rates) to any store.
+//! The failure policy of SPEC §6 is core's
+//! [`Failover`](tollgate_core::failover::Failover), generic over any store.
 //!
 //! The top-users counter (for the admin endpoint) lives in its own slot and
 //! is updated after a user's script, best effort.
 
-mod breaker;
 mod config;
 mod error;
-mod failover;
 mod keys;
 mod scripts;
 mod store;
 
-pub use breaker::{BreakerConfig, BreakerState};
 pub use config::{RedisConfig, RedisTarget};
-pub use failover::{
-    DEFAULT_JOURNAL_CAPACITY, Failover, FailurePolicy, FallbackEvent, InvalidShare, JournalStats,
-    Recovery,
-};
 pub use store::RedisStore;

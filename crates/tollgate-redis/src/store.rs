@@ -13,13 +13,12 @@ use redis::{
 use tollgate_core::aimd::{self, AimdParams};
 use tollgate_core::bucket::{Take, clamp_ttl};
 use tollgate_core::lease::{Admit, SessionAcquire, SessionGrant};
-use tollgate_core::store::memory::MAX_TRACKED_RUNS;
 use tollgate_core::store::{
     AppendOutcome, BucketRef, BucketTake, CLAIM_SLACK_MS, Claim, ClaimRequest, CooldownCheck,
-    FenceCheck, MultiTake, ProviderCleared, RESERVATION_RETENTION_MS, ReconcileRequest, Reconciled,
-    Release, ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome, SettleRequest,
-    TakeOutcome, TakeRequest, TopUser, TurnOutcome, TurnRequest, UserState, rank_top,
-    sliding_minute,
+    FenceCheck, MAX_TRACKED_RUNS, MultiTake, ProviderCleared, RESERVATION_RETENTION_MS,
+    ReconcileRequest, Reconciled, Release, ReservationId, ReserveOutcome, ReserveRequest,
+    SettleOutcome, SettleRequest, TakeOutcome, TakeRequest, TopUser, TurnOutcome, TurnRequest,
+    UserState, rank_top, sliding_minute,
 };
 use tollgate_core::{BucketSpec, Clock, Denial, Limit, Store, StoreError};
 

@@ -15,11 +15,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tollgate_core::aimd::AimdParams;
+use tollgate_core::failover::{BreakerConfig, Failover, FailurePolicy};
 use tollgate_core::{
     Decision, FakeClock, Limit, Limiter, LimiterError, PlanConfig, PlansConfig, RateConfig, Store,
     StoreErrorKind,
 };
-use tollgate_redis::{BreakerConfig, Failover, FailurePolicy, RedisConfig, RedisStore};
+use tollgate_redis::{RedisConfig, RedisStore};
 use tollgate_testkit::redis::{RedisServer, unique_prefix, wait_until};
 
 fn plans() -> tollgate_core::PlanBook {

@@ -445,7 +445,7 @@ impl Ctx {
         let mut req = tonic::Request::new(req);
         if let Some(key) = &self.rls_key {
             req.metadata_mut()
-                .insert(tollgate_server::rls::KEY_METADATA, key.clone());
+                .insert(tollgate_server::envoy::KEY_METADATA, key.clone());
         }
         let class = match client.should_rate_limit(req).await {
             Ok(resp) => match Code::try_from(resp.get_ref().overall_code) {

@@ -10,10 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use tollgate_core::failover::{BreakerConfig, DEFAULT_JOURNAL_CAPACITY, FailurePolicy};
 use tollgate_core::plan::{FieldError, toml_path};
 use tollgate_core::provider::{ProviderBook, ProvidersConfig, validate_providers};
 use tollgate_core::{PlanBook, PlanConfig, PlanOverride, PlansConfig, SystemClock};
-use tollgate_redis::{BreakerConfig, FailurePolicy, RedisConfig, RedisTarget};
+use tollgate_redis::{RedisConfig, RedisTarget};
 
 use crate::identity::{IdentityConfig, Verifier};
 
@@ -68,7 +69,7 @@ pub struct FileConfig {
     pub providers: ProvidersConfig,
     /// Envoy's rate-limit service: descriptors → limits (docs/envoy.md).
     #[serde(default)]
-    pub rls: crate::rls::RlsConfig,
+    pub rls: crate::envoy::RlsConfig,
     /// What one client may hold of this replica: connections, timeouts,
     /// waiting requests (read at start).
     #[serde(default)]
@@ -414,7 +415,7 @@ pub struct Config {
     /// The rate-limit service's key and in-flight cap (`[rls] key`,
     /// `key_file`, `max_in_flight`). Read at startup only: a reload does
     /// not apply a change (restart).
-    pub rls_server: crate::rls::RlsServer,
+    pub rls_server: crate::envoy::RlsServer,
     /// Admin bearer token, if admin endpoints are on.
     pub admin_token: Option<String>,
     /// The replica's in-flight cap.
@@ -428,7 +429,7 @@ pub struct Config {
     /// The provider quotas (`[providers."<provider>:<model>"]`).
     pub providers: ProviderBook,
     /// Envoy's rate-limit service rules (`[rls]`); they reload.
-    pub rls: crate::rls::RlsRules,
+    pub rls: crate::envoy::RlsRules,
     /// The edge's bounds (`[limits]`). Read at startup only.
     pub limits: crate::edge::EdgeLimits,
     /// The settings a running server cannot change, as written: a reload
@@ -758,19 +759,19 @@ impl FileConfig {
             }
             _ => {}
         }
-        let rls_server = match crate::rls::validate_rls_server(&self.rls, base_dir) {
+        let rls_server = match crate::envoy::validate_rls_server(&self.rls, base_dir) {
             Ok(s) => Some(s),
             Err(e) => {
                 errors.extend(e);
                 None
             }
         };
-        if self.max_in_flight == 0 || self.max_in_flight > crate::rls::MAX_MAX_IN_FLIGHT {
+        if self.max_in_flight == 0 || self.max_in_flight > crate::envoy::MAX_MAX_IN_FLIGHT {
             errors.push(err(
                 "max_in_flight",
                 format!(
                     "must be 1 to {} (got {})",
-                    crate::rls::MAX_MAX_IN_FLIGHT,
+                    crate::envoy::MAX_MAX_IN_FLIGHT,
                     self.max_in_flight
                 ),
             ));
@@ -807,7 +808,7 @@ impl FileConfig {
                 None
             }
         };
-        let rls = match crate::rls::validate_rls(&self.rls) {
+        let rls = match crate::envoy::validate_rls(&self.rls) {
             Ok(r) => Some(r),
             Err(e) => {
                 errors.extend(e);
@@ -1045,7 +1046,7 @@ impl StoreConfig {
         };
         let breaker = self.breaker.clone().unwrap_or_default().validate(errors);
         let journal_capacity = match self.journal_capacity {
-            None => tollgate_redis::DEFAULT_JOURNAL_CAPACITY,
+            None => DEFAULT_JOURNAL_CAPACITY,
             Some(n) if (1..=MAX_JOURNAL_CAPACITY).contains(&n) => {
                 usize::try_from(n).unwrap_or(usize::MAX)
             }

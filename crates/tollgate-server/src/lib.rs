@@ -5,7 +5,7 @@
 //! at `/openapi.json`), and the same operations over gRPC on their own port
 //! ([`grpc`], `proto/tollgate/v1/tollgate.proto`); both call [`ops`], so
 //! they answer alike. Envoy's rate-limit service has a listener of its own
-//! (`rls_listen`, [`grpc::rls`]), guarded by a shared key. It identifies
+//! (`rls_listen`, [`envoy`]), guarded by a shared key. It identifies
 //! users from a verified JWT (or a trusted upstream header) and decides
 //! with the `tollgate-core` limiter and provider quota governor on the
 //! in-memory store or Redis.
@@ -19,11 +19,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
+use tollgate_core::failover::Failover;
 use tollgate_core::{Clock, Limiter, MemoryStore, MonotonicClock, Store, SystemClock};
-use tollgate_redis::{Failover, RedisStore};
+use tollgate_redis::RedisStore;
 
 pub mod config;
 pub mod edge;
+pub mod envoy;
 pub mod grpc;
 pub mod http;
 pub mod identity;
@@ -31,7 +33,6 @@ pub mod metrics;
 pub mod ops;
 pub mod outcome;
 pub mod reload;
-pub mod rls;
 pub mod shutdown;
 pub mod state;
 
@@ -51,7 +52,7 @@ pub enum StartError {
     Store(#[from] tollgate_core::StoreError),
     /// The failure policy is invalid.
     #[error(transparent)]
-    Policy(#[from] tollgate_redis::InvalidShare),
+    Policy(#[from] tollgate_core::failover::InvalidShare),
     /// Binding or serving failed.
     #[error("listen: {0}")]
     Io(#[from] std::io::Error),
@@ -408,7 +409,7 @@ async fn run<S: Store + Clone>(
     }
     // The rate-limit service's rules are swapped on every reload from now.
     let rls = rls.map(|listener| {
-        let service = grpc::rls::RlsService::new(app.clone(), config.rls.clone())
+        let service = envoy::RlsService::new(app.clone(), config.rls.clone())
             .with_server(config.rls_server.clone());
         app.reload_rls_rules(service.rules_handle());
         (listener, service)

@@ -499,7 +499,7 @@ impl Metrics {
 /// entry costs its key (user and invocation id, at most 1,044 bytes) and
 /// about 100 bytes of table: at most about 300 MiB at this cap with ids of
 /// the longest length, some 40 MiB with ids of 30 bytes.
-pub const MAX_TRACKED_RUNS: usize = 1 << 18;
+pub const MAX_RUN_TABLE_ENTRIES: usize = 1 << 18;
 
 /// The user and invocation id as one key, unambiguously (length prefix).
 fn run_key(user: &str, invocation_id: &str) -> String {
@@ -516,7 +516,7 @@ fn run_key(user: &str, invocation_id: &str) -> String {
 /// O(log n), so pruning is amortised into the updates that added them).
 /// The table therefore never holds more entries than there are run leases
 /// this replica admitted that are live by their last known expiry: at most
-/// the live leases of the store, and never more than [`MAX_TRACKED_RUNS`].
+/// the live leases of the store, and never more than [`MAX_RUN_TABLE_ENTRIES`].
 ///
 /// Expiries come from the store (with Redis, its `TIME`); `now` is this
 /// replica's clock. A replica whose clock runs `d` ms ahead of the store's
@@ -567,7 +567,7 @@ impl RunTable {
         let expires_at = match self.expiry.get(key.as_str()) {
             Some(old) => (*old).max(expires_at),
             None => {
-                if self.expiry.len() >= MAX_TRACKED_RUNS
+                if self.expiry.len() >= MAX_RUN_TABLE_ENTRIES
                     && let Some((_, first)) = self.by_expiry.pop_first()
                 {
                     self.expiry.remove(&first);
@@ -665,12 +665,12 @@ mod tests {
     #[test]
     fn the_table_is_bounded() {
         let mut t = RunTable::default();
-        for i in 0..MAX_TRACKED_RUNS as u64 + 10 {
+        for i in 0..MAX_RUN_TABLE_ENTRIES as u64 + 10 {
             t.admitted(k(&i.to_string()), 1_000_000 + i, 0);
         }
-        assert_eq!(t.len(), MAX_TRACKED_RUNS);
+        assert_eq!(t.len(), MAX_RUN_TABLE_ENTRIES);
         // The runs expiring first were the ones dropped.
-        assert_eq!(t.live(1_000_009), MAX_TRACKED_RUNS);
-        assert_eq!(t.live(1_000_010), MAX_TRACKED_RUNS - 1);
+        assert_eq!(t.live(1_000_009), MAX_RUN_TABLE_ENTRIES);
+        assert_eq!(t.live(1_000_010), MAX_RUN_TABLE_ENTRIES - 1);
     }
 }

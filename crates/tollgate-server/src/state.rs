@@ -49,7 +49,7 @@ struct Inner<S> {
     restart_only: Option<RestartOnly>,
     reload_lock: tokio::sync::Mutex<()>,
     /// The Envoy rate-limit services' rule holders, swapped on reload.
-    rls_rules: parking_lot::Mutex<Vec<crate::grpc::rls::RulesHandle>>,
+    rls_rules: parking_lot::Mutex<Vec<crate::envoy::RulesHandle>>,
 }
 
 impl<S: Store + Clone> App<S> {
@@ -144,7 +144,7 @@ impl<S: Store + Clone> App<S> {
     }
 
     /// Swaps `rules`' Envoy rate-limit rules on every reload.
-    pub fn reload_rls_rules(&self, rules: crate::grpc::rls::RulesHandle) {
+    pub fn reload_rls_rules(&self, rules: crate::envoy::RulesHandle) {
         self.inner.rls_rules.lock().push(rules);
     }
 

@@ -1393,7 +1393,7 @@ pub async fn reclaimed_leases_are_counted<S: Store + Clone>(store: S, clock: Fak
 /// unknown) and the newest are kept.
 pub async fn run_records_are_bounded<S: Store + Clone>(store: S, clock: FakeClock) {
     let l = limiter_with(store, &clock, support());
-    let n = tollgate_core::store::memory::MAX_TRACKED_RUNS + 1;
+    let n = tollgate_core::store::MAX_TRACKED_RUNS + 1;
     let mut ids = Vec::new();
     for i in 0..n {
         let g = allowed(
@@ -1418,14 +1418,14 @@ pub async fn run_records_are_bounded<S: Store + Clone>(store: S, clock: FakeCloc
 /// and carries the exact hint; shadow mode applies the same transition and
 /// only rewrites the answer.
 pub async fn take_one_shares_budgets<S: Store + Clone>(store: S, clock: FakeClock) {
-    use tollgate_core::TurnsTaken;
+    use tollgate_core::Taken;
     use tollgate_core::bucket::Take;
     use tollgate_core::store::{BucketRef, TakeOutcome, TakeRequest};
 
     let l = limiter_with(store.clone(), &clock, support());
     // 20 turns/min (one per 3,000 ms), burst 5. A cost of 3 on a full
     // bucket: 2 left, full again after 3 × 3,000 ms.
-    let taken = |taken, remaining, full_in_ms| TurnsTaken {
+    let taken = |taken, remaining, full_in_ms| Taken {
         taken,
         remaining,
         full_in_ms,
@@ -1554,6 +1554,29 @@ pub async fn take_one_shares_budgets<S: Store + Clone>(store: S, clock: FakeCloc
             remaining: 0,
             full_in_ms: 4_500
         }
+    );
+
+    // The limiter's decision on a named bucket (Envoy's rules): the same
+    // take answered as a decision of `Limit::Bucket`, refusals taking
+    // nothing.
+    let key = "{rls:t}:y";
+    assert_eq!(
+        allowed(&l.take_bucket(key, spec, 3).await.unwrap()),
+        taken(3, 2, 3_000)
+    );
+    let d = l.take_bucket(key, spec, 3).await.unwrap();
+    assert_eq!(limited(&d), (Limit::Bucket, 1_000));
+    assert_eq!(
+        l.take_bucket(key, spec, 6).await.unwrap(),
+        Decision::Denied(Denial::ExceedsCapacity {
+            limit: Limit::Bucket,
+            cost: 6,
+            max_cost: 5
+        })
+    );
+    assert_eq!(
+        allowed(&l.take_bucket(key, spec, 0).await.unwrap()),
+        taken(0, 2, 3_000)
     );
 }
 

@@ -7,11 +7,11 @@
 //!   [`crate::outcome`]).
 //! - [`proto`]: the messages, server and client generated from
 //!   `proto/tollgate/v1/tollgate.proto`, where the API is documented.
-//! - [`rls`]: Envoy's rate-limit service, on a listener of its own
-//!   (`rls_listen`, guarded by `[rls] key`), not on `grpc_listen`.
+//!
+//! Envoy's rate-limit service is not here: it has a listener of its own
+//! (`rls_listen`, guarded by `[rls] key`), see [`crate::envoy`].
 
 pub mod api;
-pub mod rls;
 
 /// The code generated from `proto/tollgate/v1/tollgate.proto` (package
 /// `tollgate.v1`): messages, the server ([`proto::tollgate_server`]) and a

@@ -64,10 +64,6 @@ mod shards;
 mod tests;
 mod users;
 
-/// Runs per user whose call counters and open reservations are remembered;
-/// past it the least recently active run's record is dropped (its open
-/// reservations then settle as unknown, which never under-charges).
-pub const MAX_TRACKED_RUNS: usize = 256;
 /// At the entry bound, every shard is swept for room at most this often, ms.
 const FULL_SWEEP_EVERY_MS: u64 = 1_000;
 

@@ -1,4 +1,4 @@
-//! The circuit breaker [`Failover`](crate::Failover) puts in front of the
+//! The circuit breaker [`Failover`](super::Failover) puts in front of the
 //! shared store (SPEC §6).
 //!
 //! Closed: every operation goes to the store. It opens after
@@ -16,7 +16,7 @@
 
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
-use tollgate_core::Clock;
+use crate::Clock;
 
 /// When the breaker opens and for how long (`[store.breaker]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -242,7 +242,7 @@ impl Breaker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tollgate_core::FakeClock;
+    use crate::FakeClock;
 
     fn breaker(consecutive: u32) -> Breaker {
         Breaker::new(BreakerConfig {

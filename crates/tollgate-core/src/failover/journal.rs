@@ -1,0 +1,116 @@
+//! The journal of closes (settles, refunds, releases) of what the shared
+//! store issued, kept while it fails and replayed when it answers (SPEC §6).
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+
+use crate::store::{RESERVATION_RETENTION_MS, ReservationId, SettleOutcome, SettleRequest};
+use crate::{BucketSpec, Store, StoreError, StoreErrorKind};
+
+use super::{Attempt, Failover, Recovery};
+
+/// A close waiting for the shared store.
+#[derive(Debug)]
+pub(super) enum Close {
+    Settle {
+        user: String,
+        tokens: BucketSpec,
+        reservation: ReservationId,
+        actual: Option<u64>,
+    },
+    Release {
+        user: String,
+        invocation_id: String,
+    },
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Journal {
+    pub(super) entries: VecDeque<(u64, Close)>,
+    pub(super) expired: u64,
+}
+
+impl<S: Store + Clone> Failover<S> {
+    /// Keeps a close for the shared store; `Err` when the journal is full.
+    pub(super) fn journal(&self, op: &'static str, close: Close) -> Result<(), StoreError> {
+        let now = self.inner.clock.now_ms();
+        let mut j = self.inner.journal.lock();
+        Self::expire(&mut j, now);
+        if j.entries.len() >= self.inner.journal_capacity {
+            drop(j);
+            self.count_full(op);
+            return Err(StoreError::new(
+                StoreErrorKind::Full,
+                format!(
+                    "close journal full ({} closes wait for the shared store): retry later",
+                    self.inner.journal_capacity
+                ),
+            ));
+        }
+        j.entries.push_back((now, close));
+        self.inner.dirty.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn expire(j: &mut Journal, now: u64) {
+        while let Some((at, close)) = j.entries.front() {
+            if now.saturating_sub(*at) < RESERVATION_RETENTION_MS {
+                break;
+            }
+            tracing::warn!(
+                ?close,
+                "journalled close outlived the reservation retention: dropped"
+            );
+            j.entries.pop_front();
+            j.expired += 1;
+        }
+    }
+
+    pub(super) async fn replay(&self, out: &mut Recovery) {
+        loop {
+            let next = {
+                let mut j = self.inner.journal.lock();
+                Self::expire(&mut j, self.inner.clock.now_ms());
+                j.entries.pop_front()
+            };
+            let Some((at, close)) = next else { return };
+            let done = match &close {
+                Close::Settle {
+                    user,
+                    tokens,
+                    reservation,
+                    actual,
+                } => {
+                    let req = SettleRequest {
+                        user,
+                        tokens: *tokens,
+                        reservation,
+                        actual: *actual,
+                    };
+                    match self.attempt("settle", self.primary.settle(req)).await {
+                        Attempt::Done(r) => {
+                            if let Ok(SettleOutcome::Unknown) = r {
+                                tracing::warn!(user, %reservation, "journalled close of a reservation the shared store no longer knows");
+                            }
+                            true
+                        }
+                        Attempt::Failed(_) => false,
+                    }
+                }
+                Close::Release {
+                    user,
+                    invocation_id,
+                } => matches!(
+                    self.attempt("release_run", self.primary.release_run(user, invocation_id))
+                        .await,
+                    Attempt::Done(_)
+                ),
+            };
+            if !done {
+                self.inner.journal.lock().entries.push_front((at, close));
+                return;
+            }
+            out.replayed += 1;
+        }
+    }
+}
