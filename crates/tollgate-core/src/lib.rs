@@ -10,7 +10,9 @@
 //! Everything is built on one primitive, the token bucket with debt in exact
 //! integer arithmetic ([`bucket`]), and pure lease transitions ([`lease`]).
 //! A [`Store`] applies them atomically ([`MemoryStore`] here; Redis in
-//! `tollgate-redis`), and the [`Limiter`] resolves each user's [`Plan`].
+//! `tollgate-redis`), and the [`Limiter`] resolves each user's [`Plan`];
+//! [`session`] owns session keys, lease TTLs and turns held inside a
+//! session lease.
 //! Time always comes from an injected [`Clock`].
 //!
 //! ```
@@ -45,6 +47,7 @@ pub mod lease;
 pub mod limiter;
 pub mod plan;
 pub mod provider;
+pub mod session;
 pub mod store;
 
 pub use bucket::{BucketSpec, BucketState};
