@@ -9,16 +9,14 @@ use std::task::{Context, Poll};
 use adk_core::{AdkError, Content, Event, EventStream, RunConfig, SessionId, UserId};
 use adk_runner::Runner;
 use futures::Stream;
-use tollgate_core::lease::SessionAcquire;
+use tollgate_core::session::{
+    DEFAULT_SESSION_TTL_MS, SessionAdmit, SessionLease, renew_every_ms, renewable_ttl,
+};
 use tollgate_core::{
     Clock, Decision, Denial, Limiter, LimiterError, Overloaded, ReplicaGate, ReplicaPermit, Store,
 };
 
 use crate::fence::{TurnFence, poll_with_fence, session_key};
-
-/// The default session lease TTL: 30 s, renewed every 10 s while the turn
-/// runs.
-pub const DEFAULT_SESSION_TTL_MS: u64 = 30_000;
 
 /// Why a turn was not started. Every variant says whether and when a retry
 /// can help ([`retry_after_ms`](Self::retry_after_ms)).
@@ -137,7 +135,8 @@ impl<S> fmt::Debug for TurnExecutor<S> {
 impl<S: Store> TurnExecutor<S> {
     /// Runs turns of `runner`, admitted by `limiter`, at most as many at
     /// once on this replica as `gate` allows; session leases last
-    /// [`DEFAULT_SESSION_TTL_MS`].
+    /// [`DEFAULT_SESSION_TTL_MS`] (30 s, renewed every 10 s while the turn
+    /// runs).
     pub fn new(runner: Arc<Runner>, limiter: Arc<Limiter<S>>, gate: ReplicaGate) -> Self {
         Self {
             runner,
@@ -148,9 +147,9 @@ impl<S: Store> TurnExecutor<S> {
     }
 
     /// Sets the session lease TTL (at least 3 ms, so it can be renewed
-    /// every third of it).
+    /// every third of it: [`renewable_ttl`]).
     pub fn with_session_ttl_ms(mut self, ttl_ms: u64) -> Self {
-        self.session_ttl_ms = ttl_ms.max(3);
+        self.session_ttl_ms = renewable_ttl(ttl_ms);
         self
     }
 
@@ -205,37 +204,35 @@ impl<S: Store> TurnExecutor<S> {
             .map_err(TurnError::Runner)?;
         let invocation_id = invocation.invocation_id().to_string();
 
-        let store = self.limiter.store();
-        let grant = match store
-            .session_acquire(&key, &invocation_id, self.session_ttl_ms)
+        let lease = SessionLease {
+            key: &key,
+            ttl_ms: self.session_ttl_ms,
+        };
+        let admitted = self
+            .limiter
+            .admit_turn_in_session(&user, &invocation_id, Some(lease))
             .await
-        {
-            Ok(SessionAcquire::Acquired(grant)) => grant,
-            Ok(SessionAcquire::Busy { retry_after_ms }) => {
+            .map_err(TurnError::Limiter)?;
+        let turn = match admitted {
+            SessionAdmit::Busy { retry_after_ms } => {
                 return Err(TurnError::SessionBusy { retry_after_ms });
             }
-            Err(e) => return Err(TurnError::Limiter(e.into())),
-        };
-        let release_session = || async {
-            if let Err(error) = store.session_release(&key, &invocation_id).await {
-                tracing::warn!(session = key, %error, "session lease not released after a refused turn; it expires by its TTL");
+            SessionAdmit::Decided(Decision::Denied(denial)) => {
+                return Err(TurnError::Denied(denial));
             }
-        };
-        match self.limiter.admit_turn(&user, &invocation_id).await {
-            Ok(Decision::Allowed { shadow_denied, .. }) => {
+            SessionAdmit::Decided(Decision::Allowed {
+                grant,
+                shadow_denied,
+            }) => {
                 if let Some(denial) = shadow_denied {
                     tracing::info!(user, invocation = invocation_id, %denial, "turn allowed by shadow mode");
                 }
+                grant
             }
-            Ok(Decision::Denied(denial)) => {
-                release_session().await;
-                return Err(TurnError::Denied(denial));
-            }
-            Err(e) => {
-                release_session().await;
-                return Err(TurnError::Limiter(e));
-            }
-        }
+        };
+        let Some(session) = turn.session else {
+            unreachable!("a turn admitted in a named session holds its lease");
+        };
 
         let held = Held {
             limiter: Arc::clone(&self.limiter),
@@ -244,17 +241,13 @@ impl<S: Store> TurnExecutor<S> {
             session_key: key.clone(),
             session_ttl_ms: self.session_ttl_ms,
         };
-        let period = self
-            .session_ttl_ms
-            .min(plan.lease_ttl_ms)
-            .div_ceil(3)
-            .max(1);
+        let period = renew_every_ms(self.session_ttl_ms.min(plan.lease_ttl_ms));
         let renewal = spawn_renewal(held.clone(), Arc::clone(self.limiter.clock()), period);
         Ok(TurnStream {
             inner: invocation.into_events(),
             fence: Arc::new(TurnFence {
                 session_key: key,
-                fence: grant.fence,
+                fence: session.fence,
             }),
             guard: Some(Guard {
                 held,
@@ -293,8 +286,7 @@ impl<S: Store> Held<S> {
     async fn renew(&self) -> bool {
         let session = self
             .limiter
-            .store()
-            .session_renew(&self.session_key, &self.invocation_id, self.session_ttl_ms)
+            .renew_session(&self.session_key, &self.invocation_id, self.session_ttl_ms)
             .await;
         let session_held = match session {
             Ok(Some(_)) => true,
@@ -335,9 +327,9 @@ impl<S: Store> Held<S> {
 
     /// Releases both leases (each a no-op if already gone).
     async fn release(self) {
-        let store = self.limiter.store();
-        if let Err(error) = store
-            .session_release(&self.session_key, &self.invocation_id)
+        if let Err(error) = self
+            .limiter
+            .release_session(&self.session_key, &self.invocation_id)
             .await
         {
             tracing::warn!(session = self.session_key, %error, "session lease not released; it expires by its TTL");

@@ -12,7 +12,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use tollgate_core::store::grouped::grouped_name;
+use tollgate_core::session::SessionKey;
 
 tokio::task_local! {
     static CURRENT: Arc<TurnFence>;
@@ -29,17 +29,15 @@ pub struct TurnFence {
 }
 
 /// The store key of an adk session: its app, user and session id, joined
-/// unambiguously (length-prefixed), so two users' sessions with the same id
-/// never share a lease or a history. It is a grouped name
-/// (`tollgate_core::store::grouped`) in the app's group `adk:{app}`:
-/// `@{len}:adk:{app}/s:{len(user)}:{user}/{session}`, so the session, its
+/// unambiguously, so two users' sessions with the same id never share a
+/// lease or a history. It is core's session key of (user, session)
+/// ([`SessionKey`], the key scheme every session lease uses, version 1)
+/// scoped to the app's group `adk:{app}`:
+/// `@{len}:adk:{app}/s1:{len(user)}:{user}/{session}`, so the session, its
 /// lease and the app's and user's shared state are written in one store
 /// step (see [`FencedSessionService`](crate::FencedSessionService)).
 pub fn session_key(app: &str, user: &str, session: &str) -> String {
-    grouped_name(
-        &crate::sessions::app_group(app),
-        &format!("s:{}:{user}/{session}", user.len()),
-    )
+    SessionKey::scoped(&crate::sessions::app_group(app), user, session).to_string()
 }
 
 /// Runs `future` with `fence` as the current turn's fence: appends it makes

@@ -16,7 +16,8 @@ use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tollgate_core::store::grouped::{grouped_name, split_grouped};
+use tollgate_core::session::SessionKey;
+use tollgate_core::store::grouped::grouped_name;
 use tollgate_core::store::{
     LogWrite, SessionAppend, SessionAppended, SessionCreate, SessionCreated, SessionDelete,
 };
@@ -134,7 +135,8 @@ enum CatalogOp {
 /// is one hash tag, so one Cluster slot (SPEC §4).
 ///
 /// - **An adk session** is the key [`session_key`]`(app, user, id)`,
-///   `⟨app⟩/s:{len(user)}:{user}/{id}`. Its record 0 is
+///   `⟨app⟩/s1:{len(user)}:{user}/{id}` (core's versioned session key,
+///   `tollgate_core::session`, scoped to the app's group). Its record 0 is
 ///   `{"kind":"created","state":{…},"at":<ms>}` (the session-scoped part of
 ///   the initial state, and the creation time on the service's [`Clock`]);
 ///   every later record is `{"kind":"event","event":<adk Event>}`. The
@@ -225,8 +227,9 @@ enum CatalogOp {
 ///   error).
 /// - This layout replaced one whose keys were `adk:{len(app)}:{app}/…`,
 ///   `adk-sessions:…`, `adk-app:…` and `adk-user:…`, written in several
-///   steps; sessions written in it are not read (SPEC §4 says what a
-///   rolling upgrade sees).
+///   steps, and then one whose sessions were `⟨app⟩/s:{len(user)}:{user}/{id}`
+///   (before session keys carried a version); sessions written in either
+///   are not read (SPEC §4 says what a rolling upgrade sees).
 ///
 /// # Differences from `InMemorySessionService`
 ///
@@ -822,13 +825,9 @@ fn delta(changes: &StateMap) -> Result<Option<Vec<u8>>> {
 /// App, user and session id of a [`session_key`]; `None` if `key` is not
 /// one.
 fn parse_session_key(key: &str) -> Option<(&str, &str, &str)> {
-    let (group, rest) = split_grouped(key)?;
-    let app = group.strip_prefix("adk:")?;
-    let (len, rest) = rest.strip_prefix("s:")?.split_once(':')?;
-    let len: usize = len.parse().ok()?;
-    let user = rest.get(..len)?;
-    let id = rest.get(len..)?.strip_prefix('/')?;
-    (session_key(app, user, id) == key).then_some((app, user, id))
+    let parsed = SessionKey::parse(key)?;
+    let app = parsed.scope?.strip_prefix("adk:")?;
+    Some((app, parsed.user, parsed.session))
 }
 
 fn from_ms(ms: u64) -> DateTime<Utc> {
@@ -898,6 +897,8 @@ mod tests {
             "adk:3:app",
             // The layout before grouped keys: not a session key any more.
             "adk:3:app/2:u1/s1",
+            // The layout before versioned keys: not one either.
+            "@7:adk:app/s:2:u1/s1",
             "@7:adk:app/s:9:u1/s",
             "@7:adk:app/c:2:u1",
             "@7:xyz:app/s:2:u1/s1",

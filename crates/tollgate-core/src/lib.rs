@@ -10,10 +10,11 @@
 //! Everything is built on one primitive, the token bucket with debt in exact
 //! integer arithmetic ([`bucket`]), and pure lease transitions ([`lease`]).
 //! A [`Store`] applies them atomically ([`MemoryStore`] here; Redis in
-//! `tollgate-redis`), and the [`Limiter`] resolves each user's [`Plan`].
-//! [`Failover`](failover::Failover) applies the failure policy of SPEC §6
-//! (fail closed, or fail open on a local store with scaled rates) to any
-//! store. Time always comes from an injected [`Clock`].
+//! `tollgate-redis`), and the [`Limiter`] resolves each user's [`Plan`];
+//! [`session`] owns session keys, lease TTLs and turns held inside a
+//! session lease. [`Failover`](failover::Failover) applies the failure
+//! policy of SPEC §6 (fail closed, or fail open on a local store with scaled
+//! rates) to any store. Time always comes from an injected [`Clock`].
 //!
 //! ```
 //! use tollgate_core::{FakeClock, Limiter, MemoryStore, PlansConfig};
@@ -50,6 +51,7 @@ pub mod limiter;
 pub mod plan;
 pub mod provider;
 pub mod reserve;
+pub mod session;
 pub mod store;
 pub mod take;
 

@@ -173,6 +173,28 @@ mod tests {
         assert_eq!(g.records, "tg:sr:{adk%3Aa%7Dp}:s%3A2%3Au1/x");
         assert_eq!(g.ids, "tg:si:{adk%3Aa%7Dp}:s%3A2%3Au1/x");
         assert_ne!(k.session("g").lease, k.session("@1:g/").lease);
+    }
+
+    #[test]
+    fn session_keys_are_one_escaped_tag() {
+        use tollgate_core::session::{SessionKey, session_key};
+        let k = Keys::new("tg");
+        assert_eq!(
+            k.session(&session_key("bob", "chat")).lease,
+            "tg:sl:{s1%3A3%3Abob/chat}"
+        );
+        // Ids that would close a tag or split the key stay inside one tag,
+        // and two sessions the length prefix tells apart stay apart.
+        let odd = k.session(&session_key("a}{:b", "c/d"));
+        assert_eq!(odd.lease, "tg:sl:{s1%3A5%3Aa%7D%7B%3Ab/c/d}");
+        assert_ne!(
+            k.session(&session_key("a/b", "c")).lease,
+            k.session(&session_key("a", "b/c")).lease
+        );
+        // Scoped to a group (the adk crate's app): tagged by the group.
+        let scoped = k.session(&SessionKey::scoped("adk:a}p", "u1", "x").to_string());
+        assert_eq!(scoped.lease, "tg:sl:{adk%3Aa%7Dp}:s1%3A2%3Au1/x");
+        assert_eq!(scoped.records, "tg:sr:{adk%3Aa%7Dp}:s1%3A2%3Au1/x");
         assert_eq!(k.named("{openai:gpt-4o}:rpm"), "tg:k:{openai:gpt-4o}:rpm");
     }
 }

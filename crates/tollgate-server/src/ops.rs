@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use tollgate_core::lease::{SessionAcquire, SessionGrant};
 use tollgate_core::provider::{Feedback, PermitRequest};
+use tollgate_core::session::{SessionAdmit, SessionLease, check_ttl, session_key};
 use tollgate_core::store::Release;
 use tollgate_core::{Decision, Limit, ReplicaPermit, ReservationId, Reserve, Store};
 use utoipa::ToSchema;
@@ -25,10 +26,9 @@ use crate::outcome::ApiError;
 use crate::state::App;
 
 /// Session lease TTL when admitting a run (`POST /v1/runs`, `AdmitRun`)
-/// names a session without one, ms.
-pub const DEFAULT_SESSION_TTL_MS: u64 = 30_000;
-/// Longest session lease TTL accepted, ms (1 hour; renew to keep it longer).
-pub const MAX_SESSION_TTL_MS: u64 = 3_600_000;
+/// names a session without one, and the longest accepted, ms (the rules
+/// of `tollgate_core::session`).
+pub use tollgate_core::session::{DEFAULT_SESSION_TTL_MS, MAX_SESSION_TTL_MS};
 /// Largest token count accepted in a request (2^53: exact everywhere).
 pub const MAX_TOKENS: u64 = 1 << 53;
 /// Longest id accepted (invocation, session, holder, reservation,
@@ -478,11 +478,6 @@ pub fn check_id(field: &str, v: &str) -> Result<(), ApiError> {
     tollgate_core::id::check_id(v).map_err(|e| ApiError::invalid(field, e.to_string()))
 }
 
-fn session_key(user: &str, session: &str) -> String {
-    // Namespaced by the verified user, unambiguously (length prefix).
-    format!("{}:{user}/{session}", user.len())
-}
-
 /// Counts session `session_id` among `user`'s live sessions (SPEC §4)
 /// before a session lease operation with `ttl_ms` (0: a release): `create`
 /// for an acquire, which past the plan's `max_sessions` is refused
@@ -519,16 +514,6 @@ fn tokens(field: &str, v: u64) -> Result<u64, ApiError> {
 
 fn optional_tokens(field: &str, v: Option<u64>) -> Result<Option<u64>, ApiError> {
     v.map(|v| tokens(field, v)).transpose()
-}
-
-fn session_ttl(field: &str, v: u64) -> Result<u64, ApiError> {
-    if v == 0 || v > MAX_SESSION_TTL_MS {
-        return Err(ApiError::invalid(
-            field,
-            format!("must be between 1 and {MAX_SESSION_TTL_MS} ms"),
-        ));
-    }
-    Ok(v)
 }
 
 /// Longest reservation id: `f<tag>.<call>.<invocation_id>`, a fallback tag
@@ -593,41 +578,27 @@ pub async fn admit_run<S: Store + Clone>(
     check_id("invocation_id", &req.invocation_id)?;
     // Checked even when no session is named: a field out of its range is
     // refused wherever it appears.
-    let ttl = session_ttl(
+    let ttl = check_ttl(
         "session_ttl_ms",
         req.session_ttl_ms.unwrap_or(DEFAULT_SESSION_TTL_MS),
     )?;
-    let session = match &req.session_id {
+    let key = match &req.session_id {
         Some(sid) => {
             check_id("session_id", sid)?;
-            let key = session_key(user, sid);
             claim_session(app, user, sid, ttl, true).await?;
-            match app
-                .store()
-                .session_acquire(&key, &req.invocation_id, ttl)
-                .await?
-            {
-                SessionAcquire::Acquired(g) => Some((key, g)),
-                SessionAcquire::Busy { retry_after_ms } => {
-                    return Err(ApiError::SessionBusy { retry_after_ms });
-                }
-            }
+            Some(session_key(user, sid))
         }
         None => None,
     };
-    let holder = req.invocation_id.as_str();
-    let release_session = |key: String| async move {
-        if let Err(e) = app.store().session_release(&key, holder).await {
-            tracing::warn!(error = %e, "session lease not released after a denied turn");
-        }
-    };
-    let decision = match app.limiter().admit_turn(user, &req.invocation_id).await {
-        Ok(d) => d,
-        Err(e) => {
-            if let Some((key, _)) = session {
-                release_session(key).await;
-            }
-            return Err(e.into());
+    let lease = key.as_deref().map(|key| SessionLease { key, ttl_ms: ttl });
+    let decision = match app
+        .limiter()
+        .admit_turn_in_session(user, &req.invocation_id, lease)
+        .await?
+    {
+        SessionAdmit::Decided(d) => d,
+        SessionAdmit::Busy { retry_after_ms } => {
+            return Err(ApiError::SessionBusy { retry_after_ms });
         }
     };
     observe(app, "admit", user, &decision);
@@ -641,10 +612,10 @@ pub async fn admit_run<S: Store + Clone>(
             if shadow_denied.is_none() {
                 let (inv, exp, now) = (
                     &req.invocation_id,
-                    grant.expires_at_ms,
+                    grant.run.expires_at_ms,
                     app.clock().now_ms(),
                 );
-                if grant.refreshed {
+                if grant.run.refreshed {
                     app.metrics().turn_renewed(user, inv, exp, now);
                 } else {
                     app.metrics().turn_started(user, inv, exp, now);
@@ -654,18 +625,13 @@ pub async fn admit_run<S: Store + Clone>(
                 .sync_reclaimed(app.limiter().reclaimed_leases());
             Ok(Shadowed {
                 value: AdmitResponse {
-                    lease_expires_at_ms: grant.expires_at_ms,
-                    session: session.map(|(_, g)| g.into()),
+                    lease_expires_at_ms: grant.run.expires_at_ms,
+                    session: grant.session.map(Into::into),
                 },
                 shadow_denied: shadow_denied.map(|d| d.limit()),
             })
         }
-        Decision::Denied(d) => {
-            if let Some((key, _)) = session {
-                release_session(key).await;
-            }
-            Err(ApiError::Denied(d))
-        }
+        Decision::Denied(d) => Err(ApiError::Denied(d)),
     }
 }
 
@@ -694,8 +660,8 @@ pub async fn release_run<S: Store + Clone>(
         .turn_ended(user, invocation_id, app.clock().now_ms());
     if let Some(sid) = session_id {
         claim_session(app, user, sid, 0, false).await?;
-        app.store()
-            .session_release(&session_key(user, sid), invocation_id)
+        app.limiter()
+            .release_session(&session_key(user, sid), invocation_id)
             .await?;
     }
     Ok(ReleasedResponse {
@@ -822,7 +788,7 @@ fn lease_request(
 ) -> Result<(String, u64), ApiError> {
     check_id("session_id", session_id)?;
     check_id("holder", &req.holder)?;
-    let ttl = session_ttl("ttl_ms", req.ttl_ms)?;
+    let ttl = check_ttl("ttl_ms", req.ttl_ms)?;
     Ok((session_key(user, session_id), ttl))
 }
 
@@ -842,7 +808,11 @@ pub async fn acquire_session_lease<S: Store + Clone>(
 ) -> Result<SessionLeaseBody, ApiError> {
     let (key, ttl) = lease_request(user, session_id, &req)?;
     claim_session(app, user, session_id, ttl, true).await?;
-    match app.store().session_acquire(&key, &req.holder, ttl).await? {
+    match app
+        .limiter()
+        .acquire_session(&key, &req.holder, ttl)
+        .await?
+    {
         SessionAcquire::Acquired(g) => Ok(g.into()),
         SessionAcquire::Busy { retry_after_ms } => Err(ApiError::SessionBusy { retry_after_ms }),
     }
@@ -861,7 +831,7 @@ pub async fn renew_session_lease<S: Store + Clone>(
 ) -> Result<SessionLeaseBody, ApiError> {
     let (key, ttl) = lease_request(user, session_id, &req)?;
     claim_session(app, user, session_id, ttl, false).await?;
-    match app.store().session_renew(&key, &req.holder, ttl).await? {
+    match app.limiter().renew_session(&key, &req.holder, ttl).await? {
         Some(g) => Ok(g.into()),
         None => Err(ApiError::NotHolder),
     }
@@ -882,8 +852,8 @@ pub async fn release_session_lease<S: Store + Clone>(
     check_id("holder", holder)?;
     claim_session(app, user, session_id, 0, false).await?;
     if app
-        .store()
-        .session_release(&session_key(user, session_id), holder)
+        .limiter()
+        .release_session(&session_key(user, session_id), holder)
         .await?
     {
         Ok(ReleasedResponse {
@@ -909,8 +879,8 @@ pub async fn check_fence<S: Store + Clone>(
 ) -> Result<FenceResponse, ApiError> {
     check_id("session_id", session_id)?;
     let check = app
-        .store()
-        .fence_check(&session_key(user, session_id), req.fence)
+        .limiter()
+        .check_fence(&session_key(user, session_id), req.fence)
         .await?;
     if check.current {
         Ok(FenceResponse { current: true })

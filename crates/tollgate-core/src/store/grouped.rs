@@ -8,7 +8,8 @@
 //! [`Store::session_create`], [`Store::session_append`] and
 //! [`Store::session_delete`] write a session and *logs* of its group (other
 //! names of the group, whose leases they do not check) in one step. The
-//! sidecar's session names start with a digit and are never grouped.
+//! sidecar's session names (`s1:…`, [`crate::session`]) never start with
+//! `@` and are never grouped.
 //!
 //! [`Store::session_create`]: super::Store::session_create
 //! [`Store::session_append`]: super::Store::session_append
@@ -174,6 +175,7 @@ mod tests {
             "",
             "sess",
             "3:bob/s1",
+            "s1:3:bob/s1",
             "@",
             "@0:/x",
             "@03:abc/x",

@@ -14,8 +14,10 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use tollgate_core::lease::SessionAcquire;
 use tollgate_core::provider::{PermitRequest, ProviderError, ProviderGovernor};
+use tollgate_core::session::{
+    SessionAdmit, SessionLease, renew_every_ms, renewable_ttl, session_key,
+};
 use tollgate_core::store::memory::{MemoryConfig, MemoryStore};
 use tollgate_core::{
     Clock, Decision, Denial, FakeClock, Limit, Limiter, LimiterError, Outcome, Plan, ReservationId,
@@ -307,7 +309,7 @@ impl Engine {
             governor: ProviderGovernor::new(store, clock.clone(), providers),
             clock,
             shadow: opts.shadow,
-            session_ttl_ms: opts.session_ttl_ms.max(3),
+            session_ttl_ms: renewable_ttl(opts.session_ttl_ms),
             runs: HashMap::new(),
             next_run: 0,
             pending: BinaryHeap::new(),
@@ -582,31 +584,35 @@ impl Engine {
         let key = run_key(&user, invocation);
         let live = self.runs.contains_key(&key);
         let mut shadow = false;
-        let mut held = None;
-        if let (Some(s), false) = (session, live) {
-            let skey = format!("{user}/{s}");
-            let acquired = ready(self.limiter.store().session_acquire(
-                &skey,
-                invocation,
-                self.session_ttl_ms,
-            ))?
-            .map_err(replay_err)?;
-            match acquired {
-                SessionAcquire::Acquired(_) => held = Some(skey),
-                SessionAcquire::Busy { retry_after_ms } => {
+        // A run already live is a retry: it holds its session already.
+        let mut skey = session.filter(|_| !live).map(|s| session_key(&user, s));
+        let decision = loop {
+            let lease = skey.as_deref().map(|key| SessionLease {
+                key,
+                ttl_ms: self.session_ttl_ms,
+            });
+            let admitted = ready(self.limiter.admit_turn_in_session(&user, invocation, lease))?
+                .map_err(|e| self.limiter_err(line, e))?;
+            match admitted {
+                SessionAdmit::Decided(d) => break d,
+                SessionAdmit::Busy { retry_after_ms } => {
                     self.record_denial(&plan, "session", Some(retry_after_ms), plan.shadow);
                     if !plan.shadow {
                         self.record_turn(t, &plan, &user, Outcome::Denied);
                         return Ok(());
                     }
+                    // Shadow mode: the turn goes ahead without the lease.
                     shadow = true;
+                    skey = None;
                 }
             }
-        }
-        let decision = ready(self.limiter.admit_turn(&user, invocation))?
-            .map_err(|e| self.limiter_err(line, e))?;
+        };
         match decision {
-            Decision::Allowed { shadow_denied, .. } => {
+            Decision::Allowed {
+                grant,
+                shadow_denied,
+            } => {
+                let held = grant.session.and(skey);
                 if let Some(d) = shadow_denied {
                     self.record_denial(&plan, label(&d, false), d.retry_after_ms(), true);
                     shadow = true;
@@ -620,12 +626,10 @@ impl Engine {
                 if !live {
                     self.run_counts.admitted += 1;
                     self.next_run += 1;
-                    let renew_every = match &held {
+                    let renew_every = renew_every_ms(match &held {
                         Some(_) => self.session_ttl_ms.min(plan.lease_ttl_ms),
                         None => plan.lease_ttl_ms,
-                    }
-                    .div_ceil(3)
-                    .max(1);
+                    });
                     let id = self.next_run;
                     self.schedule(
                         t + renew_every,
@@ -648,10 +652,6 @@ impl Engine {
                 }
             }
             Decision::Denied(d) => {
-                if let Some(skey) = held {
-                    ready(self.limiter.store().session_release(&skey, invocation))?
-                        .map_err(replay_err)?;
-                }
                 self.record_denial(&plan, label(&d, false), d.retry_after_ms(), false);
                 self.record_turn(t, &plan, &user, Outcome::Denied);
             }
@@ -673,13 +673,9 @@ impl Engine {
             .map_err(replay_err)?
             .is_some();
         let session_ok = match &session {
-            Some(skey) => ready(self.limiter.store().session_renew(
-                skey,
-                &inv,
-                self.session_ttl_ms,
-            ))?
-            .map_err(replay_err)?
-            .is_some(),
+            Some(skey) => ready(self.limiter.renew_session(skey, &inv, self.session_ttl_ms))?
+                .map_err(replay_err)?
+                .is_some(),
             None => true,
         };
         if run_ok && session_ok {
@@ -698,8 +694,7 @@ impl Engine {
         ready(self.limiter.release_run(&run.user, &run.invocation))?
             .map_err(|e| self.limiter_err(line, e))?;
         if let Some(skey) = &run.session {
-            ready(self.limiter.store().session_release(skey, &run.invocation))?
-                .map_err(replay_err)?;
+            ready(self.limiter.release_session(skey, &run.invocation))?.map_err(replay_err)?;
         }
         self.run_counts.ended += 1;
         Ok(())

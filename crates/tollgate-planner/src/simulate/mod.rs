@@ -8,7 +8,8 @@
 //! seconds.
 //!
 //! * `turn_start`: the session lease (if the event names a session, held by
-//!   the invocation, SPEC §3's order), then turn admission. A denied turn is
+//!   the invocation, SPEC §3's order), then turn admission, as the sidecar
+//!   does ([`Limiter::admit_turn_in_session`](tollgate_core::Limiter::admit_turn_in_session)). A denied turn is
 //!   counted and its later events are skipped. An admitted run renews its
 //!   leases every third of their TTL, as a live client does, until its
 //!   `turn_end` (released) or `turn_abandon` (left to expire).
@@ -52,6 +53,8 @@ use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 
+use tollgate_core::session::DEFAULT_SESSION_TTL_MS;
+
 use crate::trace::parse_line;
 use crate::{Limits, PlanError, jsonl};
 
@@ -68,9 +71,6 @@ use engine::Engine;
 
 /// The default number of users listed as hit hardest.
 pub const DEFAULT_TOP: usize = 10;
-/// The default session lease TTL of a replayed turn: 30 s, as
-/// `tollgate-adk`'s turn executor.
-pub const DEFAULT_SESSION_TTL_MS: u64 = 30_000;
 
 /// How to replay.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,7 +82,9 @@ pub struct ReplayOptions {
     pub shadow: bool,
     /// How many users to list as hit hardest.
     pub top: usize,
-    /// The session lease TTL of turns that name a session, ms.
+    /// The session lease TTL of turns that name a session, ms (default
+    /// [`DEFAULT_SESSION_TTL_MS`], 30 s, as the adk executor's; at least
+    /// 3 ms).
     pub session_ttl_ms: u64,
 }
 
