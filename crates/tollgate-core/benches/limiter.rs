@@ -306,7 +306,7 @@ fn admit(c: &mut Criterion) {
                 }
             }
             bench(&mut g, "tollgate", &keys, threads, |t, k| {
-                black_box(admit_release(&store, t, k));
+                let _ = black_box(admit_release(&store, t, k));
             });
         }
     }
@@ -349,7 +349,7 @@ fn reserve_tokens(c: &mut Criterion) {
                     *used += iters;
                     let store = &*store;
                     run(iters, &keys, &mut at, &|t, k: &String| {
-                        black_box(reserve(store, t, k));
+                        let _ = black_box(reserve(store, t, k));
                     })
                 });
             });
@@ -371,7 +371,7 @@ fn reserve_and_settle(c: &mut Criterion) {
                 }
             }
             bench(&mut g, "tollgate", &keys, threads, |t, k| {
-                black_box(reserve_settle(&store, t, k));
+                let _ = black_box(reserve_settle(&store, t, k));
             });
         }
     }

@@ -61,7 +61,7 @@ fn main() {
                 invocation_id: "inv-0001",
                 params,
             };
-            ready(store.admit_turn(req)).expect("memory store");
+            let _ = ready(store.admit_turn(req)).expect("memory store");
             if with_call {
                 let r = ready(store.reserve_tokens(ReserveRequest {
                     user: u,
@@ -75,7 +75,7 @@ fn main() {
                 }))
                 .expect("memory store");
                 if let tollgate_core::store::ReserveOutcome::Granted { reservation, .. } = r {
-                    ready(store.settle(SettleRequest {
+                    let _ = ready(store.settle(SettleRequest {
                         user: u,
                         tokens,
                         reservation: &reservation,

@@ -184,6 +184,7 @@ pub struct BucketState {
 
 /// The answer to a take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[must_use]
 pub enum Take {
     /// Granted; the caller waits `wait_ms` before acting (0: act now).
     Granted {
@@ -203,6 +204,7 @@ pub enum Take {
 /// A transition's result: the answer, the state to save and the time after
 /// which the saved state may be dropped (a missing state is a full bucket).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
 pub struct Transition<T> {
     /// The answer.
     pub outcome: T,

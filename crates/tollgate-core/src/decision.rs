@@ -130,6 +130,7 @@ impl fmt::Display for Denial {
 /// A limiter's answer: allowed (possibly after a wait, possibly only because
 /// the plan is in shadow mode) or denied.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
 pub enum Decision<T> {
     /// Go ahead with `grant`.
     Allowed {

@@ -14,6 +14,7 @@ pub struct LeaseSet {
 
 /// The answer to a lease acquire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
 pub enum Acquire {
     /// Held until `expires_at`. `refreshed`: the invocation already held a
     /// live lease (an idempotent retry; nothing is charged again).
@@ -151,6 +152,7 @@ pub struct TurnParams {
 
 /// The answer to a turn admission.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
 pub enum Admit {
     /// Admitted; the run lease expires at `lease_expires_at`.
     Admitted {
@@ -166,6 +168,7 @@ pub enum Admit {
 /// A turn admission's result: the answer, the turn bucket's state to save
 /// (with its expiry) and how many leaked leases expiry reclaimed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
 pub struct AdmitTransition {
     /// The answer.
     pub outcome: Admit,
@@ -289,6 +292,7 @@ pub struct SessionGrant {
 
 /// The answer to a session lease acquire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
 pub enum SessionAcquire {
     /// Granted (a new holder gets a new fence; a live holder keeps its own).
     Acquired(SessionGrant),
@@ -390,7 +394,7 @@ mod tests {
                 refreshed: true
             }
         );
-        s.acquire(20, "b", 100, 2, 1_000);
+        let _ = s.acquire(20, "b", 100, 2, 1_000);
         // Full: earliest expiry 110 - 30 = 80 < 1,000.
         assert_eq!(
             s.acquire(30, "c", 100, 2, 1_000),
@@ -410,12 +414,12 @@ mod tests {
     #[test]
     fn renew_only_live_members_and_expiry_reclaims() {
         let mut s = LeaseSet::default();
-        s.acquire(0, "a", 100, 1, 1_000);
+        let _ = s.acquire(0, "a", 100, 1, 1_000);
         assert_eq!(s.renew(50, "a", 100), Some(150));
         assert_eq!(s.renew(50, "zz", 100), None);
         assert_eq!(s.renew(150, "a", 100), None, "expired at 150: lost");
         assert_eq!(s.len(), 0, "never re-added");
-        s.acquire(200, "b", 100, 1, 1_000);
+        let _ = s.acquire(200, "b", 100, 1, 1_000);
         assert_eq!(s.purge(300), 1);
         assert_eq!(s.expires_at(), None);
     }
@@ -480,7 +484,7 @@ mod tests {
             ts: 0,
             period_ms: 60_000,
         });
-        leases.acquire(0, "x", 120_000, 1, 1_000);
+        let _ = leases.acquire(0, "x", 120_000, 1, 1_000);
         // Turn hint 3,000 > concurrency hint 1,000.
         let t = admit_turn(&p, empty, &mut leases, 0, "y");
         assert_eq!(t.outcome.denial_limit(), Some(Limit::TurnRate));

@@ -153,6 +153,7 @@ pub struct TurnRequest<'a> {
 
 /// The answer to a turn admission.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
 pub struct TurnOutcome {
     /// Admitted or denied.
     pub admit: Admit,
@@ -189,6 +190,7 @@ pub struct ReserveRequest<'a> {
 
 /// The answer to a token reservation.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
 pub enum ReserveOutcome {
     /// Reserved; the caller waits `wait_ms` before calling the model.
     Granted {
@@ -229,6 +231,7 @@ pub struct SettleRequest<'a> {
 
 /// The answer to a settle or refund.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
 pub enum SettleOutcome {
     /// Applied now; `balance` is the token level after it (whole tokens,
     /// negative while in debt).
@@ -356,6 +359,7 @@ pub struct TakeRequest<'a> {
 /// The answer to a single take, with what is left: enough for rate-limit
 /// headers (remaining, reset).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
 pub struct TakeOutcome {
     /// [`Take::Granted`] (always with `wait_ms` 0), [`Take::Refused`] with
     /// the exact retry hint, or [`Take::ExceedsCapacity`] (`cost` is larger
@@ -781,36 +785,4 @@ pub trait Store: Send + Sync + 'static {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reservation_id_round_trips() {
-        let id = ReservationId::new("inv.with.dots", 12);
-        assert_eq!(id.to_string(), "12.inv.with.dots");
-        assert_eq!("12.inv.with.dots".parse::<ReservationId>().unwrap(), id);
-        let local = ReservationId {
-            fallback: Some(0xab),
-            ..id.clone()
-        };
-        assert_eq!(local.to_string(), "f000000ab.12.inv.with.dots");
-        assert_eq!(local.to_string().parse::<ReservationId>().unwrap(), local);
-        assert_ne!(local, id);
-        for bad in [
-            "",
-            "x.inv",
-            "0.inv",
-            "3.",
-            "03.inv",
-            "12",
-            "+1.inv",
-            "f.1.inv",
-            "fab.1.inv",
-            "f000000AB.1.inv",
-            "f000000ab.inv",
-            "f000000ab.0.inv",
-        ] {
-            assert!(bad.parse::<ReservationId>().is_err(), "{bad}");
-        }
-    }
-}
+mod tests;

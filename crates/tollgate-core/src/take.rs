@@ -24,6 +24,7 @@ pub struct Cooldown {
 
 /// What a multi-bucket take answers and saves.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
 pub struct MultiTransition {
     /// The answer.
     pub outcome: MultiTake,

@@ -780,7 +780,7 @@ impl Run<'_> {
                 // the lease set (whose real TTL does not run on the fake
                 // clock) until an admission, release or renewal purges
                 // them. So memory may count fewer, never more.
-                self.agree(format!("admit_turn({user}, {invocation})"), m, r, |m, r| {
+                let _ = self.agree(format!("admit_turn({user}, {invocation})"), m, r, |m, r| {
                     m.admit == r.admit && m.reclaimed <= r.reclaimed
                 })?;
             }
@@ -870,7 +870,7 @@ impl Run<'_> {
                     Some(a) => format!("settle({user}, {reservation}, plan {plan}, actual {a})"),
                     None => format!("refund({user}, {reservation}, plan {plan})"),
                 };
-                self.same(what, m, r)?;
+                let _ = self.same(what, m, r)?;
             }
             Op::TakeMany {
                 ref takes,
@@ -950,7 +950,7 @@ impl Run<'_> {
                     spec.capacity(),
                     req.cost
                 );
-                self.same(what, m, r)?;
+                let _ = self.same(what, m, r)?;
             }
             Op::ExtendCooldown(until) => {
                 let until = match until {
@@ -1010,7 +1010,7 @@ impl Run<'_> {
                 let (s, h, t) = (SESSIONS[session], HOLDERS[holder], ttl.ms());
                 let m = self.mem.session_acquire(s, h, t).await;
                 let r = self.redis.session_acquire(s, h, t).await;
-                self.same(format!("session_acquire({session}, {holder}, {t})"), m, r)?;
+                let _ = self.same(format!("session_acquire({session}, {holder}, {t})"), m, r)?;
             }
             Op::SessionRenew {
                 session,

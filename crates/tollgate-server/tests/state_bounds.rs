@@ -249,8 +249,8 @@ async fn a_million_session_ids_stay_within_the_bound() {
             .unwrap()
         {
             Decision::Allowed { .. } => {
-                let key = format!("7:mallory/{sid}");
-                store.session_acquire(&key, "h", 30_000).await.unwrap();
+                let key = tollgate_core::session::session_key("mallory", &sid);
+                let _ = store.session_acquire(&key, "h", 30_000).await.unwrap();
                 admitted += 1;
             }
             Decision::Denied(_) => refused += 1,

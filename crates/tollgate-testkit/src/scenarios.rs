@@ -1333,7 +1333,7 @@ pub async fn renew_never_shortens<S: Store + Clone>(store: S, clock: FakeClock) 
         invocation_id: "r1",
         params,
     };
-    s.admit_turn(req).await.unwrap();
+    let _ = s.admit_turn(req).await.unwrap();
     assert_eq!(
         s.renew_run("u1", "r1", 1).await.unwrap(),
         Some(now + 120_000)

@@ -44,7 +44,7 @@ fn a_write_sweeps_its_shard_after_a_minute() {
     let clock = FakeClock::new(1_000_000);
     let store = MemoryStore::new(clock.clone());
     for i in 0..2_000 {
-        admit(&store, &format!("u{i}"), "r");
+        let _ = admit(&store, &format!("u{i}"), "r");
     }
     // Leases keep the entries for 120 s.
     clock.advance(119_999);
@@ -53,7 +53,7 @@ fn a_write_sweeps_its_shard_after_a_minute() {
     clock.advance(61_000);
     // One write per shard triggers the minute sweep there.
     for i in 0..2_000 {
-        admit(&store, &format!("v{i}"), "r");
+        let _ = admit(&store, &format!("v{i}"), "r");
     }
     assert_eq!(store.stats().users, 2_000, "old users swept, new kept");
 }
@@ -64,7 +64,7 @@ fn live_entries_survive_a_shrinking_sweep() {
     let store = MemoryStore::new(clock.clone());
     for i in 0..20_000 {
         let user = format!("idle{i}");
-        admit(&store, &user, "r");
+        let _ = admit(&store, &user, "r");
         store.release_run(&user, "r").into_inner_ready();
     }
     clock.advance(30_000);

@@ -1,0 +1,343 @@
+//! [`RedisStore`]: the core `Store` over Redis or Redis Cluster.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::io::tcp::TcpSettings;
+use redis::{
+    Cmd, FromRedisValue, IntoConnectionInfo, Pipeline, RedisFuture, ScriptInvocation, Value,
+};
+use tollgate_core::aimd::{self, AimdParams};
+use tollgate_core::bucket::{Take, clamp_ttl};
+use tollgate_core::lease::{Admit, SessionAcquire, SessionGrant};
+use tollgate_core::store::{
+    AppendOutcome, BucketRef, BucketTake, CLAIM_SLACK_MS, Claim, ClaimRequest, CooldownCheck,
+    FenceCheck, MAX_TRACKED_RUNS, MultiTake, ProviderCleared, RESERVATION_RETENTION_MS,
+    ReconcileRequest, Reconciled, Release, ReservationId, ReserveOutcome, ReserveRequest,
+    SettleOutcome, SettleRequest, TakeOutcome, TakeRequest, TopUser, TurnOutcome, TurnRequest,
+    UserState, rank_top, sliding_minute,
+};
+use tollgate_core::{BucketSpec, Clock, Denial, Limit, Store, StoreError};
+
+use tollgate_core::store::grouped::check_group;
+use tollgate_core::store::{
+    LogWrite, SessionAppend, SessionAppended, SessionCreate, SessionCreated, SessionDelete,
+};
+
+use crate::config::{RedisConfig, RedisTarget};
+use crate::error::{bad_reply, classify, timed_out};
+use crate::keys::Keys;
+use crate::scripts::Scripts;
+
+mod ops;
+
+/// One connection type for both deployments: a reconnecting multiplexed
+/// connection to one server, or a cluster connection that follows slots.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// tollgate's [`Store`] in Redis 7, standalone or Cluster, through one code
+/// path: every operation is one Lua script (EVALSHA) on one hash slot.
+///
+/// Time comes from Redis `TIME` inside each script, so every replica of a
+/// fleet decides on one clock. Cloning shares the connection.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: Conn,
+    scripts: Scripts,
+    keys: Keys,
+    op_timeout: Duration,
+    session_retention_ms: u64,
+    session_grace_ms: u64,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("keys", &self.inner.keys)
+            .field("op_timeout", &self.inner.op_timeout)
+            .field("clock_override", &self.inner.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+fn certs(ca_pem: &[u8]) -> redis::TlsCertificates {
+    install_tls_provider();
+    redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(ca_pem.to_vec()),
+    }
+}
+
+fn install_tls_provider() {
+    // rustls needs a process-wide crypto provider; ring builds without cmake.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+fn int(v: &Value, op: &str) -> Result<i64, StoreError> {
+    match v {
+        Value::Int(i) => Ok(*i),
+        Value::BulkString(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok())
+            .map(|f| f as i64)
+            .ok_or_else(|| bad_reply(op, "not a number")),
+        other => Err(bad_reply(op, format!("{other:?}"))),
+    }
+}
+
+/// TCP_NODELAY, as hiredis and redis-server set it. redis-rs leaves Nagle on
+/// by default; on a multiplexed connection that holds each new request
+/// back until the last segment is acknowledged, and a request a little past
+/// one MSS can wait for the server's delayed ACK (40 ms on Linux), most of
+/// the default 50 ms op timeout.
+fn nodelay() -> TcpSettings {
+    TcpSettings::default().set_nodelay(true)
+}
+
+fn u(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+/// Clamp for values passed into Lua, which only counts exactly to 2^53.
+fn lua_count(v: u64) -> u64 {
+    v.min(1 << 53)
+}
+
+impl RedisStore {
+    /// Connects to Redis as `config` says.
+    ///
+    /// A standalone connection is made lazily and re-made after a drop
+    /// (no restart needed); a cluster connection needs a reachable seed now
+    /// and follows the cluster's slots after.
+    ///
+    /// # Errors
+    ///
+    /// A malformed URL, or a cluster none of whose seeds answer.
+    pub async fn connect(config: RedisConfig) -> Result<Self, StoreError> {
+        let conn = match &config.target {
+            RedisTarget::Standalone(url) => {
+                if url.starts_with("rediss://") {
+                    install_tls_provider();
+                }
+                let info = url
+                    .as_str()
+                    .into_connection_info()
+                    .map_err(classify)?
+                    .set_tcp_settings(nodelay());
+                let client = match &config.tls_ca_pem {
+                    Some(pem) => redis::Client::build_with_tls(info, certs(pem)),
+                    None => redis::Client::open(info),
+                }
+                .map_err(classify)?;
+                let cfg = ConnectionManagerConfig::new()
+                    .set_response_timeout(Some(config.op_timeout))
+                    .set_connection_timeout(Some(config.connect_timeout))
+                    .set_number_of_retries(1)
+                    .set_max_delay(Duration::from_millis(200));
+                Conn::Single(
+                    ConnectionManager::new_lazy_with_config(client, cfg).map_err(classify)?,
+                )
+            }
+            RedisTarget::Cluster(seeds) => {
+                if seeds.iter().any(|s| s.starts_with("rediss://")) {
+                    install_tls_provider();
+                }
+                let mut builder = ClusterClientBuilder::new(seeds.clone());
+                if let Some(pem) = &config.tls_ca_pem {
+                    builder = builder.certs(certs(pem));
+                }
+                let client = builder
+                    .response_timeout(config.op_timeout)
+                    .connection_timeout(config.connect_timeout)
+                    .retries(2)
+                    .tcp_settings(nodelay())
+                    .build()
+                    .map_err(classify)?;
+                Conn::Cluster(client.get_async_connection().await.map_err(classify)?)
+            }
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                conn,
+                scripts: Scripts::new(),
+                keys: Keys::new(&config.key_prefix),
+                op_timeout: config.op_timeout,
+                session_retention_ms: config.session_retention_ms,
+                session_grace_ms: config.effective_grace_ms(),
+                clock: None,
+            }),
+        })
+    }
+
+    /// Drives every script with `clock` instead of Redis `TIME`.
+    ///
+    /// For tests only (the conformance suite runs Redis on a fake clock). In
+    /// production every replica must use Redis time, or they disagree.
+    pub fn with_clock_override(self, clock: impl Clock) -> Self {
+        let inner = Arc::try_unwrap(self.inner).unwrap_or_else(|shared| Inner {
+            conn: shared.conn.clone(),
+            scripts: Scripts::new(),
+            keys: shared.keys.clone(),
+            op_timeout: shared.op_timeout,
+            session_retention_ms: shared.session_retention_ms,
+            session_grace_ms: shared.session_grace_ms,
+            clock: None,
+        });
+        Self {
+            inner: Arc::new(Inner {
+                clock: Some(Arc::new(clock)),
+                ..inner
+            }),
+        }
+    }
+
+    fn now_arg(&self) -> u64 {
+        self.inner.clock.as_ref().map_or(0, |c| c.now_ms())
+    }
+
+    async fn run<T: FromRedisValue>(
+        &self,
+        op: &'static str,
+        inv: &ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
+        let mut conn = self.inner.conn.clone();
+        match tokio::time::timeout(self.inner.op_timeout, inv.invoke_async(&mut conn)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(classify(e)),
+            Err(_) => Err(timed_out(op, self.inner.op_timeout.as_millis())),
+        }
+    }
+
+    async fn cmd<T: FromRedisValue>(&self, op: &'static str, cmd: &Cmd) -> Result<T, StoreError> {
+        let mut conn = self.inner.conn.clone();
+        match tokio::time::timeout(self.inner.op_timeout, cmd.query_async(&mut conn)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(classify(e)),
+            Err(_) => Err(timed_out(op, self.inner.op_timeout.as_millis())),
+        }
+    }
+
+    /// Redis's clock (or the override), ms.
+    async fn now(&self) -> Result<u64, StoreError> {
+        if let Some(c) = &self.inner.clock {
+            return Ok(c.now_ms());
+        }
+        let (secs, micros): (u64, u64) = self.cmd("time", &redis::cmd("TIME")).await?;
+        Ok(secs * 1_000 + micros / 1_000)
+    }
+
+    /// Adds `tokens` to `user`'s row of the per-minute top-users set. Best
+    /// effort: it lives in another slot than the user's keys, so it cannot
+    /// be in the user's script; a failure is logged and the decision stands.
+    async fn count_top(&self, user: &str, now: u64, tokens: i64) {
+        if tokens == 0 {
+            return;
+        }
+        let key = self.inner.keys.top(now / 60_000);
+        let mut pipe = redis::pipe();
+        pipe.zincr(&key, user, tokens)
+            .ignore()
+            .pexpire(&key, 180_000)
+            .ignore();
+        let mut conn = self.inner.conn.clone();
+        let res =
+            tokio::time::timeout(self.inner.op_timeout, pipe.query_async::<()>(&mut conn)).await;
+        match res {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "top-users counter not updated"),
+            Err(_) => tracing::warn!("top-users counter not updated: timeout"),
+        }
+    }
+
+    fn spec_args<'a, 'b>(
+        inv: &'b mut ScriptInvocation<'a>,
+        spec: &BucketSpec,
+    ) -> &'b mut ScriptInvocation<'a> {
+        inv.arg(spec.amount())
+            .arg(spec.period_ms())
+            .arg(spec.capacity_scaled())
+    }
+
+    fn session_call<'a>(&'a self, session: &str, op: &str) -> ScriptInvocation<'a> {
+        let keys = self.inner.keys.session(session);
+        let mut inv = self.inner.scripts.session.prepare_invoke();
+        inv.key(keys.lease)
+            .key(keys.records)
+            .key(keys.ids)
+            .arg(self.now_arg())
+            .arg(op)
+            .arg(self.inner.session_retention_ms)
+            .arg(self.inner.session_grace_ms);
+        inv
+    }
+}
+
+impl RedisStore {
+    /// A grouped session op (`session.lua`): the session's keys, then the
+    /// lease hash and records list of each log, all in the session's slot
+    /// ([`check_group`] first).
+    fn grouped_call<'a>(
+        &'a self,
+        session: &str,
+        op: &str,
+        logs: &[LogWrite<'_>],
+    ) -> Result<ScriptInvocation<'a>, StoreError> {
+        check_group(session, logs)?;
+        let mut inv = self.session_call(session, op);
+        for l in logs {
+            let keys = self.inner.keys.session(l.log);
+            inv.key(keys.lease).key(keys.records);
+        }
+        Ok(inv)
+    }
+
+    /// Each log's write: a flag (append or only refresh) and the record.
+    fn log_args(inv: &mut ScriptInvocation<'_>, logs: &[LogWrite<'_>]) {
+        for l in logs {
+            match l.record {
+                Some(record) => inv.arg(1).arg(record),
+                None => inv.arg(0).arg(""),
+            };
+        }
+    }
+}
