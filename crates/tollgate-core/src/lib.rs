@@ -44,7 +44,6 @@ pub mod gate;
 pub mod lease;
 pub mod limiter;
 pub mod plan;
-pub mod provider;
 pub mod store;
 
 pub use bucket::{BucketSpec, BucketState};

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tollgate_core::plan::FieldError;
-use tollgate_core::provider::{ProviderBook, ProvidersConfig, validate_providers};
 use tollgate_core::{PlanBook, PlanConfig, PlanOverride, PlansConfig, SystemClock};
+use tollgate_provider::{ProviderBook, ProvidersConfig, validate_providers};
 use tollgate_redis::{BreakerConfig, FailurePolicy, RedisConfig, RedisTarget};
 
 use crate::identity::{IdentityConfig, Verifier};

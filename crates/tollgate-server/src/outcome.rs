@@ -39,8 +39,8 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use tollgate_core::gate::OVERLOADED_RETRY_MS;
-use tollgate_core::provider::ProviderError;
 use tollgate_core::{Clock, Denial, Limit, LimiterError, MonotonicClock, StoreError};
+use tollgate_provider::ProviderError;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic_types::{ErrorDetails, StatusExt};
 

@@ -15,12 +15,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use tollgate_core::lease::SessionAcquire;
-use tollgate_core::provider::{PermitRequest, ProviderError, ProviderGovernor};
 use tollgate_core::store::memory::{MemoryConfig, MemoryStore};
 use tollgate_core::{
     Clock, Decision, Denial, FakeClock, Limit, Limiter, LimiterError, Outcome, Plan, ReservationId,
     Store,
 };
+use tollgate_provider::{PermitRequest, ProviderError, ProviderGovernor};
 
 use super::ReplayOptions;
 use super::chart::ChartRecorder;

@@ -1,3 +1,5 @@
+//! # tollgate-provider
+//!
 //! Provider quota shaping (SPEC §5): per provider key (provider, model)
 //! limits as data ([`ProvidersConfig`] → [`ProviderBook`]), fleet-wide
 //! permits with tenant shares, a cooldown and AIMD ([`ProviderGovernor`]),
@@ -7,7 +9,7 @@
 //!
 //! [`classify`] is a pure function of the provider's conventions
 //! ([`ProviderKind`]), the answer's status, headers and body, and the time
-//! `now_ms` (the caller's [`Clock`](crate::Clock)). It returns a
+//! `now_ms` (the caller's [`Clock`](tollgate_core::Clock)). It returns a
 //! [`Feedback`] for the quota governor:
 //!
 //! | answer | [`Feedback`] | governor |
@@ -25,7 +27,7 @@
 //! room, are listed on [`classify`].
 //!
 //! ```
-//! use tollgate_core::provider::{Feedback, ProviderKind, classify};
+//! use tollgate_provider::{Feedback, ProviderKind, classify};
 //!
 //! let body = r#"{"error": {"code": 429, "status": "RESOURCE_EXHAUSTED",
 //!   "message": "You exceeded your current quota.",
@@ -59,5 +61,5 @@ pub use governor::{
 };
 pub use retry::{
     AttemptError, BudgetSnapshot, GiveUpReason, RETRY_BUDGET_WINDOW_MS, Retrier, RetryBudget,
-    RetryDecision, RetryError, RetryPolicy, SplitMix64, backoff_ms,
+    RetryDecision, RetryError, RetryPolicy, backoff_ms,
 };
