@@ -4,6 +4,20 @@
 //! limits as data ([`ProvidersConfig`] → [`ProviderBook`]), fleet-wide
 //! permits with tenant shares, a cooldown and AIMD ([`ProviderGovernor`]),
 //! and what a provider's HTTP answer says about its quota ([`classify`]).
+//! The retry helper ([`Retrier`]) is the one retry layer for provider calls.
+//!
+//! The fleet-wide state lives in a [`Store`](tollgate_core::Store) of
+//! `tollgate-core` (its provider operations `take_many`, `extend_cooldown`,
+//! `aimd` and `clear_provider`) and the AIMD arithmetic is core's pure
+//! [`aimd`](tollgate_core::aimd) transition; this crate decides what to ask
+//! the store, and keeps only the per-replica exhaustion holds itself.
+//!
+//! | file | what it holds |
+//! |---|---|
+//! | `config.rs` | `[providers]` rows, validated into a [`ProviderBook`] |
+//! | `governor.rs` | [`ProviderGovernor`]: permits, feedback, status and clear |
+//! | `feedback/` | [`classify`]: the status rules, one file per provider, the hints' grammars |
+//! | `retry.rs` | [`Retrier`], [`RetryBudget`], [`backoff_ms`] |
 //!
 //! ## Feedback
 //!

@@ -540,8 +540,8 @@ impl fmt::Debug for Retrier {
 
 impl Retrier {
     /// A retrier whose jitter is seeded afresh (differently in every process
-    /// and every call of `new`: from `fastrand`'s per-thread generator,
-    /// itself seeded from the standard library's per-process random keys).
+    /// and every call of `new`: forked from `fastrand`'s per-thread
+    /// generator, itself seeded from the monotonic time and the thread).
     pub fn new(policy: RetryPolicy, clock: impl Clock) -> Self {
         Self::with_rng(policy, clock, fastrand::Rng::new())
     }
