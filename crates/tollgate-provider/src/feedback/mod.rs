@@ -6,9 +6,9 @@
 //! not parsed and the status rules apply.
 //!
 //! The public types are in `types.rs`; the rules of each provider in
-//! `openai.rs`, `anthropic.rs` and `gemini.rs`; the hints' grammars
-//! (delay seconds, HTTP-date, RFC 3339, Go and protobuf durations) in
-//! `hints.rs`.
+//! `openai.rs`, `anthropic.rs` and `gemini.rs` (with the protobuf
+//! durations of Gemini's `RetryInfo`); the hints' grammars (delay seconds,
+//! HTTP-dates, RFC 3339 times, Go durations) in `hints.rs`.
 
 mod anthropic;
 mod gemini;
