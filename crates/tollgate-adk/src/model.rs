@@ -10,11 +10,11 @@ use adk_core::{
     ErrorComponent, Llm, LlmRequest, LlmResponse, LlmResponseStream, async_trait,
 };
 use futures::Stream;
-use tollgate_core::provider::{
+use tollgate_core::{Decision, Denial, Limit, Limiter, LimiterError, ReservationId, Store};
+use tollgate_provider::{
     AttemptError, Feedback, PermitRequest, ProviderError, ProviderGovernor, Retrier, RetryError,
     ThrottleScope,
 };
-use tollgate_core::{Decision, Denial, Limit, Limiter, LimiterError, ReservationId, Store};
 
 use crate::estimator::{CallShape, Estimator, MovingAverage, Usage};
 
@@ -570,7 +570,7 @@ enum Permit {
 impl<S: Store> ProviderBinding<S> {
     /// Reports a provider's answer to the governor (errors are logged) and
     /// answers it with its retry hint cut to the key's maximum
-    /// ([`Provider::bound`](tollgate_core::provider::Provider::bound)), so
+    /// ([`Provider::bound`](tollgate_provider::Provider::bound)), so
     /// the retry layer never waits out a hint the governor would not take.
     /// An unconfigured key answers it as read.
     async fn report(&self, feedback: Feedback) -> Feedback {

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use adk_core::ErrorCategory;
 use support::{FakeLlm, Harness, Reply, is_reply};
 use tollgate_adk::{ModelCallEvent, RefundReason};
-use tollgate_core::provider::{
+use tollgate_core::{Clock, FakeClock, RateConfig, Store};
+use tollgate_provider::{
     Policy, ProviderConfig, ProviderGovernor, ProvidersConfig, validate_providers,
 };
-use tollgate_core::{Clock, FakeClock, RateConfig, Store};
 use tollgate_testkit::scenarios::support as support_plan;
 
 on_every_store!(
@@ -116,7 +116,7 @@ async fn one_deadline_for_both_waits<S: Store + Clone>(store: S, clock: FakeCloc
         async move {
             for _ in 0..n {
                 let d = g
-                    .permit(tollgate_core::provider::PermitRequest::new("p", "m", 0))
+                    .permit(tollgate_provider::PermitRequest::new("p", "m", 0))
                     .await
                     .expect("permit");
                 assert!(d.is_allowed());
@@ -238,7 +238,7 @@ async fn a_rate_limited_model_error_slows_every_caller<S: Store + Clone>(
     assert_eq!(h.tokens("u1").await, FULL, "refunded");
     assert_eq!(g.effective_permille("p", "m").await.expect("rate"), 500);
     let d = g
-        .permit(tollgate_core::provider::PermitRequest::new("p", "m", 0))
+        .permit(tollgate_provider::PermitRequest::new("p", "m", 0))
         .await
         .expect("permit");
     assert_eq!(d.grant().map(|p| p.wait_ms), Some(3_000), "the cooldown");
@@ -271,8 +271,8 @@ async fn a_retry_takes_a_new_permit_but_charges_the_user_once<S: Store + Clone>(
     clock: FakeClock,
 ) {
     let g = governor(store.clone(), &clock, 60, 2, Policy::Reject);
-    let retrier = Arc::new(tollgate_core::provider::Retrier::with_seed(
-        tollgate_core::provider::RetryPolicy::default(),
+    let retrier = Arc::new(tollgate_provider::Retrier::with_seed(
+        tollgate_provider::RetryPolicy::default(),
         clock.clone(),
         7,
     ));
@@ -335,8 +335,8 @@ async fn a_huge_hint_is_clamped_for_the_cooldown_and_the_retry<S: Store + Clone>
     clock: FakeClock,
 ) {
     let g = governor(store.clone(), &clock, 60, 2, Policy::Reject);
-    let retrier = Arc::new(tollgate_core::provider::Retrier::with_seed(
-        tollgate_core::provider::RetryPolicy::default(),
+    let retrier = Arc::new(tollgate_provider::Retrier::with_seed(
+        tollgate_provider::RetryPolicy::default(),
         clock.clone(),
         7,
     ));
@@ -351,7 +351,7 @@ async fn a_huge_hint_is_clamped_for_the_cooldown_and_the_retry<S: Store + Clone>
     let start = h.clock.now_ms();
     advance_when_waiting(&h, 1).await;
     let d = g
-        .permit(tollgate_core::provider::PermitRequest::new("p", "m", 0))
+        .permit(tollgate_provider::PermitRequest::new("p", "m", 0))
         .await
         .expect("permit");
     assert_eq!(

@@ -49,7 +49,6 @@ pub mod id;
 pub mod lease;
 pub mod limiter;
 pub mod plan;
-pub mod provider;
 pub mod reserve;
 pub mod session;
 pub mod store;

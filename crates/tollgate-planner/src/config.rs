@@ -15,8 +15,8 @@ use std::path::Path;
 
 use serde::Deserialize;
 use tollgate_core::plan::{FieldError, PlanBook, toml_path};
-use tollgate_core::provider::{ProviderBook, ProvidersConfig, validate_providers};
 use tollgate_core::{PlanConfig, PlanOverride, PlansConfig};
+use tollgate_provider::{ProviderBook, ProvidersConfig, validate_providers};
 
 use crate::PlanError;
 

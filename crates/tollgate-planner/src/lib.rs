@@ -6,7 +6,7 @@
 //!
 //! * [`simulate`]: replay a traffic trace (JSON lines) through the real
 //!   [`Limiter`](tollgate_core::Limiter) and
-//!   [`ProviderGovernor`](tollgate_core::provider::ProviderGovernor) on a
+//!   [`ProviderGovernor`](tollgate_provider::ProviderGovernor) on a
 //!   [`FakeClock`](tollgate_core::FakeClock): a day of traffic replays in
 //!   seconds, in memory bounded by users and sessions, not by lines. The
 //!   [`Report`](simulate::Report) counts decisions per plan and limit, wait

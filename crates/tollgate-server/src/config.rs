@@ -12,8 +12,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tollgate_core::failover::{BreakerConfig, DEFAULT_JOURNAL_CAPACITY, FailurePolicy};
 use tollgate_core::plan::{FieldError, toml_path};
-use tollgate_core::provider::{ProviderBook, ProvidersConfig, validate_providers};
 use tollgate_core::{PlanBook, PlanConfig, PlanOverride, PlansConfig, SystemClock};
+use tollgate_provider::{ProviderBook, ProvidersConfig, validate_providers};
 use tollgate_redis::{RedisConfig, RedisTarget};
 
 use crate::identity::{IdentityConfig, Verifier};

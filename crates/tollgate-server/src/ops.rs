@@ -14,10 +14,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use tollgate_core::lease::{SessionAcquire, SessionGrant};
-use tollgate_core::provider::{Feedback, PermitRequest};
 use tollgate_core::session::{SessionAdmit, SessionLease, check_ttl, session_key};
 use tollgate_core::store::Release;
 use tollgate_core::{Decision, Limit, ReplicaPermit, ReservationId, Reserve, Store};
+use tollgate_provider::{Feedback, PermitRequest};
 use utoipa::ToSchema;
 
 use crate::identity::Identity;

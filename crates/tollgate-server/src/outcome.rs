@@ -31,9 +31,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::response::{IntoResponse, Response};
-use tollgate_core::provider::ProviderError;
 use tollgate_core::{Clock, Denial, LimiterError, MonotonicClock, StoreError};
 pub use tollgate_outcome::{ApiError, ErrorBody, Row, provider_limit_code};
+use tollgate_provider::ProviderError;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic_types::{ErrorDetails, StatusExt};
 

@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use tollgate_core::provider::{ProviderBook, ProviderGovernor};
 use tollgate_core::{Clock, Limiter, ReplicaGate, Store};
+use tollgate_provider::{ProviderBook, ProviderGovernor};
 
 use crate::config::{Config, ConfigError, RestartOnly};
 use crate::edge::{EdgeLimits, WaitGate};

@@ -7,10 +7,6 @@ use std::sync::Arc;
 
 use tollgate_core::aimd::AimdParams;
 use tollgate_core::lease::{SessionAcquire, SessionGrant};
-use tollgate_core::provider::{
-    PermitRequest, Policy, ProviderConfig, ProviderError, ProviderGovernor, ProviderPermit,
-    ProvidersConfig, TenantConfig, validate_providers,
-};
 use tollgate_core::store::{
     AppendOutcome, BucketTake, CooldownCheck, FenceCheck, MultiTake, UserState,
 };
@@ -20,6 +16,10 @@ use tollgate_core::store::{
 use tollgate_core::{
     BucketSpec, Clock, Decision, Denial, FakeClock, Limit, Limiter, LimiterError, PlanConfig,
     PlansConfig, RateConfig, ReservationId, Store,
+};
+use tollgate_provider::{
+    PermitRequest, Policy, ProviderConfig, ProviderError, ProviderGovernor, ProviderPermit,
+    ProvidersConfig, TenantConfig, validate_providers,
 };
 
 /// Plan "support" of SPEC §7: 20 turns/min, burst 5; 60,000 tokens/min,

@@ -14,7 +14,6 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use tollgate_core::provider::{PermitRequest, ProviderError, ProviderGovernor};
 use tollgate_core::session::{
     SessionAdmit, SessionLease, renew_every_ms, renewable_ttl, session_key,
 };
@@ -23,6 +22,7 @@ use tollgate_core::{
     Clock, Decision, Denial, FakeClock, Limit, Limiter, LimiterError, Outcome, Plan, ReservationId,
     Store,
 };
+use tollgate_provider::{PermitRequest, ProviderError, ProviderGovernor};
 
 use super::ReplayOptions;
 use super::chart::ChartRecorder;

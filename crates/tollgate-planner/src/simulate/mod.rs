@@ -3,7 +3,7 @@
 //! The trace is JSON lines, sorted by time (docs/planning.md has the
 //! format). Each event moves a [`FakeClock`](tollgate_core::FakeClock) to
 //! its time and calls the real [`Limiter`](tollgate_core::Limiter) and
-//! [`ProviderGovernor`](tollgate_core::provider::ProviderGovernor) on an
+//! [`ProviderGovernor`](tollgate_provider::ProviderGovernor) on an
 //! in-memory store, so nothing waits for real: a day of traffic replays in
 //! seconds.
 //!

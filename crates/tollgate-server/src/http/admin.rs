@@ -16,7 +16,7 @@ use axum::routing::{delete, get, post};
 use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
 use tollgate_core::Store;
-use tollgate_core::provider::{ExhaustionHold, ProviderStatus};
+use tollgate_provider::{ExhaustionHold, ProviderStatus};
 
 use crate::ops::check_id;
 use crate::outcome::{ApiError, HttpError};

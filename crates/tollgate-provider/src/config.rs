@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::aimd::{AimdParams, FULL};
-use crate::bucket::{BucketSpec, MAX_SCALED};
-use crate::plan::{FieldError, InvalidPlans, RateConfig};
+use tollgate_core::aimd::{AimdParams, FULL};
+use tollgate_core::bucket::{BucketSpec, MAX_SCALED};
+use tollgate_core::plan::{FieldError, InvalidPlans, RateConfig};
 
 use super::feedback::{Feedback, ProviderKind};
 

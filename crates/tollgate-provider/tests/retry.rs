@@ -4,12 +4,12 @@
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use tollgate_core::provider::{
-    AttemptError, Feedback, GiveUpReason, PermitRequest, ProviderGovernor, ProvidersConfig,
-    RateLimitHeaders, Retrier, RetryBudget, RetryDecision, RetryError, RetryPolicy, SplitMix64,
-    ThrottleScope, backoff_ms, validate_providers,
-};
 use tollgate_core::{Clock, Decision, FakeClock, MemoryStore};
+use tollgate_provider::{
+    AttemptError, Feedback, GiveUpReason, PermitRequest, ProviderGovernor, ProvidersConfig,
+    RateLimitHeaders, Retrier, RetryBudget, RetryDecision, RetryError, RetryPolicy, ThrottleScope,
+    backoff_ms, validate_providers,
+};
 
 fn server_error(hint: Option<u64>) -> Feedback {
     Feedback::ServerError {
@@ -61,11 +61,11 @@ async fn sleeping(clock: &FakeClock) {
 fn backoff_stays_within_hint_and_cap_over_many_seeds() {
     let policy = RetryPolicy::default();
     for seed in 0..2_000u64 {
-        let mut rng = SplitMix64::new(seed);
+        let mut rng = fastrand::Rng::with_seed(seed);
         for attempt in 1..=10 {
             let cap = policy.backoff_cap_ms(attempt);
             for hint in [None, Some(0), Some(150), Some(5_000), Some(60_000)] {
-                let d = backoff_ms(&policy, attempt, hint, &mut || rng.next_u64());
+                let d = backoff_ms(&policy, attempt, hint, &mut || rng.u64(..));
                 let floor = hint.unwrap_or(0);
                 assert!(
                     d >= floor,
@@ -99,12 +99,12 @@ fn backoff_is_full_jitter_and_grows_by_attempt() {
 
     // Over many draws: the whole range is used, and the mean doubles with
     // each attempt until the cap.
-    let mut rng = SplitMix64::new(1);
+    let mut rng = fastrand::Rng::with_seed(1);
     let mut means = Vec::new();
     for attempt in 1..=9 {
         let cap = policy.backoff_cap_ms(attempt);
         let draws: Vec<u64> = (0..4_000)
-            .map(|_| backoff_ms(&policy, attempt, None, &mut || rng.next_u64()))
+            .map(|_| backoff_ms(&policy, attempt, None, &mut || rng.u64(..)))
             .collect();
         let (lo, hi) = (*draws.iter().min().unwrap(), *draws.iter().max().unwrap());
         assert!(lo <= cap / 50, "attempt {attempt}: min {lo}");
@@ -355,8 +355,8 @@ async fn run_retries_a_scripted_sequence_with_the_right_sleeps() {
     let policy = RetryPolicy::default();
     let retrier = Arc::new(Retrier::with_seed(policy, clock.clone(), 77));
     // The first backoff is the seeded draw within [0, 200]: replay it.
-    let mut rng = SplitMix64::new(77);
-    let first = backoff_ms(&policy, 1, None, &mut || rng.next_u64());
+    let mut rng = fastrand::Rng::with_seed(77);
+    let first = backoff_ms(&policy, 1, None, &mut || rng.u64(..));
     assert!((1..=200).contains(&first), "{first}");
 
     let (log, attempt_fn) = scripted(

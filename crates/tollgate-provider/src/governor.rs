@@ -7,11 +7,11 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
-use crate::aimd::{self, FULL};
-use crate::clock::Clock;
-use crate::decision::{Decision, Denial, Limit, Waited};
-use crate::error::StoreError;
-use crate::store::{BucketTake, CooldownCheck, MultiTake, Store};
+use tollgate_core::aimd::{self, FULL};
+use tollgate_core::clock::Clock;
+use tollgate_core::decision::{Decision, Denial, Limit, Waited};
+use tollgate_core::error::StoreError;
+use tollgate_core::store::{BucketTake, CooldownCheck, MultiTake, Store};
 
 use super::config::{Policy, Provider, ProviderBook};
 use super::feedback::{Feedback, classify};
@@ -523,8 +523,8 @@ impl<S: Store> ProviderGovernor<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::{ProviderConfig, ProvidersConfig, validate_providers};
-    use crate::{FakeClock, MemoryStore, RateConfig};
+    use crate::{ProviderConfig, ProvidersConfig, validate_providers};
+    use tollgate_core::{FakeClock, MemoryStore, RateConfig};
 
     const T0: u64 = 1_700_000_000_000;
 
@@ -635,7 +635,7 @@ mod tests {
                 "m",
                 Feedback::Throttled {
                     retry_after_ms: Some(u64::MAX),
-                    scope: crate::provider::ThrottleScope::Unknown,
+                    scope: crate::ThrottleScope::Unknown,
                 },
             )
             .await

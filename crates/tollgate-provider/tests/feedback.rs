@@ -1,7 +1,7 @@
 //! Provider answers, written after the providers' public documentation
 //! (tests/fixtures/providers/README.md), classified into quota feedback.
 
-use tollgate_core::provider::{
+use tollgate_provider::{
     Feedback, ProviderKind, RateLimitWindow, ThrottleScope, classify, parse_rate_limit_headers,
 };
 

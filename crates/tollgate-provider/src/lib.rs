@@ -1,13 +1,29 @@
+//! # tollgate-provider
+//!
 //! Provider quota shaping (SPEC §5): per provider key (provider, model)
 //! limits as data ([`ProvidersConfig`] → [`ProviderBook`]), fleet-wide
 //! permits with tenant shares, a cooldown and AIMD ([`ProviderGovernor`]),
 //! and what a provider's HTTP answer says about its quota ([`classify`]).
+//! The retry helper ([`Retrier`]) is the one retry layer for provider calls.
+//!
+//! The fleet-wide state lives in a [`Store`](tollgate_core::Store) of
+//! `tollgate-core` (its provider operations `take_many`, `extend_cooldown`,
+//! `aimd` and `clear_provider`) and the AIMD arithmetic is core's pure
+//! [`aimd`](tollgate_core::aimd) transition; this crate decides what to ask
+//! the store, and keeps only the per-replica exhaustion holds itself.
+//!
+//! | file | what it holds |
+//! |---|---|
+//! | `config.rs` | `[providers]` rows, validated into a [`ProviderBook`] |
+//! | `governor.rs` | [`ProviderGovernor`]: permits, feedback, status and clear |
+//! | `feedback/` | [`classify`]: the status rules, one file per provider, the hints' grammars |
+//! | `retry.rs` | [`Retrier`], [`RetryBudget`], [`backoff_ms`] |
 //!
 //! ## Feedback
 //!
 //! [`classify`] is a pure function of the provider's conventions
 //! ([`ProviderKind`]), the answer's status, headers and body, and the time
-//! `now_ms` (the caller's [`Clock`](crate::Clock)). It returns a
+//! `now_ms` (the caller's [`Clock`](tollgate_core::Clock)). It returns a
 //! [`Feedback`] for the quota governor:
 //!
 //! | answer | [`Feedback`] | governor |
@@ -25,7 +41,7 @@
 //! room, are listed on [`classify`].
 //!
 //! ```
-//! use tollgate_core::provider::{Feedback, ProviderKind, classify};
+//! use tollgate_provider::{Feedback, ProviderKind, classify};
 //!
 //! let body = r#"{"error": {"code": 429, "status": "RESOURCE_EXHAUSTED",
 //!   "message": "You exceeded your current quota.",
@@ -59,5 +75,5 @@ pub use governor::{
 };
 pub use retry::{
     AttemptError, BudgetSnapshot, GiveUpReason, RETRY_BUDGET_WINDOW_MS, Retrier, RetryBudget,
-    RetryDecision, RetryError, RetryPolicy, SplitMix64, backoff_ms,
+    RetryDecision, RetryError, RetryPolicy, backoff_ms,
 };

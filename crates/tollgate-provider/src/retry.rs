@@ -15,18 +15,15 @@
 //! Nothing else may retry the same call (not the HTTP client, not the SDK):
 //! retries multiply across layers.
 
-use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::future::Future;
-use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-use crate::clock::Clock;
-use crate::plan::{FieldError, InvalidPlans};
+use tollgate_core::clock::Clock;
+use tollgate_core::plan::{FieldError, InvalidPlans};
 
 use super::feedback::Feedback;
 
@@ -51,7 +48,7 @@ const PPM: u64 = 1_000_000;
 /// `{}` in config is the default policy.
 ///
 /// ```
-/// use tollgate_core::provider::RetryPolicy;
+/// use tollgate_provider::RetryPolicy;
 ///
 /// let policy: RetryPolicy = serde_json::from_str(r#"{"max_attempts": 3}"#).unwrap();
 /// assert_eq!(policy.max_attempts, 3);
@@ -125,7 +122,7 @@ impl RetryPolicy {
     /// saturating.
     ///
     /// ```
-    /// use tollgate_core::provider::RetryPolicy;
+    /// use tollgate_provider::RetryPolicy;
     ///
     /// let p = RetryPolicy::default();
     /// assert_eq!(
@@ -172,18 +169,19 @@ impl RetryPolicy {
 /// then at least the provider's hint — never earlier than the provider
 /// said, even if the hint is beyond `max_delay_ms`.
 ///
-/// `rng` is a source of uniform `u64`s (e.g. [`SplitMix64::next_u64`]); one
-/// value is drawn.
+/// `rng` is a source of uniform `u64`s (e.g. `fastrand::Rng::u64(..)`, what
+/// [`Retrier`] draws from); one value is drawn, and mapped onto the range
+/// so that 0 gives 0 and `u64::MAX` the cap.
 ///
 /// ```
-/// use tollgate_core::provider::{RetryPolicy, SplitMix64, backoff_ms};
+/// use tollgate_provider::{RetryPolicy, backoff_ms};
 ///
 /// let policy = RetryPolicy::default();
-/// let mut rng = SplitMix64::new(7);
-/// let d = backoff_ms(&policy, 3, None, &mut || rng.next_u64());
+/// let mut rng = fastrand::Rng::with_seed(7);
+/// let d = backoff_ms(&policy, 3, None, &mut || rng.u64(..));
 /// assert!(d <= 800);
 /// // The provider said 1.5 s: never earlier.
-/// assert!(backoff_ms(&policy, 1, Some(1_500), &mut || rng.next_u64()) >= 1_500);
+/// assert!(backoff_ms(&policy, 1, Some(1_500), &mut || rng.u64(..)) >= 1_500);
 /// ```
 pub fn backoff_ms(
     policy: &RetryPolicy,
@@ -207,41 +205,6 @@ fn uniform_inclusive(r: u64, max: u64) -> u64 {
     v
 }
 
-/// SplitMix64 (Steele, Lea and Flood 2014): a tiny, fast generator of
-/// uniform `u64`s for backoff jitter. Not for anything secret. The same seed
-/// gives the same sequence, so tests are deterministic.
-#[derive(Debug, Clone)]
-pub struct SplitMix64 {
-    state: u64,
-}
-
-impl SplitMix64 {
-    /// A generator seeded with `seed` (any value, 0 included).
-    pub fn new(seed: u64) -> Self {
-        Self { state: seed }
-    }
-
-    /// The next value.
-    pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
-
-/// A seed that differs between processes (the standard library's per-process
-/// random hash keys) and between calls in one process (a counter and the
-/// time).
-fn fresh_seed(now_ms: u64) -> u64 {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut h = RandomState::new().build_hasher();
-    now_ms.hash(&mut h);
-    COUNTER.fetch_add(1, Ordering::Relaxed).hash(&mut h);
-    h.finish()
-}
-
 // ---------------------------------------------------------------------------
 // Budget
 // ---------------------------------------------------------------------------
@@ -262,7 +225,7 @@ fn fresh_seed(now_ms: u64) -> u64 {
 /// counters).
 ///
 /// ```
-/// use tollgate_core::provider::{RetryBudget, RetryPolicy};
+/// use tollgate_provider::{RetryBudget, RetryPolicy};
 ///
 /// let budget = RetryBudget::new(&RetryPolicy { min_retries_per_minute: 1, ..RetryPolicy::default() });
 /// for _ in 0..20 {
@@ -532,7 +495,7 @@ impl<E: std::error::Error + 'static> std::error::Error for RetryError<E> {
 /// ```
 /// use std::sync::Arc;
 /// use tollgate_core::FakeClock;
-/// use tollgate_core::provider::{AttemptError, Feedback, RetryPolicy, Retrier};
+/// use tollgate_provider::{AttemptError, Feedback, RetryPolicy, Retrier};
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// let clock = FakeClock::new(0);
@@ -562,7 +525,7 @@ impl<E: std::error::Error + 'static> std::error::Error for RetryError<E> {
 pub struct Retrier {
     policy: RetryPolicy,
     budget: RetryBudget,
-    rng: Mutex<SplitMix64>,
+    rng: Mutex<fastrand::Rng>,
     clock: Arc<dyn Clock>,
 }
 
@@ -577,19 +540,24 @@ impl fmt::Debug for Retrier {
 
 impl Retrier {
     /// A retrier whose jitter is seeded afresh (differently in every process
-    /// and every call of `new`).
+    /// and every call of `new`: forked from `fastrand`'s per-thread
+    /// generator, itself seeded from the monotonic time and the thread).
     pub fn new(policy: RetryPolicy, clock: impl Clock) -> Self {
-        let seed = fresh_seed(clock.now_ms());
-        Self::with_seed(policy, clock, seed)
+        Self::with_rng(policy, clock, fastrand::Rng::new())
     }
 
     /// A retrier whose jitter is seeded with `seed`: the same seed, policy
     /// and answers give the same delays (for tests).
+    /// The draws are those of `fastrand::Rng::with_seed(seed)`.
     pub fn with_seed(policy: RetryPolicy, clock: impl Clock, seed: u64) -> Self {
+        Self::with_rng(policy, clock, fastrand::Rng::with_seed(seed))
+    }
+
+    fn with_rng(policy: RetryPolicy, clock: impl Clock, rng: fastrand::Rng) -> Self {
         Self {
             budget: RetryBudget::new(&policy),
             policy,
-            rng: Mutex::new(SplitMix64::new(seed)),
+            rng: Mutex::new(rng),
             clock: Arc::new(clock),
         }
     }
@@ -656,7 +624,7 @@ impl Retrier {
         let hint = feedback.retry_after_ms();
         let mut delay_ms = {
             let mut rng = self.rng.lock();
-            backoff_ms(&self.policy, attempt, hint, &mut || rng.next_u64())
+            backoff_ms(&self.policy, attempt, hint, &mut || rng.u64(..))
         };
         if let Some(deadline) = deadline_ms {
             let remaining = deadline.saturating_sub(now);
@@ -779,155 +747,4 @@ impl Retrier {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::clock::FakeClock;
-
-    fn server_error(hint: Option<u64>) -> Feedback {
-        Feedback::ServerError {
-            retry_after_ms: hint,
-        }
-    }
-
-    #[test]
-    fn splitmix_matches_reference_values() {
-        // The first outputs for seed 1234567 from the reference C code
-        // (Vigna, prng.di.unimi.it/splitmix64.c).
-        let mut rng = SplitMix64::new(1_234_567);
-        assert_eq!(rng.next_u64(), 6_457_827_717_110_365_317);
-        assert_eq!(rng.next_u64(), 3_203_168_211_198_807_973);
-        assert_eq!(rng.next_u64(), 9_817_491_932_198_370_423);
-    }
-
-    #[test]
-    fn uniform_covers_both_ends() {
-        assert_eq!(uniform_inclusive(0, 200), 0);
-        assert_eq!(uniform_inclusive(u64::MAX, 200), 200);
-        assert_eq!(uniform_inclusive(u64::MAX, 0), 0);
-        assert_eq!(uniform_inclusive(u64::MAX, u64::MAX), u64::MAX);
-        assert_eq!(uniform_inclusive(1 << 63, 199), 100);
-    }
-
-    #[test]
-    fn cap_saturates() {
-        let p = RetryPolicy {
-            max_delay_ms: u64::MAX,
-            ..RetryPolicy::default()
-        };
-        assert_eq!(p.backoff_cap_ms(0), 200);
-        assert_eq!(p.backoff_cap_ms(1), 200);
-        assert_eq!(p.backoff_cap_ms(64), u64::MAX);
-        assert_eq!(p.backoff_cap_ms(u32::MAX), u64::MAX);
-    }
-
-    #[test]
-    fn ratio_is_clamped_and_exact() {
-        let ppm = |r| {
-            RetryPolicy {
-                budget_ratio: r,
-                ..RetryPolicy::default()
-            }
-            .ratio_ppm()
-        };
-        assert_eq!(ppm(0.1), 100_000);
-        assert_eq!(ppm(f64::NAN), 0);
-        assert_eq!(ppm(-1.0), 0);
-        assert_eq!(ppm(7.0), PPM);
-        assert_eq!(ppm(0.333_333_4), 333_333);
-    }
-
-    #[test]
-    fn validate_lists_every_problem() {
-        RetryPolicy::default().validate().unwrap();
-        let err = RetryPolicy {
-            max_attempts: 0,
-            budget_ratio: f64::NAN,
-            ..RetryPolicy::default()
-        }
-        .validate()
-        .unwrap_err();
-        let paths: Vec<_> = err.errors.iter().map(|e| e.path.as_str()).collect();
-        assert_eq!(paths, ["max_attempts", "budget_ratio"]);
-    }
-
-    #[test]
-    fn zero_attempts_still_make_one() {
-        let r = Retrier::with_seed(
-            RetryPolicy {
-                max_attempts: 0,
-                ..RetryPolicy::default()
-            },
-            FakeClock::new(0),
-            1,
-        );
-        assert_eq!(
-            r.decide(1, &server_error(None)),
-            RetryDecision::GiveUp(GiveUpReason::AttemptsExhausted)
-        );
-    }
-
-    #[test]
-    fn window_clears_skipped_seconds_and_tolerates_steps_back() {
-        let b = RetryBudget::new(&RetryPolicy {
-            budget_ratio: 1.0,
-            min_retries_per_minute: 0,
-            ..RetryPolicy::default()
-        });
-        b.record_request(10_000);
-        b.record_request(30_000);
-        // Seconds 10 to 69 are in the window at 69.999 s.
-        assert_eq!(b.snapshot(69_999).requests, 2);
-        assert_eq!(b.snapshot(70_000).requests, 1);
-        // A step back counts in the newest second (70).
-        b.record_request(5_000);
-        assert_eq!(b.snapshot(89_999).requests, 2);
-        assert_eq!(b.snapshot(90_000).requests, 1);
-        assert_eq!(b.snapshot(129_999).requests, 1);
-        assert_eq!(b.snapshot(130_000).requests, 0);
-        // A gap longer than the window clears everything.
-        b.record_request(130_000);
-        assert_eq!(b.snapshot(10_000_000).requests, 0);
-    }
-
-    #[test]
-    fn deadline_cuts_jitter_but_honours_the_hint() {
-        let clock = FakeClock::new(1_000);
-        let r = Retrier::with_seed(
-            RetryPolicy {
-                base_delay_ms: 10_000,
-                min_retries_per_minute: u32::MAX,
-                ..RetryPolicy::default()
-            },
-            clock.clone(),
-            9,
-        );
-        for _ in 0..50 {
-            match r.decide_until(1, &server_error(None), 1_050) {
-                RetryDecision::Retry { delay_ms } => assert!(delay_ms <= 50),
-                other => panic!("{other:?}"),
-            }
-        }
-        let r = Retrier::with_seed(
-            RetryPolicy {
-                min_retries_per_minute: u32::MAX,
-                ..RetryPolicy::default()
-            },
-            clock.clone(),
-            9,
-        );
-        for _ in 0..50 {
-            match r.decide_until(1, &server_error(Some(40)), 1_050) {
-                RetryDecision::Retry { delay_ms } => assert!((40..=50).contains(&delay_ms)),
-                other => panic!("{other:?}"),
-            }
-        }
-        assert_eq!(
-            r.decide_until(1, &server_error(Some(51)), 1_050),
-            RetryDecision::GiveUp(GiveUpReason::HintTooLong)
-        );
-        assert_eq!(
-            r.decide_until(1, &server_error(None), 1_000),
-            RetryDecision::GiveUp(GiveUpReason::DeadlineReached)
-        );
-    }
-}
+mod tests;
