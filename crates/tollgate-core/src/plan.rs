@@ -212,11 +212,38 @@ pub struct FieldError {
     pub reason: String,
 }
 
+/// A key as TOML writes it: bare when it can be (ASCII letters, digits,
+/// `-`, `_`), else a basic string with `"`, `\` and control characters
+/// escaped. The one spelling of a key in config field paths and in the
+/// TOML the planner writes.
+pub fn toml_key(k: &str) -> String {
+    use fmt::Write as _;
+    if !k.is_empty()
+        && k.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return k.to_owned();
+    }
+    let mut s = String::from("\"");
+    for c in k.chars() {
+        match c {
+            '"' => s.push_str("\\\""),
+            '\\' => s.push_str("\\\\"),
+            c if c.is_control() => {
+                let _ = write!(s, "\\u{:04X}", c as u32);
+            }
+            c => s.push(c),
+        }
+    }
+    s.push('"');
+    s
+}
+
 /// A field path as TOML writes it, for a [`FieldError`] of a config file:
-/// keys that are not bare keys quoted
-/// (`providers."openai:gpt-4o".requests.brust`, as validation names them),
-/// array indexes in brackets. Empty for the whole file. The server's config
-/// and the planner both name a serde error's field with it.
+/// keys by [`toml_key`] (`providers."openai:gpt-4o".requests.brust`, as
+/// validation names them), array indexes in brackets. Empty for the whole
+/// file. The server's config and the planner both name a serde error's
+/// field with it.
 pub fn toml_path(path: &serde_path_to_error::Path) -> String {
     use fmt::Write as _;
     use serde_path_to_error::Segment;
@@ -233,14 +260,10 @@ pub fn toml_path(path: &serde_path_to_error::Path) -> String {
         if !out.is_empty() {
             out.push('.');
         }
-        let bare = !key.is_empty()
-            && key
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-        if bare || key == "?" {
+        if key == "?" {
             out.push_str(key);
         } else {
-            let _ = write!(out, "{key:?}");
+            out.push_str(&toml_key(key));
         }
     }
     out

@@ -40,6 +40,7 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+use tollgate_core::plan::toml_key;
 use tollgate_core::{PlanConfig, RateConfig};
 
 use crate::jsonl::{self, Lines};
@@ -353,29 +354,6 @@ pub fn derive_file(path: &Path, multiple: Rational) -> Result<DeriveReport, Plan
         &path.display().to_string(),
         multiple,
     )
-}
-
-/// A TOML key: bare when it can be, else a quoted string.
-fn toml_key(k: &str) -> String {
-    if !k.is_empty()
-        && k.chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-    {
-        return k.to_owned();
-    }
-    let mut s = String::from("\"");
-    for c in k.chars() {
-        match c {
-            '"' => s.push_str("\\\""),
-            '\\' => s.push_str("\\\\"),
-            c if c.is_control() => {
-                let _ = write!(s, "\\u{:04X}", c as u32);
-            }
-            c => s.push(c),
-        }
-    }
-    s.push('"');
-    s
 }
 
 fn n(v: u64) -> String {

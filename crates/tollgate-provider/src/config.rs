@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use tollgate_core::aimd::{AimdParams, FULL};
 use tollgate_core::bucket::{BucketSpec, MAX_SCALED};
-use tollgate_core::plan::{FieldError, InvalidPlans, RateConfig};
+use tollgate_core::plan::{FieldError, InvalidPlans, RateConfig, toml_key};
 
 use super::feedback::{Feedback, ProviderKind};
 
@@ -240,16 +240,23 @@ fn name_ok(s: &str) -> bool {
 /// `max_exhausted_ms` outside 1 ms ..= 1 day.
 pub fn validate_providers(cfg: &ProvidersConfig) -> Result<ProviderBook, InvalidPlans> {
     let mut errors = Vec::new();
-    let mut err = |path: String, reason: String| errors.push(FieldError { path, reason });
+    fn err(errors: &mut Vec<FieldError>, path: String, reason: String) {
+        errors.push(FieldError { path, reason });
+    }
     let mut keys: HashMap<String, HashMap<String, Arc<Provider>>> = HashMap::new();
     for (key, c) in cfg {
-        let path = format!("providers.{key:?}");
+        let path = format!("providers.{}", toml_key(key));
         let Some((provider, model)) = key.split_once(':') else {
-            err(path, "the key must be \"provider:model\"".into());
+            err(
+                &mut errors,
+                path,
+                "the key must be \"provider:model\"".into(),
+            );
             continue;
         };
         if !name_ok(provider) || !name_ok(model) {
             err(
+                &mut errors,
                 path,
                 "provider and model must be non-empty and free of '{', '}', ':' and control characters"
                     .into(),
@@ -261,6 +268,7 @@ pub fn validate_providers(cfg: &ProvidersConfig) -> Result<ProviderBook, Invalid
                 Ok(k) => k,
                 Err(_) => {
                     err(
+                        &mut errors,
                         format!("{path}.kind"),
                         format!("unknown kind {k:?} (openai, anthropic, gemini, generic)"),
                     );
@@ -269,30 +277,9 @@ pub fn validate_providers(cfg: &ProvidersConfig) -> Result<ProviderBook, Invalid
             },
             None => provider.parse().unwrap_or(ProviderKind::Generic),
         };
+        // The one rate rule of core; every problem by its field path.
         let mut rate = |name: &str, r: &Option<RateConfig>| -> Option<BucketSpec> {
-            let r = r.as_ref()?;
-            let p = format!("{path}.{name}");
-            let burst = r.burst.unwrap_or(r.amount);
-            if r.amount < 1 || r.period_ms < 1 || burst < 1 {
-                err(
-                    p,
-                    format!(
-                        "amount, period_ms and burst must be at least 1 (got {}, {}, {burst})",
-                        r.amount, r.period_ms
-                    ),
-                );
-                return None;
-            }
-            match BucketSpec::new(r.amount as u64, r.period_ms as u64, burst as u64) {
-                Ok(s) => Some(s),
-                Err(_) => {
-                    err(
-                        p,
-                        "burst × period_ms and amount × period_ms must not exceed 2^53".into(),
-                    );
-                    None
-                }
-            }
+            r.as_ref()?.validate(&format!("{path}.{name}"), &mut errors)
         };
         let requests = rate("requests", &c.requests);
         let tokens = rate("tokens", &c.tokens);
@@ -304,6 +291,7 @@ pub fn validate_providers(cfg: &ProvidersConfig) -> Result<ProviderBook, Invalid
             && c.output_tokens.is_none()
         {
             err(
+                &mut errors,
                 path.clone(),
                 "set at least one of requests, tokens, input_tokens, output_tokens".into(),
             );
@@ -312,6 +300,7 @@ pub fn validate_providers(cfg: &ProvidersConfig) -> Result<ProviderBook, Invalid
             None => DEFAULT_PROVIDER_MAX_WAIT_MS,
             Some(w) if w < 0 => {
                 err(
+                    &mut errors,
                     format!("{path}.max_wait_ms"),
                     format!("must not be negative (got {w})"),
                 );
@@ -328,6 +317,7 @@ pub fn validate_providers(cfg: &ProvidersConfig) -> Result<ProviderBook, Invalid
                 > MAX_SCALED as u128
             {
                 err(
+                    &mut errors,
                     format!("{path}.max_wait_ms"),
                     "burst × period_ms + max_wait_ms × amount must not exceed 2^53".into(),
                 );
@@ -340,6 +330,7 @@ pub fn validate_providers(cfg: &ProvidersConfig) -> Result<ProviderBook, Invalid
                 Some(v) if (1..=MAX_HINT_CAP_MS as i64).contains(&v) => v as u64,
                 Some(v) => {
                     err(
+                        &mut errors,
                         format!("{path}.{name}"),
                         format!("must be 1 to {MAX_HINT_CAP_MS} ms (1 day) (got {v})"),
                     );
@@ -360,12 +351,14 @@ pub fn validate_providers(cfg: &ProvidersConfig) -> Result<ProviderBook, Invalid
         let aimd = c.aimd.unwrap_or_default();
         if !(1..=FULL).contains(&aimd.floor_permille) || !(1..=FULL).contains(&aimd.step_permille) {
             err(
+                &mut errors,
                 format!("{path}.aimd"),
                 "floor_permille and step_permille must be 1 to 1000".into(),
             );
         }
         if aimd.decrease_interval_ms == 0 || aimd.increase_interval_ms == 0 {
             err(
+                &mut errors,
                 format!("{path}.aimd"),
                 "decrease_interval_ms and increase_interval_ms must be at least 1".into(),
             );
@@ -375,6 +368,7 @@ pub fn validate_providers(cfg: &ProvidersConfig) -> Result<ProviderBook, Invalid
             let p = format!("{path}.tenants.{name:?}");
             if !name_ok(name) {
                 err(
+                    &mut errors,
                     p,
                     "tenant names must be free of '{', '}', ':' and control characters".into(),
                 );
@@ -382,6 +376,7 @@ pub fn validate_providers(cfg: &ProvidersConfig) -> Result<ProviderBook, Invalid
             }
             if !(t.share > 0.0 && t.share <= 1.0) {
                 err(
+                    &mut errors,
                     format!("{p}.share"),
                     format!("must be more than 0 and at most 1 (got {})", t.share),
                 );

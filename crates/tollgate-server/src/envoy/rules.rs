@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use tollgate_core::plan::FieldError;
+use tollgate_core::plan::{FieldError, toml_key};
 use tollgate_core::{BucketSpec, RateConfig};
 
 /// The domain answered when the config names none.
@@ -322,18 +322,6 @@ impl Check {
 
     fn rate(&mut self, path: &str, r: &RateConfig) -> Option<BucketSpec> {
         r.validate(path, &mut self.errors)
-    }
-}
-
-/// A key as a TOML path writes it: bare when it can be, else quoted.
-fn toml_key(k: &str) -> String {
-    if !k.is_empty()
-        && k.chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-    {
-        k.to_owned()
-    } else {
-        format!("{k:?}")
     }
 }
 
