@@ -55,3 +55,30 @@ async fn the_limiter_refuses_control_characters_empty_and_long_ids() {
     assert!(l.admit_turn(&longest, "inv").await.unwrap().is_allowed());
     assert!(l.admit_turn("üser/1 ✓", "inv").await.unwrap().is_allowed());
 }
+
+#[tokio::test]
+async fn a_turn_in_a_session_follows_the_id_rule_and_holds_nothing_when_refused() {
+    use tollgate_core::session::{SessionAdmit, SessionLease, session_key};
+    let l = limiter();
+    let key = session_key("u1", "chat");
+    let lease = SessionLease {
+        key: &key,
+        ttl_ms: 30_000,
+    };
+    assert_eq!(
+        refused(l.admit_turn_in_session("u1", "inv\n", Some(lease)).await),
+        (
+            "invocation_id",
+            "must not contain control characters".to_owned()
+        )
+    );
+    assert_eq!(
+        refused(l.admit_turn_in_session("u\t1", "inv", Some(lease)).await),
+        ("user", "must not contain control characters".to_owned())
+    );
+    // Nothing was held: another invocation takes the session at once.
+    match l.admit_turn_in_session("u1", "inv-2", Some(lease)).await {
+        Ok(SessionAdmit::Decided(d)) => assert!(d.is_allowed()),
+        other => panic!("expected the turn admitted, got {other:?}"),
+    }
+}
