@@ -136,7 +136,7 @@ impl<S> std::fmt::Debug for Limiter<S> {
 }
 
 /// The one id rule ([`crate::id`]), naming `field` in the error.
-pub(crate) fn check_id(field: &'static str, v: &str) -> Result<(), LimiterError> {
+fn check_id(field: &'static str, v: &str) -> Result<(), LimiterError> {
     crate::id::check_id(v).map_err(|e| LimiterError::invalid(field, e.to_string()))
 }
 

@@ -237,8 +237,6 @@ impl<S: Store> Limiter<S> {
     ) -> Result<SessionAdmit, LimiterError> {
         let grant = match session {
             Some(lease) => {
-                // The holder is checked before it holds anything.
-                crate::limiter::check_id("invocation_id", invocation_id)?;
                 self.plan_for(user)?;
                 match self
                     .acquire_session(lease.key, invocation_id, lease.ttl_ms)
