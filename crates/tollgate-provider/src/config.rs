@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use tollgate_core::aimd::{AimdParams, FULL};
 use tollgate_core::bucket::{BucketSpec, MAX_SCALED};
-use tollgate_core::plan::{FieldError, InvalidPlans, RateConfig, toml_key};
+use tollgate_core::plan::{FieldError, InvalidPlans, RateConfig};
 
 use super::feedback::{Feedback, ProviderKind};
 
@@ -245,7 +245,7 @@ pub fn validate_providers(cfg: &ProvidersConfig) -> Result<ProviderBook, Invalid
     }
     let mut keys: HashMap<String, HashMap<String, Arc<Provider>>> = HashMap::new();
     for (key, c) in cfg {
-        let path = format!("providers.{}", toml_key(key));
+        let path = format!("providers.{key:?}");
         let Some((provider, model)) = key.split_once(':') else {
             err(
                 &mut errors,
@@ -277,9 +277,28 @@ pub fn validate_providers(cfg: &ProvidersConfig) -> Result<ProviderBook, Invalid
             },
             None => provider.parse().unwrap_or(ProviderKind::Generic),
         };
-        // The one rate rule of core; every problem by its field path.
+        // The one rate rule of core decides; a provider rate's problems are
+        // reported at the rate's path (`providers."p:m".requests`), as this
+        // table has always named them.
         let mut rate = |name: &str, r: &Option<RateConfig>| -> Option<BucketSpec> {
-            r.as_ref()?.validate(&format!("{path}.{name}"), &mut errors)
+            let r = r.as_ref()?;
+            let p = format!("{path}.{name}");
+            let mut problems = Vec::new();
+            let spec = r.validate(&p, &mut problems);
+            if let Some(first) = problems.first() {
+                let reason = if first.path == p {
+                    "burst × period_ms and amount × period_ms must not exceed 2^53".to_owned()
+                } else {
+                    format!(
+                        "amount, period_ms and burst must be at least 1 (got {}, {}, {})",
+                        r.amount,
+                        r.period_ms,
+                        r.burst.unwrap_or(r.amount)
+                    )
+                };
+                errors.push(FieldError { path: p, reason });
+            }
+            spec
         };
         let requests = rate("requests", &c.requests);
         let tokens = rate("tokens", &c.tokens);
