@@ -50,7 +50,9 @@ end
 local function touch(s)
   local nrec = redis.call('LLEN', s.kr)
   if s.fence == 0 and nrec == 0 then
-    redis.call('DEL', s.kl)
+    -- Nothing to keep, unless a record gave it an end (a log whose records
+    -- were deleted): that end never moves back, and is not pushed out.
+    if s.rexp <= now then redis.call('DEL', s.kl) end
     return
   end
   local e

@@ -79,6 +79,7 @@ macro_rules! for_each_scenario {
             take_one_shares_budgets,
             sessions_are_bounded_per_user,
             sessions_without_records_are_kept_for_the_grace,
+            a_log_keeps_its_end_after_its_records_are_deleted,
             zero_token_reservations_are_invalid,
             request_ids_answer_the_first_grant,
             reconcile_charges_and_resolves_ambiguity,

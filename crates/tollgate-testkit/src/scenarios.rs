@@ -1980,6 +1980,42 @@ pub async fn session_create_writes_its_group_in_one_step<S: Store + Clone>(
     assert_eq!(records(s, "plain").await, bytes(&[b"p0"]));
 }
 
+/// SPEC §4 retention of a log: a log written a record keeps the end its
+/// record gave it after the records are deleted (the end never moves back),
+/// so a lease taken on it later is kept to that end, past the grace.
+pub async fn a_log_keeps_its_end_after_its_records_are_deleted<S: Store + Clone>(
+    store: S,
+    clock: FakeClock,
+) {
+    use tollgate_core::store::DEFAULT_SESSION_GRACE_MS as GRACE;
+    let s = &store;
+    let (sess, log) = (g("s1"), g("catalog"));
+    let logs = [write(&log, Some(b"c1"))];
+    assert_eq!(
+        s.session_create(SessionCreate {
+            session: &sess,
+            record: b"r0",
+            logs: &logs,
+        })
+        .await
+        .unwrap(),
+        SessionCreated::Created { fence: 1 }
+    );
+    assert_eq!(s.delete_records(&log).await.unwrap(), 1);
+    assert!(matches!(
+        s.session_acquire(&log, "h", 1).await.unwrap(),
+        SessionAcquire::Acquired(SessionGrant { fence: 1, .. })
+    ));
+    clock.advance(GRACE + 1);
+    assert!(
+        matches!(
+            s.session_acquire(&log, "h", 1).await.unwrap(),
+            SessionAcquire::Acquired(SessionGrant { fence: 2, .. })
+        ),
+        "kept for the retention its record gave it, not forgotten after the grace"
+    );
+}
+
 /// SPEC §4 grouped append: checked in one step against the fence (stale
 /// first), the session's existence, then the event id; a refused or
 /// repeated append writes nothing, its logs included; ids are kept with
