@@ -139,3 +139,44 @@ async fn four_replicas_share_one_truth() {
     assert!(max_held.load(Ordering::SeqCst) <= MAX_RUNS as usize);
     assert!(admitted.load(Ordering::Relaxed) > 0);
 }
+
+/// Each replica counts top users in memory and its task writes them to Redis
+/// off the decision path: another replica reads them within the flush
+/// interval without any flush of the writer's being awaited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_users_of_other_replicas_arrive_by_the_flush() {
+    let prefix = unique_prefix();
+    let connect = || {
+        RedisStore::connect(
+            RedisConfig::standalone(shared_url())
+                .with_key_prefix(prefix.clone())
+                .with_op_timeout(Duration::from_secs(2)),
+        )
+    };
+    let (a, b) = (connect().await.unwrap(), connect().await.unwrap());
+    let tokens = BucketSpec::new(1_000_000, 1_000, 1_000_000).unwrap();
+    for (user, estimate) in [("ua", 700), ("ub", 900)] {
+        let out = a
+            .reserve_tokens(ReserveRequest {
+                user,
+                invocation_id: "run",
+                tokens,
+                estimate,
+                max_wait_ms: 0,
+                max_llm_calls: 10,
+                shadow: false,
+                request_id: None,
+            })
+            .await
+            .unwrap();
+        assert!(matches!(out, ReserveOutcome::Granted { .. }), "{out:?}");
+    }
+    let seen = tollgate_testkit::redis::wait_until(5, || async {
+        let top = b.top_users(10).await.unwrap();
+        top.iter()
+            .map(|t| (t.user.as_str(), t.tokens_last_minute))
+            .eq([("ub", 900), ("ua", 700)])
+    })
+    .await;
+    assert!(seen, "replica a's counts reach replica b's read");
+}

@@ -98,7 +98,7 @@ impl Store for RedisStore {
                 wait_ms: u(wait),
             }),
             [1, call, wait, now] => {
-                self.count_top(req.user, u(now), req.estimate as i64).await;
+                self.count_top(req.user, u(now), req.estimate as i64);
                 Ok(ReserveOutcome::Granted {
                     reservation: reservation(call),
                     wait_ms: u(wait),
@@ -148,7 +148,7 @@ impl Store for RedisStore {
         let r: Vec<i64> = self.run("settle", &inv).await?;
         match r[..] {
             [1, balance, delta, now] => {
-                self.count_top(req.user, u(now), delta).await;
+                self.count_top(req.user, u(now), delta);
                 Ok(SettleOutcome::Applied { balance })
             }
             [2, balance, _] => Ok(SettleOutcome::AlreadyClosed { balance }),
@@ -438,6 +438,8 @@ impl Store for RedisStore {
         if n == 0 {
             return Ok(Vec::new());
         }
+        // This replica's counts first, so it always reads its own.
+        self.flush_top_users().await?;
         let now = self.now().await?;
         let minute = now / 60_000;
         let (cur, prev) = (self.inner.keys.top(minute), self.inner.keys.top(minute - 1));
@@ -519,7 +521,7 @@ impl Store for RedisStore {
         let r: Vec<i64> = self.run("reconcile", &inv).await?;
         match r[..] {
             [turns, tokens, refunded, now] => {
-                self.count_top(req.user, u(now), tokens).await;
+                self.count_top(req.user, u(now), tokens);
                 Ok(Reconciled {
                     turns: u(turns),
                     tokens,
