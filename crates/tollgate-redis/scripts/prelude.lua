@@ -95,7 +95,8 @@ local function take(level, cost_scaled, max_wait, amount, exceeds)
 end
 
 -- Tokens charged per minute for the sliding-minute estimate: a hash
--- {m = minute, c = current, p = previous}.
+-- {m = minute, c = current, p = previous}, kept to the end of the minute
+-- after m.
 local function usage_add(key, now, tokens)
   local v = redis.call('HMGET', key, 'm', 'c', 'p')
   local m = math.floor(now / 60000)
@@ -106,8 +107,10 @@ local function usage_add(key, now, tokens)
   end
   c = c + tokens
   redis.call('HSET', key, 'm', m, 'c', c, 'p', p)
+  -- The key lives to the end of the next minute; written in this minute
+  -- before, it already does.
   local exp = (m + 2) * 60000
-  if exp > now then redis.call('PEXPIRE', key, exp - now) end
+  if om ~= m and exp > now then redis.call('PEXPIRE', key, exp - now) end
 end
 
 -- A run record is (re)touched in the user's run index (a zset: member the
