@@ -75,7 +75,6 @@ impl Store for RedisStore {
         let mut inv = self.inner.scripts.reserve_tokens.prepare_invoke();
         inv.key(k.tokens(req.user))
             .key(k.invocation(req.user, req.invocation_id))
-            .key(k.usage(req.user))
             .key(k.runs(req.user))
             .arg(self.now_arg());
         Self::spec_args(&mut inv, &req.tokens)
@@ -139,7 +138,6 @@ impl Store for RedisStore {
         let mut inv = self.inner.scripts.settle.prepare_invoke();
         inv.key(k.tokens(req.user))
             .key(k.invocation(req.user, &rid.invocation_id))
-            .key(k.usage(req.user))
             .arg(self.now_arg());
         Self::spec_args(&mut inv, &req.tokens)
             .arg(rid.call)
@@ -497,7 +495,6 @@ impl Store for RedisStore {
         inv.key(k.turn(req.user))
             .key(k.tokens(req.user))
             .key(k.leases(req.user))
-            .key(k.usage(req.user))
             .key(k.runs(req.user))
             .key(k.reconciled(req.user))
             .arg(self.now_arg());
