@@ -22,9 +22,13 @@
 //! commands per store call (`INFO stats total_commands_processed` delta,
 //! minus the benchmark's own INFO calls, over store calls), the command mix
 //! (`INFO commandstats` deltas per store call), EVALSHA µs per call (server
-//! time, no I/O), and with `--slowlog` the server µs per call of each script
-//! (SLOWLOG entries grouped by SHA; the slowlog keeps at most `--slowlog-len`
-//! entries, the last ones of the window).
+//! time, no I/O), redis-server's CPU per store call (`INFO cpu`, all its
+//! threads, I/O included) and this process's, and with `--slowlog` the
+//! server µs per call of each script and of each command scripts run (SLOWLOG
+//! entries grouped by SHA or command, mean and median: on a busy machine the
+//! median is the one a preempted server does not inflate; the slowlog keeps
+//! at most `--slowlog-len` entries, the last ones of the window, and logging
+//! every command a script runs adds to the script's own time).
 
 // A benchmark measures wall time and prints its results.
 #![allow(
@@ -45,15 +49,7 @@ use tollgate_core::store::{ReserveOutcome, ReserveRequest, SettleOutcome, Settle
 use tollgate_core::{BucketSpec, Store};
 use tollgate_redis::{RedisConfig, RedisStore};
 
-const PRELUDE: &str = include_str!("../scripts/prelude.lua");
-const SCRIPTS: [(&str, &str); 3] = [
-    ("admit_turn", include_str!("../scripts/admit_turn.lua")),
-    (
-        "reserve_tokens",
-        include_str!("../scripts/reserve_tokens.lua"),
-    ),
-    ("settle", include_str!("../scripts/settle.lua")),
-];
+const SCRIPTS: [&str; 3] = ["admit_turn", "reserve_tokens", "settle"];
 
 struct Args {
     url: String,
@@ -185,6 +181,23 @@ fn cmdstats(conn: &mut redis::Connection) -> BTreeMap<String, (f64, f64)> {
         .collect()
 }
 
+/// redis-server's CPU so far (user + system, all threads), seconds.
+fn server_cpu(conn: &mut redis::Connection) -> f64 {
+    let i = info(conn, "cpu");
+    let get = |k: &str| -> f64 { i.get(k).and_then(|v| v.parse().ok()).unwrap_or(0.0) };
+    get("used_cpu_sys") + get("used_cpu_user")
+}
+
+/// This process's CPU so far (user + system), seconds, from /proc/self/stat.
+fn self_cpu() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let rest = stat.rfind(')').map_or("", |i| &stat[i + 2..]);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime; 100 ticks a second on Linux.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 fn total_commands(conn: &mut redis::Connection) -> f64 {
     info(conn, "stats")
         .get("total_commands_processed")
@@ -277,7 +290,9 @@ fn main() {
     let u0 = units.load(Ordering::Relaxed);
     let t0 = Instant::now();
     let total0 = total_commands(&mut admin);
+    let (srv0, me0) = (server_cpu(&mut admin), self_cpu());
     std::thread::sleep(args.duration);
+    let (srv1, me1) = (server_cpu(&mut admin), self_cpu());
     let total1 = total_commands(&mut admin);
     let stats = cmdstats(&mut admin);
     let wall = t0.elapsed().as_secs_f64();
@@ -311,6 +326,11 @@ fn main() {
         bad.load(Ordering::Relaxed)
     );
     println!(
+        "  cpu per store call: redis-server {:.2} µs, client {:.2} µs",
+        (srv1 - srv0) * 1e6 / n,
+        (me1 - me0) * 1e6 / n
+    );
+    println!(
         "  redis commands per store call: {:.3} (total_commands_processed {} → {})",
         (total1 - total0 - own) / n,
         total0,
@@ -329,13 +349,9 @@ fn main() {
     if args.slowlog {
         let shas: BTreeMap<String, &str> = SCRIPTS
             .iter()
-            .map(|(name, body)| {
-                (
-                    Script::new(&format!("{PRELUDE}\n{body}"))
-                        .get_hash()
-                        .to_owned(),
-                    *name,
-                )
+            .map(|name| {
+                let text = tollgate_redis::lua_source(name).expect("a script");
+                (Script::new(&text).get_hash().to_owned(), *name)
             })
             .collect();
         let log: Vec<redis::Value> = redis::cmd("SLOWLOG")
@@ -343,7 +359,7 @@ fn main() {
             .arg(args.slowlog_len)
             .query(&mut admin)
             .expect("slowlog get");
-        let mut per: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+        let mut per: BTreeMap<String, Vec<u64>> = BTreeMap::new();
         for e in log {
             let redis::Value::Array(f) = e else { continue };
             let (Some(redis::Value::Int(us)), Some(redis::Value::Array(argv))) =
@@ -362,17 +378,20 @@ fn main() {
             } else {
                 cmd
             };
-            let slot = per.entry(name).or_default();
-            slot.0 += 1;
-            slot.1 += u64::try_from(*us).unwrap_or(0);
+            per.entry(name)
+                .or_default()
+                .push(u64::try_from(*us).unwrap_or(0));
         }
-        for (name, (c, us)) in per {
+        for (name, mut us) in per {
             if matches!(name.as_str(), "info" | "config" | "slowlog") {
                 continue;
             }
+            us.sort_unstable();
+            let mean = us.iter().sum::<u64>() as f64 / us.len() as f64;
             println!(
-                "  slowlog {name}: {c} calls, {:.2} µs per call",
-                us as f64 / c as f64
+                "  slowlog {name}: {} calls, {mean:.2} µs mean, {} µs median",
+                us.len(),
+                us[us.len() / 2]
             );
         }
     }
