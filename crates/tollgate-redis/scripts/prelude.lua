@@ -101,38 +101,43 @@ end
 -- {prefix}:use:{user}, which user_state still reads: see docs/spec.md.)
 local function tok_load(key, now, cap, period)
   local v = redis.call('HMGET', key, 'l', 't', 'e', 'p', 'um', 'uc', 'up')
-  local u = {tonumber(v[5]), tonumber(v[6]) or 0, tonumber(v[7]) or 0}
   if v[1] and tonumber(v[3]) > now then
-    return tonumber(v[1]), tonumber(v[2]), true, tonumber(v[4]) or period, u
+    return tonumber(v[1]), tonumber(v[2]), true, tonumber(v[4]) or period, v
   end
-  return cap, now, false, period, u
+  return cap, now, false, period, v
 end
 
--- Adds `tokens` to the minute of `now` of a usage triple {minute, current,
--- previous} (rolled over first if its minute has passed).
-local function usage_roll(u, now, tokens)
+-- Adds `tokens` to the minute of `now` of a usage triple (minute, current,
+-- previous; a nil minute: none yet), rolled over first if its minute has
+-- passed. Answers the new triple. (Numbers in and out, no table: every
+-- table a script makes is garbage Redis's Lua must collect.)
+local function usage_roll(om, c, p, now, tokens)
   local m = math.floor(now / 60000)
-  local om, c, p = u[1], u[2], u[3]
   if om ~= m then
     if om == m - 1 then p = c else p = 0 end
     c = 0
   end
-  return {m, c + tokens, p}
+  return m, c + tokens, p
 end
 
--- Saves the token bucket, and its usage triple when `changed`. The key
--- lives as long as either part needs: the bucket to its expiry (rule 6),
--- the usage to the end of the minute after its minute.
-local function tok_save(key, level, ts, now, amount, cap, period, u, changed)
+-- The usage triple of a token hash as tok_load read it (`v`).
+local function usage_of(v)
+  return tonumber(v[5]), tonumber(v[6]) or 0, tonumber(v[7]) or 0
+end
+
+-- Saves the token bucket, and the usage triple (m, c, p) unless c is nil.
+-- The key lives as long as either part needs: the bucket to its expiry
+-- (rule 6), the usage to the end of the minute after its minute m.
+local function tok_save(key, level, ts, now, amount, cap, period, m, c, p)
   local exp = bucket_expiry(level, now, amount, cap)
-  if changed then
+  if c then
     redis.call('HSET', key, 'l', level, 't', ts, 'e', exp, 'p', period,
-      'um', u[1], 'uc', u[2], 'up', u[3])
+      'um', m, 'uc', c, 'up', p)
   else
     redis.call('HSET', key, 'l', level, 't', ts, 'e', exp, 'p', period)
   end
   local keep = exp
-  if u[1] and (u[1] + 2) * 60000 > keep then keep = (u[1] + 2) * 60000 end
+  if m and (m + 2) * 60000 > keep then keep = (m + 2) * 60000 end
   redis.call('PEXPIRE', key, keep - now)
 end
 

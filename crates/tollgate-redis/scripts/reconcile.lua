@@ -73,11 +73,13 @@ end
 tokens = tokens - given_back
 if tokens ~= 0 then
   -- bucket_adjust, and the usage in the same hash (tok_load in prelude.lua).
-  local level, ts, _, old_period, usage = tok_load(KEYS[2], now, k_cap, k_period)
+  local level, ts, _, old_period, v_tok = tok_load(KEYS[2], now, k_cap, k_period)
   level, ts = refill(level, ts, now, k_amount, k_cap, old_period, k_period)
   level = level - tokens * k_period
   if level > k_cap then level = k_cap end
   if level < -MAX_SCALED then level = -MAX_SCALED end
-  tok_save(KEYS[2], level, ts, now, k_amount, k_cap, k_period, usage_roll(usage, now, tokens), true)
+  local um, uc, up = usage_of(v_tok)
+  um, uc, up = usage_roll(um, uc, up, now, tokens)
+  tok_save(KEYS[2], level, ts, now, k_amount, k_cap, k_period, um, uc, up)
 end
 return {turns, tokens, refunded, now}

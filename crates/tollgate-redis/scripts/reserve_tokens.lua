@@ -64,7 +64,7 @@ local function record_call(charged, wait)
   return calls
 end
 
-local level, ts, _, old_period, usage = tok_load(KEYS[1], now, cap, period)
+local level, ts, _, old_period, v_tok = tok_load(KEYS[1], now, cap, period)
 level, ts = refill(level, ts, now, amount, cap, old_period, period)
 local outcome, x, after = take(level, estimate * period, max_wait, amount, exceeds)
 local code = 0
@@ -73,11 +73,13 @@ elseif outcome == 2 then code = 4
 elseif outcome == 3 then code = 5 end
 
 if code == 0 then
-  tok_save(KEYS[1], after, ts, now, amount, cap, period, usage_roll(usage, now, estimate), true)
+  local um, uc, up = usage_of(v_tok)
+  um, uc, up = usage_roll(um, uc, up, now, estimate)
+  tok_save(KEYS[1], after, ts, now, amount, cap, period, um, uc, up)
   return {1, record_call(estimate, x), x, now}
 end
 -- Denied: take nothing; keep the refilled level.
-tok_save(KEYS[1], level, ts, now, amount, cap, period, usage, false)
+tok_save(KEYS[1], level, ts, now, amount, cap, period, tonumber(v_tok[5]))
 local hint = 0
 if code == 4 then hint = x end
 local call = 0

@@ -14,7 +14,7 @@ local call, actual, retention = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(A
 local v = redis.call('HMGET', KEYS[2], 'c', 'e', 'o' .. call)
 if not v[1] or tonumber(v[2]) <= now then return {0} end
 if call < 1 or call > tonumber(v[1]) then return {0} end
-local level, ts, _, old_period, usage = tok_load(KEYS[1], now, cap, period)
+local level, ts, _, old_period, v_tok = tok_load(KEYS[1], now, cap, period)
 level, ts = refill(level, ts, now, amount, cap, old_period, period)
 if not v[3] then return {2, floor_div(level, period), 0} end
 
@@ -27,5 +27,7 @@ if actual >= 0 then delta = actual - charged end
 level = level - delta * period
 if level > cap then level = cap end
 if level < -MAX_SCALED then level = -MAX_SCALED end
-tok_save(KEYS[1], level, ts, now, amount, cap, period, usage_roll(usage, now, delta), true)
+local um, uc, up = usage_of(v_tok)
+um, uc, up = usage_roll(um, uc, up, now, delta)
+tok_save(KEYS[1], level, ts, now, amount, cap, period, um, uc, up)
 return {1, floor_div(level, period), delta, now}

@@ -15,18 +15,18 @@ do
   turns = floor_div(level, period)
 end
 local amount, period, cap = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local level, ts, _, old_period, usage = tok_load(KEYS[2], now, cap, period)
+local level, ts, _, old_period, v_tok = tok_load(KEYS[2], now, cap, period)
 level = refill(level, ts, now, amount, cap, old_period, period)
 local tokens = floor_div(level, period)
--- The sliding-minute estimate of a usage triple {minute, current, previous}.
-local function last_minute(u)
-  if not u[1] then return 0 end
-  local r = usage_roll(u, now, 0)
-  return r[2] + floor_div(r[3] * (60000 - (now % 60000)), 60000)
+-- The sliding-minute estimate of a usage triple (minute, current, previous).
+local function last_minute(om, c, p)
+  if not om then return 0 end
+  local _, cur, prev = usage_roll(om, c, p, now, 0)
+  return cur + floor_div(prev * (60000 - (now % 60000)), 60000)
 end
 local old = redis.call('HMGET', KEYS[4], 'm', 'c', 'p')
-local last = last_minute(usage)
-  + last_minute({tonumber(old[1]), tonumber(old[2]) or 0, tonumber(old[3]) or 0})
+local last = last_minute(usage_of(v_tok))
+  + last_minute(tonumber(old[1]), tonumber(old[2]) or 0, tonumber(old[3]) or 0)
 local out = {turns, tokens, last}
 local leases = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. now, '+inf', 'WITHSCORES')
 for i = 1, #leases do out[#out + 1] = leases[i] end
