@@ -33,7 +33,7 @@
 //! against the same server with the same key and ARGV shape: (a) a minimal
 //! script (TIME, an HMGET of the turn hash, a ZCARD of the lease set, a small
 //! array back) and (b) the real admit_turn script, the exact text `RedisStore`
-//! loads (prelude + body; its SHA is checked against `redis::Script`'s).
+//! loads (`tollgate_redis::lua_source`; its SHA is checked against `redis::Script`'s).
 //! `__rand_int__` gives random users and invocation ids, as the tasks use.
 //! redis-benchmark's `-c C` is C TCP connections, each with one request in
 //! flight (no pipelining, `-P 1`); ours is C tasks sharing ONE multiplexed
@@ -71,10 +71,6 @@ use tollgate_core::store::TurnRequest;
 use tollgate_core::{BucketSpec, Store};
 use tollgate_redis::{RedisConfig, RedisStore};
 use tollgate_testkit::redis::RedisServer;
-
-/// The same text `RedisStore` sends (src/scripts.rs: `{PRELUDE}\n{body}`).
-const PRELUDE: &str = include_str!("../scripts/prelude.lua");
-const ADMIT_TURN: &str = include_str!("../scripts/admit_turn.lua");
 
 /// A script of the admission script's shape doing almost nothing.
 const MINIMAL: &str = "\
@@ -570,7 +566,8 @@ fn main() {
     let workers = args.workers.unwrap_or(cores);
     let users: Arc<Vec<String>> = Arc::new((0..args.users).map(|i| format!("u{i:012}")).collect());
 
-    let real = format!("{PRELUDE}\n{ADMIT_TURN}");
+    // The same text `RedisStore` loads (the prelude helpers it uses + body).
+    let real = tollgate_redis::lua_source("admit_turn").expect("admit_turn");
     let store = rt.block_on(async {
         RedisStore::connect(
             RedisConfig::standalone(url.clone())

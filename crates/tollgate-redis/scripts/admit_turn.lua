@@ -11,19 +11,26 @@ local amount, period, cap = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[
 local inv, ttl = ARGV[5], tonumber(ARGV[6])
 local max_runs, retry_cap = tonumber(ARGV[7]), tonumber(ARGV[8])
 
-local function lease_expire()
-  local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-  if last[2] then redis.call('PEXPIRE', KEYS[2], tonumber(last[2]) - now) end
-end
 
 local reclaimed = redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local exp = now + ttl
+-- The set lives at least as long as its latest lease: a new set gets this
+-- lease's TTL, an existing one is only ever extended (GT: every write
+-- covered its own lease, so the TTL covers them all; a lease released or
+-- reclaimed early may leave it longer than needed, never shorter).
+local function lease_expire(fresh)
+  if fresh then
+    redis.call('PEXPIRE', KEYS[2], exp - now)
+  else
+    redis.call('PEXPIRE', KEYS[2], exp - now, 'GT')
+  end
+end
 local held = tonumber(redis.call('ZSCORE', KEYS[2], inv))
 if held then
   -- A live holder retrying: refresh (never shorten), charge nothing.
   if held > exp then exp = held end
   redis.call('ZADD', KEYS[2], exp, inv)
-  lease_expire()
+  lease_expire(false)
   return {1, exp, 1, reclaimed}
 end
 
@@ -34,7 +41,8 @@ local turn_hint = nil
 if outcome ~= 1 then turn_hint = hint end
 
 local lease_hint = nil
-if redis.call('ZCARD', KEYS[2]) >= max_runs then
+local runs = redis.call('ZCARD', KEYS[2])
+if runs >= max_runs then
   local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
   local h = tonumber(first[2]) - now
   if h > retry_cap then h = retry_cap end
@@ -45,7 +53,7 @@ end
 if not turn_hint and not lease_hint then
   bucket_save(KEYS[1], after, ts, now, amount, cap, period)
   redis.call('ZADD', KEYS[2], exp, inv)
-  lease_expire()
+  lease_expire(runs == 0)
   return {1, exp, 0, reclaimed}
 end
 -- Denied: take nothing; keep only the refilled level of an existing bucket.

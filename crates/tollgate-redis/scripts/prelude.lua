@@ -94,20 +94,51 @@ local function take(level, cost_scaled, max_wait, amount, exceeds)
   return 1, wait, after
 end
 
--- Tokens charged per minute for the sliding-minute estimate: a hash
--- {m = minute, c = current, p = previous}.
-local function usage_add(key, now, tokens)
-  local v = redis.call('HMGET', key, 'm', 'c', 'p')
+-- The token bucket hash also keeps the user's tokens charged per minute,
+-- for the sliding-minute estimate: {um = minute, uc = its tokens, up = the
+-- minute before's}. One key, so a reserve or settle reads and writes it
+-- once. (Before, these were fields m, c, p of a key of their own,
+-- {prefix}:use:{user}, which user_state still reads: see docs/spec.md.)
+local function tok_load(key, now, cap, period)
+  local v = redis.call('HMGET', key, 'l', 't', 'e', 'p', 'um', 'uc', 'up')
+  if v[1] and tonumber(v[3]) > now then
+    return tonumber(v[1]), tonumber(v[2]), true, tonumber(v[4]) or period, v
+  end
+  return cap, now, false, period, v
+end
+
+-- Adds `tokens` to the minute of `now` of a usage triple (minute, current,
+-- previous; a nil minute: none yet), rolled over first if its minute has
+-- passed. Answers the new triple. (Numbers in and out, no table: every
+-- table a script makes is garbage Redis's Lua must collect.)
+local function usage_roll(om, c, p, now, tokens)
   local m = math.floor(now / 60000)
-  local om, c, p = tonumber(v[1]), tonumber(v[2]) or 0, tonumber(v[3]) or 0
   if om ~= m then
     if om == m - 1 then p = c else p = 0 end
     c = 0
   end
-  c = c + tokens
-  redis.call('HSET', key, 'm', m, 'c', c, 'p', p)
-  local exp = (m + 2) * 60000
-  if exp > now then redis.call('PEXPIRE', key, exp - now) end
+  return m, c + tokens, p
+end
+
+-- The usage triple of a token hash as tok_load read it (`v`).
+local function usage_of(v)
+  return tonumber(v[5]), tonumber(v[6]) or 0, tonumber(v[7]) or 0
+end
+
+-- Saves the token bucket, and the usage triple (m, c, p) unless c is nil.
+-- The key lives as long as either part needs: the bucket to its expiry
+-- (rule 6), the usage to the end of the minute after its minute m.
+local function tok_save(key, level, ts, now, amount, cap, period, m, c, p)
+  local exp = bucket_expiry(level, now, amount, cap)
+  if c then
+    redis.call('HSET', key, 'l', level, 't', ts, 'e', exp, 'p', period,
+      'um', m, 'uc', c, 'up', p)
+  else
+    redis.call('HSET', key, 'l', level, 't', ts, 'e', exp, 'p', period)
+  end
+  local keep = exp
+  if m and (m + 2) * 60000 > keep then keep = (m + 2) * 60000 end
+  redis.call('PEXPIRE', key, keep - now)
 end
 
 -- A run record is (re)touched in the user's run index (a zset: member the

@@ -3,9 +3,8 @@
 -- KEYS[1] turn bucket hash   {prefix}:turn:{user}
 -- KEYS[2] token bucket hash  {prefix}:tok:{user}
 -- KEYS[3] run lease zset     {prefix}:lease:{user}
--- KEYS[4] usage hash         {prefix}:use:{user}
--- KEYS[5] run index zset     {prefix}:invs:{user}
--- KEYS[6] batches hash       {prefix}:rec:{user}  (replica tag -> last batch applied)
+-- KEYS[4] run index zset     {prefix}:invs:{user}
+-- KEYS[5] batches hash       {prefix}:rec:{user}  (replica tag -> last batch applied)
 -- ARGV[1] now override   ARGV[2..4] turn amount, period, capacity scaled
 -- ARGV[5..7] token amount, period, capacity scaled
 -- ARGV[8] turns taken   ARGV[9] net tokens   ARGV[10] reservation retention ms
@@ -26,10 +25,10 @@ local turns, tokens = tonumber(ARGV[8]), tonumber(ARGV[9])
 local retention, max_runs, prefix = tonumber(ARGV[10]), tonumber(ARGV[11]), ARGV[12]
 
 local replica, batch = ARGV[13], tonumber(ARGV[14])
-local last = tonumber(redis.call('HGET', KEYS[6], replica))
+local last = tonumber(redis.call('HGET', KEYS[5], replica))
 if last and batch <= last then return {0, 0, 0, now} end
-redis.call('HSET', KEYS[6], replica, batch)
-redis.call('PEXPIRE', KEYS[6], retention)
+redis.call('HSET', KEYS[5], replica, batch)
+redis.call('PEXPIRE', KEYS[5], retention)
 
 local n = tonumber(ARGV[15])
 local i = 16
@@ -55,7 +54,7 @@ for _ = 1, n do
       end
     end
   end
-  track_run(KEYS[5], prefix, inv_id, not live, now, retention, max_runs)
+  track_run(KEYS[4], prefix, inv_id, not live, now, retention, max_runs)
   redis.call('HSET', key, 'c', calls, 'e', now + retention, 'r' .. rid, '0:0')
   redis.call('PEXPIRE', key, retention)
 end
@@ -73,7 +72,14 @@ if turns > 0 then
 end
 tokens = tokens - given_back
 if tokens ~= 0 then
-  bucket_adjust(KEYS[2], now, k_amount, k_period, k_cap, tokens)
-  usage_add(KEYS[4], now, tokens)
+  -- bucket_adjust, and the usage in the same hash (tok_load in prelude.lua).
+  local level, ts, _, old_period, v_tok = tok_load(KEYS[2], now, k_cap, k_period)
+  level, ts = refill(level, ts, now, k_amount, k_cap, old_period, k_period)
+  level = level - tokens * k_period
+  if level > k_cap then level = k_cap end
+  if level < -MAX_SCALED then level = -MAX_SCALED end
+  local um, uc, up = usage_of(v_tok)
+  um, uc, up = usage_roll(um, uc, up, now, tokens)
+  tok_save(KEYS[2], level, ts, now, k_amount, k_cap, k_period, um, uc, up)
 end
 return {turns, tokens, refunded, now}

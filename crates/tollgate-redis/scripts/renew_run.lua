@@ -10,6 +10,7 @@ if not held then return -1 end
 local exp = now + tonumber(ARGV[3])
 if held > exp then exp = held end
 redis.call('ZADD', KEYS[1], exp, ARGV[2])
-local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-redis.call('PEXPIRE', KEYS[1], tonumber(last[2]) - now)
+-- Only ever extended (GT), as admit_turn does: the set exists (it holds
+-- this lease) and its TTL already covers every other lease.
+redis.call('PEXPIRE', KEYS[1], exp - now, 'GT')
 return exp

@@ -3,8 +3,8 @@
 -- KEYS[1] token bucket hash  {prefix}:tok:{user}
 -- KEYS[2] invocation hash    {prefix}:inv:{user}:<invocation>
 --         {c = calls, e = logical expiry, o<n> = tokens charged by open reservation n}
--- KEYS[3] usage hash         {prefix}:use:{user}
--- KEYS[4] run index zset     {prefix}:invs:{user}  (member invocation, score expiry):
+--         (it also keeps the user's tokens per minute: see tok_load in prelude.lua)
+-- KEYS[3] run index zset     {prefix}:invs:{user}  (member invocation, score expiry):
 --         past ARGV[11] runs the least recently active run's record is dropped
 --         (its key is built from ARGV[13]; it is in the same slot).
 -- ARGV[1] now override   ARGV[2] amount   ARGV[3] period_ms   ARGV[4] capacity scaled
@@ -51,7 +51,7 @@ end
 
 local function record_call(charged, wait)
   local exp = now + retention
-  track_run(KEYS[4], ARGV[13], inv_id, not live, now, retention, max_runs)
+  track_run(KEYS[3], ARGV[13], inv_id, not live, now, retention, max_runs)
   live = true
   calls = calls + 1
   if wait and rid ~= '' then
@@ -64,7 +64,7 @@ local function record_call(charged, wait)
   return calls
 end
 
-local level, ts, _, old_period = bucket_load(KEYS[1], now, cap, period)
+local level, ts, _, old_period, v_tok = tok_load(KEYS[1], now, cap, period)
 level, ts = refill(level, ts, now, amount, cap, old_period, period)
 local outcome, x, after = take(level, estimate * period, max_wait, amount, exceeds)
 local code = 0
@@ -73,12 +73,13 @@ elseif outcome == 2 then code = 4
 elseif outcome == 3 then code = 5 end
 
 if code == 0 then
-  bucket_save(KEYS[1], after, ts, now, amount, cap, period)
-  usage_add(KEYS[3], now, estimate)
+  local um, uc, up = usage_of(v_tok)
+  um, uc, up = usage_roll(um, uc, up, now, estimate)
+  tok_save(KEYS[1], after, ts, now, amount, cap, period, um, uc, up)
   return {1, record_call(estimate, x), x, now}
 end
 -- Denied: take nothing; keep the refilled level.
-bucket_save(KEYS[1], level, ts, now, amount, cap, period)
+tok_save(KEYS[1], level, ts, now, amount, cap, period, tonumber(v_tok[5]))
 local hint = 0
 if code == 4 then hint = x end
 local call = 0

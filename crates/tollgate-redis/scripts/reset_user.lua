@@ -8,5 +8,8 @@ for i = 1, 2 do
   local e = tonumber(redis.call('HGET', KEYS[i], 'e'))
   if e and e > now then had = 1 end
 end
-redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('DEL', KEYS[1])
+-- The token hash also keeps the tokens per minute (tok_load in prelude.lua):
+-- only its bucket goes.
+redis.call('HDEL', KEYS[2], 'l', 't', 'e', 'p')
 return had

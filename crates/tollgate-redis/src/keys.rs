@@ -77,7 +77,9 @@ impl Keys {
         self.user("rec", user)
     }
 
-    /// The per-minute token usage of a user.
+    /// The per-minute token usage of a user as replicas before the token
+    /// bucket hash kept it: only `user_state` reads it, so a rolling upgrade
+    /// still counts the old replicas' tokens (docs/spec.md).
     pub(crate) fn usage(&self, user: &str) -> String {
         self.user("use", user)
     }

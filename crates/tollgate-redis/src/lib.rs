@@ -11,8 +11,8 @@
 //! The failure policy of SPEC §6 is core's
 //! [`Failover`](tollgate_core::failover::Failover), generic over any store.
 //!
-//! The top-users counter (for the admin endpoint) lives in its own slot and
-//! is updated after a user's script, best effort.
+//! The top-users counter (for the admin endpoint) lives in its own slot; a
+//! replica counts in memory and writes it in batches, off the decision path.
 
 mod config;
 mod error;
@@ -21,4 +21,5 @@ mod scripts;
 mod store;
 
 pub use config::{RedisConfig, RedisTarget};
+pub use scripts::lua_source;
 pub use store::RedisStore;

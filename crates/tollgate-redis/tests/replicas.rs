@@ -2,6 +2,10 @@
 //! user at once for two seconds on the real clock (Redis `TIME`). The fleet
 //! shares one truth: the granted token cost stays within capacity + rate ×
 //! elapsed, and concurrently held run leases never exceed the cap.
+//!
+//! Also what replicas see of each other's top-user counts (written in
+//! batches, off the decision path) and, across a rolling upgrade, of each
+//! other's tokens per minute.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -138,4 +142,91 @@ async fn four_replicas_share_one_truth() {
     );
     assert!(max_held.load(Ordering::SeqCst) <= MAX_RUNS as usize);
     assert!(admitted.load(Ordering::Relaxed) > 0);
+}
+
+/// Each replica counts top users in memory and its task writes them to Redis
+/// off the decision path: another replica reads them within the flush
+/// interval without any flush of the writer's being awaited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_users_of_other_replicas_arrive_by_the_flush() {
+    let prefix = unique_prefix();
+    let connect = || {
+        RedisStore::connect(
+            RedisConfig::standalone(shared_url())
+                .with_key_prefix(prefix.clone())
+                .with_op_timeout(Duration::from_secs(2)),
+        )
+    };
+    let (a, b) = (connect().await.unwrap(), connect().await.unwrap());
+    let tokens = BucketSpec::new(1_000_000, 1_000, 1_000_000).unwrap();
+    for (user, estimate) in [("ua", 700), ("ub", 900)] {
+        let out = a
+            .reserve_tokens(ReserveRequest {
+                user,
+                invocation_id: "run",
+                tokens,
+                estimate,
+                max_wait_ms: 0,
+                max_llm_calls: 10,
+                shadow: false,
+                request_id: None,
+            })
+            .await
+            .unwrap();
+        assert!(matches!(out, ReserveOutcome::Granted { .. }), "{out:?}");
+    }
+    let seen = tollgate_testkit::redis::wait_until(5, || async {
+        let top = b.top_users(10).await.unwrap();
+        top.iter()
+            .map(|t| (t.user.as_str(), t.tokens_last_minute))
+            .eq([("ub", 900), ("ua", 700)])
+    })
+    .await;
+    assert!(seen, "replica a's counts reach replica b's read");
+}
+
+/// A rolling upgrade: replicas before this version kept a user's tokens per
+/// minute in a key of their own (`{prefix}:use:{user}`); this version keeps
+/// them in the token bucket hash and its user view adds both (docs/spec.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_user_view_counts_old_replicas_tokens_too() {
+    let prefix = unique_prefix();
+    let clock = tollgate_core::FakeClock::new(tollgate_testkit::T0);
+    let store = RedisStore::connect(
+        RedisConfig::standalone(shared_url())
+            .with_key_prefix(prefix.clone())
+            .with_op_timeout(Duration::from_secs(2)),
+    )
+    .await
+    .unwrap()
+    .with_clock_override(clock.clone());
+    let minute = clock.now_ms() / 60_000;
+    // What an old replica wrote: 400 this minute, 600 the minute before.
+    let client = redis::Client::open(shared_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let old = format!("{prefix}:use:{{u1}}");
+    let _: () = redis::pipe()
+        .hset_multiple(&old, &[("m", minute), ("c", 400), ("p", 0)])
+        .pexpire(&old, 120_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let tokens = BucketSpec::new(1_000_000, 1_000, 1_000_000).unwrap();
+    let out = store
+        .reserve_tokens(ReserveRequest {
+            user: "u1",
+            invocation_id: "run",
+            tokens,
+            estimate: 250,
+            max_wait_ms: 0,
+            max_llm_calls: 10,
+            shadow: false,
+            request_id: None,
+        })
+        .await
+        .unwrap();
+    assert!(matches!(out, ReserveOutcome::Granted { .. }), "{out:?}");
+    let turns = BucketSpec::new(10, 1_000, 10).unwrap();
+    let state = store.user_state("u1", turns, tokens).await.unwrap();
+    assert_eq!(state.tokens_last_minute, 650, "400 old + 250 new");
 }

@@ -33,6 +33,9 @@ use crate::keys::Keys;
 use crate::scripts::Scripts;
 
 mod ops;
+mod top;
+
+use top::TopCounter;
 
 /// One connection type for both deployments: a reconnecting multiplexed
 /// connection to one server, or a cluster connection that follows slots.
@@ -75,6 +78,10 @@ impl ConnectionLike for Conn {
 ///
 /// Time comes from Redis `TIME` inside each script, so every replica of a
 /// fleet decides on one clock. Cloning shares the connection.
+///
+/// Top users are counted in memory and written to Redis in batches by a
+/// task the store spawns (see `store/top.rs`), never on the decision path;
+/// the task ends when the last clone is dropped.
 #[derive(Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
@@ -88,6 +95,34 @@ struct Inner {
     session_retention_ms: u64,
     session_grace_ms: u64,
     clock: Option<Arc<dyn Clock>>,
+    top: Arc<TopCounter>,
+    /// Dropped with the store: stops its top-users flusher.
+    _flusher: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Inner {
+    fn new(
+        conn: Conn,
+        keys: Keys,
+        op_timeout: Duration,
+        session_retention_ms: u64,
+        session_grace_ms: u64,
+    ) -> Self {
+        let top = Arc::new(TopCounter::default());
+        let (flusher, _task) =
+            top::spawn_flusher(top.clone(), conn.clone(), keys.clone(), op_timeout);
+        Self {
+            conn,
+            scripts: Scripts::new(),
+            keys,
+            op_timeout,
+            session_retention_ms,
+            session_grace_ms,
+            clock: None,
+            top,
+            _flusher: flusher,
+        }
+    }
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -197,15 +232,13 @@ impl RedisStore {
             }
         };
         Ok(Self {
-            inner: Arc::new(Inner {
+            inner: Arc::new(Inner::new(
                 conn,
-                scripts: Scripts::new(),
-                keys: Keys::new(&config.key_prefix),
-                op_timeout: config.op_timeout,
-                session_retention_ms: config.session_retention_ms,
-                session_grace_ms: config.effective_grace_ms(),
-                clock: None,
-            }),
+                Keys::new(&config.key_prefix),
+                config.op_timeout,
+                config.session_retention_ms,
+                config.effective_grace_ms(),
+            )),
         })
     }
 
@@ -214,14 +247,14 @@ impl RedisStore {
     /// For tests only (the conformance suite runs Redis on a fake clock). In
     /// production every replica must use Redis time, or they disagree.
     pub fn with_clock_override(self, clock: impl Clock) -> Self {
-        let inner = Arc::try_unwrap(self.inner).unwrap_or_else(|shared| Inner {
-            conn: shared.conn.clone(),
-            scripts: Scripts::new(),
-            keys: shared.keys.clone(),
-            op_timeout: shared.op_timeout,
-            session_retention_ms: shared.session_retention_ms,
-            session_grace_ms: shared.session_grace_ms,
-            clock: None,
+        let inner = Arc::try_unwrap(self.inner).unwrap_or_else(|shared| {
+            Inner::new(
+                shared.conn.clone(),
+                shared.keys.clone(),
+                shared.op_timeout,
+                shared.session_retention_ms,
+                shared.session_grace_ms,
+            )
         });
         Self {
             inner: Arc::new(Inner {
@@ -266,27 +299,21 @@ impl RedisStore {
         Ok(secs * 1_000 + micros / 1_000)
     }
 
-    /// Adds `tokens` to `user`'s row of the per-minute top-users set. Best
-    /// effort: it lives in another slot than the user's keys, so it cannot
-    /// be in the user's script; a failure is logged and the decision stands.
-    async fn count_top(&self, user: &str, now: u64, tokens: i64) {
-        if tokens == 0 {
-            return;
-        }
-        let key = self.inner.keys.top(now / 60_000);
-        let mut pipe = redis::pipe();
-        pipe.zincr(&key, user, tokens)
-            .ignore()
-            .pexpire(&key, 180_000)
-            .ignore();
-        let mut conn = self.inner.conn.clone();
-        let res =
-            tokio::time::timeout(self.inner.op_timeout, pipe.query_async::<()>(&mut conn)).await;
-        match res {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "top-users counter not updated"),
-            Err(_) => tracing::warn!("top-users counter not updated: timeout"),
-        }
+    /// Adds `tokens` to `user`'s count of the minute of `now` in this
+    /// replica's top-users counter: no I/O (the store's task flushes it).
+    fn count_top(&self, user: &str, now: u64, tokens: i64) {
+        self.inner.top.add(user, now, tokens);
+    }
+
+    /// Writes this replica's waiting top-users counts to Redis now (the
+    /// store's task does so every 200 ms; `top_users` does before it reads).
+    ///
+    /// # Errors
+    ///
+    /// Redis failed or timed out; the counts are kept for the next flush.
+    pub async fn flush_top_users(&self) -> Result<(), StoreError> {
+        let i = &self.inner;
+        top::flush(&i.top, &i.conn, &i.keys, i.op_timeout).await
     }
 
     fn spec_args<'a, 'b>(

@@ -75,7 +75,6 @@ impl Store for RedisStore {
         let mut inv = self.inner.scripts.reserve_tokens.prepare_invoke();
         inv.key(k.tokens(req.user))
             .key(k.invocation(req.user, req.invocation_id))
-            .key(k.usage(req.user))
             .key(k.runs(req.user))
             .arg(self.now_arg());
         Self::spec_args(&mut inv, &req.tokens)
@@ -98,7 +97,7 @@ impl Store for RedisStore {
                 wait_ms: u(wait),
             }),
             [1, call, wait, now] => {
-                self.count_top(req.user, u(now), req.estimate as i64).await;
+                self.count_top(req.user, u(now), req.estimate as i64);
                 Ok(ReserveOutcome::Granted {
                     reservation: reservation(call),
                     wait_ms: u(wait),
@@ -139,7 +138,6 @@ impl Store for RedisStore {
         let mut inv = self.inner.scripts.settle.prepare_invoke();
         inv.key(k.tokens(req.user))
             .key(k.invocation(req.user, &rid.invocation_id))
-            .key(k.usage(req.user))
             .arg(self.now_arg());
         Self::spec_args(&mut inv, &req.tokens)
             .arg(rid.call)
@@ -148,7 +146,7 @@ impl Store for RedisStore {
         let r: Vec<i64> = self.run("settle", &inv).await?;
         match r[..] {
             [1, balance, delta, now] => {
-                self.count_top(req.user, u(now), delta).await;
+                self.count_top(req.user, u(now), delta);
                 Ok(SettleOutcome::Applied { balance })
             }
             [2, balance, _] => Ok(SettleOutcome::AlreadyClosed { balance }),
@@ -438,6 +436,8 @@ impl Store for RedisStore {
         if n == 0 {
             return Ok(Vec::new());
         }
+        // This replica's counts first, so it always reads its own.
+        self.flush_top_users().await?;
         let now = self.now().await?;
         let minute = now / 60_000;
         let (cur, prev) = (self.inner.keys.top(minute), self.inner.keys.top(minute - 1));
@@ -495,7 +495,6 @@ impl Store for RedisStore {
         inv.key(k.turn(req.user))
             .key(k.tokens(req.user))
             .key(k.leases(req.user))
-            .key(k.usage(req.user))
             .key(k.runs(req.user))
             .key(k.reconciled(req.user))
             .arg(self.now_arg());
@@ -519,7 +518,7 @@ impl Store for RedisStore {
         let r: Vec<i64> = self.run("reconcile", &inv).await?;
         match r[..] {
             [turns, tokens, refunded, now] => {
-                self.count_top(req.user, u(now), tokens).await;
+                self.count_top(req.user, u(now), tokens);
                 Ok(Reconciled {
                     turns: u(turns),
                     tokens,
