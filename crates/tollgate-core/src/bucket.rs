@@ -144,7 +144,24 @@ impl BucketSpec {
     /// store asks this one question ([`take`] here, the Redis store before
     /// it calls a script).
     pub fn exceeds(&self, cost: u64, max_wait_ms: u64) -> bool {
-        let max_wait_ms = max_wait_ms.min(self.max_wait_limit());
+        self.exceeds_capped(cost, self.capped_wait(max_wait_ms))
+    }
+
+    /// `max_wait_ms.min(self.max_wait_limit())`, dividing only when the
+    /// wait is past the limit (`max_wait_ms × amount` is compared with the
+    /// room under 2^53 instead): a take's hot path asks this every time.
+    fn capped_wait(&self, max_wait_ms: u64) -> u64 {
+        let room = MAX_SCALED as u64 - self.capacity * self.period_ms;
+        if u128::from(max_wait_ms) * u128::from(self.amount) <= u128::from(room) {
+            max_wait_ms
+        } else {
+            self.max_wait_limit()
+        }
+    }
+
+    /// [`exceeds`](Self::exceeds) of a wait already capped by
+    /// [`capped_wait`](Self::capped_wait).
+    fn exceeds_capped(&self, cost: u64, max_wait_ms: u64) -> bool {
         i128::from(cost) * i128::from(self.period_ms)
             > i128::from(self.capacity_scaled()) + i128::from(max_wait_ms) * i128::from(self.amount)
     }
@@ -152,7 +169,7 @@ impl BucketSpec {
     /// The largest cost a take with `max_wait_ms` can ever be granted:
     /// `capacity + max_wait_ms × rate`, in whole tokens (rounded down).
     pub fn max_cost(&self, max_wait_ms: u64) -> u64 {
-        let max_wait_ms = max_wait_ms.min(self.max_wait_limit());
+        let max_wait_ms = self.capped_wait(max_wait_ms);
         let scaled = u128::from(self.capacity) * u128::from(self.period_ms)
             + u128::from(max_wait_ms) * u128::from(self.amount);
         u64::try_from(scaled / u128::from(self.period_ms)).unwrap_or(u64::MAX)
@@ -289,8 +306,8 @@ pub fn take(
     let amount = spec.amount as i64;
     // Debt past 2^53 could not be kept exactly: cap the wait a take may be
     // granted with so that capacity + max_wait × rate stays within it.
-    let max_wait_ms = max_wait_ms.min(spec.max_wait_limit());
-    if spec.exceeds(cost, max_wait_ms) {
+    let max_wait_ms = spec.capped_wait(max_wait_ms);
+    if spec.exceeds_capped(cost, max_wait_ms) {
         // Rule 4's second case: never grantable (and so its wait is past
         // max_wait whatever the level).
         return Transition {
