@@ -244,6 +244,7 @@ fn clamp_i64(v: i128) -> i64 {
 
 /// Rules 1–2: a missing state is a full bucket; refill by elapsed time, capped
 /// at capacity; a clock that steps back never refills twice.
+#[inline]
 pub fn refill(spec: &BucketSpec, state: Option<BucketState>, now: u64) -> BucketState {
     let cap = spec.capacity_scaled();
     match state {
@@ -273,6 +274,7 @@ pub fn refill(spec: &BucketSpec, state: Option<BucketState>, now: u64) -> Bucket
 
 /// How long a bucket holding the scaled `level` takes to refill to its
 /// capacity, ms (0 when full): the "reset" of rate-limit headers.
+#[inline]
 pub fn full_in_ms(spec: &BucketSpec, level: i64) -> u64 {
     // level >= -2^53 and capacity_scaled <= 2^53: no overflow.
     let missing = spec.capacity_scaled() - level;
@@ -286,6 +288,7 @@ pub fn live(saved: Option<(BucketState, u64)>, now: u64) -> Option<BucketState> 
 }
 
 /// Rule 6: when a key holding `level` may be dropped, written at `now`.
+#[inline]
 pub fn expires_at(spec: &BucketSpec, level: i64, now: u64) -> u64 {
     now.saturating_add(full_in_ms(spec, level))
         .saturating_add(EXPIRY_GRACE_MS)
@@ -295,6 +298,7 @@ pub fn expires_at(spec: &BucketSpec, level: i64, now: u64) -> u64 {
 ///
 /// A refusal (and an exceeds-capacity answer) takes nothing: the returned
 /// state is only the refilled one.
+#[inline]
 pub fn take(
     spec: &BucketSpec,
     state: Option<BucketState>,

@@ -123,6 +123,7 @@ pub fn take_many(
 /// allocating: the same outcome, and the one state to save with its expiry
 /// (after a refusal, the bucket only refilled). `state` is the saved (live)
 /// state of `take`'s key.
+#[inline]
 pub fn take_single(
     take: &BucketTake<'_>,
     state: Option<BucketState>,
