@@ -144,7 +144,24 @@ impl BucketSpec {
     /// store asks this one question ([`take`] here, the Redis store before
     /// it calls a script).
     pub fn exceeds(&self, cost: u64, max_wait_ms: u64) -> bool {
-        let max_wait_ms = max_wait_ms.min(self.max_wait_limit());
+        self.exceeds_capped(cost, self.capped_wait(max_wait_ms))
+    }
+
+    /// `max_wait_ms.min(self.max_wait_limit())`, dividing only when the
+    /// wait is past the limit (`max_wait_ms × amount` is compared with the
+    /// room under 2^53 instead): a take's hot path asks this every time.
+    fn capped_wait(&self, max_wait_ms: u64) -> u64 {
+        let room = MAX_SCALED as u64 - self.capacity * self.period_ms;
+        if u128::from(max_wait_ms) * u128::from(self.amount) <= u128::from(room) {
+            max_wait_ms
+        } else {
+            self.max_wait_limit()
+        }
+    }
+
+    /// [`exceeds`](Self::exceeds) of a wait already capped by
+    /// [`capped_wait`](Self::capped_wait).
+    fn exceeds_capped(&self, cost: u64, max_wait_ms: u64) -> bool {
         i128::from(cost) * i128::from(self.period_ms)
             > i128::from(self.capacity_scaled()) + i128::from(max_wait_ms) * i128::from(self.amount)
     }
@@ -152,7 +169,7 @@ impl BucketSpec {
     /// The largest cost a take with `max_wait_ms` can ever be granted:
     /// `capacity + max_wait_ms × rate`, in whole tokens (rounded down).
     pub fn max_cost(&self, max_wait_ms: u64) -> u64 {
-        let max_wait_ms = max_wait_ms.min(self.max_wait_limit());
+        let max_wait_ms = self.capped_wait(max_wait_ms);
         let scaled = u128::from(self.capacity) * u128::from(self.period_ms)
             + u128::from(max_wait_ms) * u128::from(self.amount);
         u64::try_from(scaled / u128::from(self.period_ms)).unwrap_or(u64::MAX)
@@ -227,6 +244,7 @@ fn clamp_i64(v: i128) -> i64 {
 
 /// Rules 1–2: a missing state is a full bucket; refill by elapsed time, capped
 /// at capacity; a clock that steps back never refills twice.
+#[inline]
 pub fn refill(spec: &BucketSpec, state: Option<BucketState>, now: u64) -> BucketState {
     let cap = spec.capacity_scaled();
     match state {
@@ -256,6 +274,7 @@ pub fn refill(spec: &BucketSpec, state: Option<BucketState>, now: u64) -> Bucket
 
 /// How long a bucket holding the scaled `level` takes to refill to its
 /// capacity, ms (0 when full): the "reset" of rate-limit headers.
+#[inline]
 pub fn full_in_ms(spec: &BucketSpec, level: i64) -> u64 {
     // level >= -2^53 and capacity_scaled <= 2^53: no overflow.
     let missing = spec.capacity_scaled() - level;
@@ -269,6 +288,7 @@ pub fn live(saved: Option<(BucketState, u64)>, now: u64) -> Option<BucketState> 
 }
 
 /// Rule 6: when a key holding `level` may be dropped, written at `now`.
+#[inline]
 pub fn expires_at(spec: &BucketSpec, level: i64, now: u64) -> u64 {
     now.saturating_add(full_in_ms(spec, level))
         .saturating_add(EXPIRY_GRACE_MS)
@@ -278,6 +298,7 @@ pub fn expires_at(spec: &BucketSpec, level: i64, now: u64) -> u64 {
 ///
 /// A refusal (and an exceeds-capacity answer) takes nothing: the returned
 /// state is only the refilled one.
+#[inline]
 pub fn take(
     spec: &BucketSpec,
     state: Option<BucketState>,
@@ -289,8 +310,8 @@ pub fn take(
     let amount = spec.amount as i64;
     // Debt past 2^53 could not be kept exactly: cap the wait a take may be
     // granted with so that capacity + max_wait × rate stays within it.
-    let max_wait_ms = max_wait_ms.min(spec.max_wait_limit());
-    if spec.exceeds(cost, max_wait_ms) {
+    let max_wait_ms = spec.capped_wait(max_wait_ms);
+    if spec.exceeds_capped(cost, max_wait_ms) {
         // Rule 4's second case: never grantable (and so its wait is past
         // max_wait whatever the level).
         return Transition {

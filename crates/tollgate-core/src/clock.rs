@@ -10,10 +10,10 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::sync::oneshot;
 
 /// A boxed future returned by [`Clock::sleep_until`].
 pub type Sleep = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
@@ -132,7 +132,10 @@ pub struct FakeClock {
 struct FakeInner {
     now: u64,
     next_id: u64,
-    sleepers: BTreeMap<(u64, u64), oneshot::Sender<()>>,
+    /// Sleeps not yet due, by (deadline, id), with the waker of their
+    /// last poll. A due sleep is removed (and woken): its absence is what
+    /// completes it.
+    sleepers: BTreeMap<(u64, u64), Option<Waker>>,
 }
 
 impl FakeClock {
@@ -146,32 +149,39 @@ impl FakeClock {
     /// Moves time forward by `ms` for every clone and completes every sleep
     /// whose deadline has been reached.
     pub fn advance(&self, ms: u64) {
-        let mut inner = self.inner.lock();
-        inner.now = inner.now.saturating_add(ms);
-        Self::wake_due(&mut inner);
+        let due = {
+            let mut inner = self.inner.lock();
+            inner.now = inner.now.saturating_add(ms);
+            Self::take_due(&mut inner)
+        };
+        due.into_iter().for_each(Waker::wake);
     }
 
     /// Sets the time to `ms`, which may be earlier than now (a clock that
     /// steps back). Sleeps whose deadline is reached complete.
     pub fn set(&self, ms: u64) {
-        let mut inner = self.inner.lock();
-        inner.now = ms;
-        Self::wake_due(&mut inner);
+        let due = {
+            let mut inner = self.inner.lock();
+            inner.now = ms;
+            Self::take_due(&mut inner)
+        };
+        due.into_iter().for_each(Waker::wake);
     }
 
     /// How many sleeps are waiting for the clock to advance.
     pub fn pending_sleeps(&self) -> usize {
-        let mut inner = self.inner.lock();
-        inner.sleepers.retain(|_, tx| !tx.is_closed());
-        inner.sleepers.len()
+        self.inner.lock().sleepers.len()
     }
 
-    fn wake_due(inner: &mut FakeInner) {
+    /// Removes the sleeps that are due (which completes them) and answers
+    /// the wakers of those polled already, to wake once the lock is let go.
+    fn take_due(inner: &mut FakeInner) -> Vec<Waker> {
         let now = inner.now;
         let later = inner.sleepers.split_off(&(now.saturating_add(1), 0));
-        for (_, tx) in std::mem::replace(&mut inner.sleepers, later) {
-            let _ = tx.send(());
-        }
+        std::mem::replace(&mut inner.sleepers, later)
+            .into_values()
+            .flatten()
+            .collect()
     }
 }
 
@@ -193,18 +203,46 @@ impl Clock for FakeClock {
         if deadline_ms <= inner.now {
             return Box::pin(std::future::ready(()));
         }
-        let (tx, rx) = oneshot::channel();
         let id = inner.next_id;
         inner.next_id += 1;
-        inner.sleepers.insert((deadline_ms, id), tx);
-        Box::pin(async move {
-            // The sender is dropped only when the clock itself is dropped, in
-            // which case nothing can ever wake us: stay pending like a timer
-            // whose runtime is gone would.
-            if rx.await.is_err() {
-                std::future::pending::<()>().await;
-            }
+        inner.sleepers.insert((deadline_ms, id), None);
+        Box::pin(FakeSleep {
+            clock: self.inner.clone(),
+            key: (deadline_ms, id),
         })
+    }
+}
+
+/// A sleep on a [`FakeClock`]: done once the clock has removed it from its
+/// sleepers (its deadline was reached); dropping it cancels it. It holds
+/// only its key and the clock (no channel): a test with many sleepers
+/// pays a few dozen bytes for each.
+struct FakeSleep {
+    clock: Arc<Mutex<FakeInner>>,
+    key: (u64, u64),
+}
+
+impl Future for FakeSleep {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut inner = self.clock.lock();
+        match inner.sleepers.get_mut(&self.key) {
+            None => Poll::Ready(()),
+            Some(waker) => {
+                match waker {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    _ => *waker = Some(cx.waker().clone()),
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl Drop for FakeSleep {
+    fn drop(&mut self) {
+        self.clock.lock().sleepers.remove(&self.key);
     }
 }
 

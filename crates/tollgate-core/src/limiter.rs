@@ -548,47 +548,65 @@ impl<S: Store> Limiter<S> {
     where
         S: Clone,
     {
-        self.reserve(
-            user,
-            Reserve {
-                invocation_id,
-                estimate,
-                request_id: None,
-                wait: true,
-            },
-        )
-        .await
+        let call = Reserve {
+            invocation_id,
+            estimate,
+            request_id: None,
+            wait: true,
+        };
+        // `reserve` with `wait`, without its layer: a waiter's memory is
+        // this future's size for as long as it waits.
+        let plan = self.reserve_plan(user, &call)?;
+        self.reserve_and_wait(&plan, user, call).await
     }
 
     /// Reserves, then waits out the grant's wait (refunding if dropped
     /// meanwhile). One plan for the reservation and its refund, even if
     /// plans are swapped meanwhile.
-    async fn reserve_and_wait(
-        &self,
-        plan: &Plan,
-        user: &str,
-        call: Reserve<'_>,
-    ) -> Result<Decision<Reservation>, LimiterError>
+    ///
+    /// A waiter's memory is this future's size for as long as it waits,
+    /// so it keeps little across the wait: the store call is boxed (made
+    /// here, gone once answered) and holds the request, and only the
+    /// reservation's id and wait are kept from the answer.
+    fn reserve_and_wait<'a>(
+        &'a self,
+        plan: &'a Plan,
+        user: &'a str,
+        call: Reserve<'a>,
+    ) -> impl Future<Output = Result<Decision<Reservation>, LimiterError>> + 'a
     where
         S: Clone,
     {
-        let mut decision = self.reserve_with(plan, user, call).await?;
-        if let Decision::Allowed { grant, .. } = &mut decision
-            && grant.wait_ms > 0
-        {
-            let guard = RefundOnDrop {
-                store: Some(self.store.clone()),
-                user: user.to_owned(),
-                tokens: plan.tokens,
-                id: grant.id.clone(),
+        let reserve = Box::pin(self.reserve_with(plan, user, call));
+        async move {
+            let (id, wait_ms) = match reserve.await? {
+                Decision::Allowed {
+                    grant,
+                    shadow_denied: None,
+                } if grant.wait_ms > 0 => (grant.id, grant.wait_ms),
+                // Nothing to wait for (a shadow grant never waits).
+                decision => return Ok(decision),
             };
-            let deadline = self.clock.now_ms().saturating_add(grant.wait_ms);
+            // Borrows only: what a refund needs is copied if it happens.
+            let guard = RefundOnDrop {
+                limiter: self,
+                plan,
+                user,
+                id: &id,
+                armed: true,
+            };
+            let deadline = self.clock.now_ms().saturating_add(wait_ms);
             self.clock.sleep_until(deadline).await;
             guard.disarm();
-            grant.waited_ms = grant.wait_ms;
-            grant.wait_ms = 0;
+            Ok(Decision::Allowed {
+                grant: Reservation {
+                    id,
+                    wait_ms: 0,
+                    waited_ms: wait_ms,
+                },
+                shadow_denied: None,
+            })
         }
-        Ok(decision)
     }
 
     /// Settles a reservation with the real usage: adjusts the user's tokens
@@ -670,27 +688,29 @@ impl<S: Store> Limiter<S> {
 }
 
 /// Refunds a reservation if dropped before [`disarm`](Self::disarm).
-struct RefundOnDrop<S: Store> {
-    store: Option<S>,
-    user: String,
-    tokens: crate::bucket::BucketSpec,
-    id: ReservationId,
+struct RefundOnDrop<'a, S: Store + Clone> {
+    limiter: &'a Limiter<S>,
+    plan: &'a Plan,
+    user: &'a str,
+    id: &'a ReservationId,
+    armed: bool,
 }
 
-impl<S: Store> RefundOnDrop<S> {
+impl<S: Store + Clone> RefundOnDrop<'_, S> {
     fn disarm(mut self) {
-        self.store = None;
+        self.armed = false;
     }
 }
 
-impl<S: Store> Drop for RefundOnDrop<S> {
+impl<S: Store + Clone> Drop for RefundOnDrop<'_, S> {
     fn drop(&mut self) {
-        let Some(store) = self.store.take() else {
+        if !self.armed {
             return;
-        };
-        let user = std::mem::take(&mut self.user);
+        }
+        let store = self.limiter.store.clone();
+        let user = self.user.to_owned();
         let id = self.id.clone();
-        let tokens = self.tokens;
+        let tokens = self.plan.tokens;
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 handle.spawn(async move {

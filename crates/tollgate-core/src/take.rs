@@ -119,6 +119,31 @@ pub fn take_many(
     MultiTransition { outcome, states }
 }
 
+/// [`take_many`] of the single take `take` without a cooldown, without
+/// allocating: the same outcome, and the one state to save with its expiry
+/// (after a refusal, the bucket only refilled). `state` is the saved (live)
+/// state of `take`'s key.
+#[inline]
+pub fn take_single(
+    take: &BucketTake<'_>,
+    state: Option<BucketState>,
+    now: u64,
+) -> (MultiTake, (BucketState, u64)) {
+    let t = bucket::take(&take.spec, state, now, take.cost, take.max_wait_ms);
+    let outcome = match t.outcome {
+        Take::Granted { wait_ms } => {
+            return (MultiTake::Granted { wait_ms }, (t.state, t.expires_at));
+        }
+        Take::Refused { retry_after_ms } => MultiTake::Refused {
+            index: Some(0),
+            retry_after_ms,
+        },
+        Take::ExceedsCapacity => MultiTake::ExceedsCapacity { index: 0 },
+    };
+    let r = bucket::refill(&take.spec, state, now);
+    (outcome, (r, bucket::expires_at(&take.spec, r.level, now)))
+}
+
 /// Takes `cost` from a bucket of `spec` without waiting, or nothing.
 /// `state` is the saved (live) state, `None` if the bucket does not exist
 /// (a full bucket). Answers the outcome, and the state to save with its

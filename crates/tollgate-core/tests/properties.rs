@@ -25,6 +25,9 @@
 //! 8. [`take_many_is_all_or_nothing`]: the pure multi-bucket take
 //!    ([`take::take_many`]) saves every take or none, waits the largest wait
 //!    and names the right refusing bucket.
+//! 9. [`take_single_is_take_many_of_one`]: the allocation-free single take
+//!    ([`take::take_single`]) answers and saves exactly what
+//!    [`take::take_many`] does for one take without a cooldown.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -824,5 +827,21 @@ proptest! {
                 }
             }
         }
+    }
+
+    /// Property 9: the single take (the memory store's one-bucket path) is
+    /// the multi-bucket take of one bucket, outcome and saved state alike.
+    #[test]
+    fn take_single_is_take_many_of_one(
+        (s, state) in spec().prop_flat_map(|s| (Just(s), start_state(s))),
+        cost in 0u64..=60_000,
+        max_wait_ms in 0u64..=120_000,
+        now in 900_000u64..1_300_000,
+    ) {
+        let t = BucketTake { key: "a", spec: s, cost: cost % (2 * s.capacity() + 1), max_wait_ms };
+        let many = take::take_many(&[t], &[state], None, now);
+        let (outcome, saved) = take::take_single(&t, state, now);
+        prop_assert_eq!(outcome, many.outcome);
+        prop_assert_eq!(vec![saved], many.states);
     }
 }

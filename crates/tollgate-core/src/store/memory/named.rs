@@ -51,12 +51,11 @@ impl MemoryStore {
     ) -> Result<MultiTake, Full> {
         let now = self.now();
         if let ([t], None) = (takes, cooldown) {
-            // One bucket: a single probe under a single lock.
+            // One bucket: a single probe under a single lock, no allocation.
             return self.inner.keys.with(t.key, now, |e| {
-                let tr = take::take_many(takes, &[e.bucket(now)], None, now);
-                let (state, exp) = tr.states[0];
+                let (outcome, (state, exp)) = take::take_single(t, e.bucket(now), now);
                 *e = KeyEntry::Bucket(state, exp);
-                tr.outcome
+                outcome
             });
         }
         let mut keys: Vec<&str> = takes.iter().map(|t| t.key).collect();

@@ -60,8 +60,56 @@ pub(super) trait Expiring: Default {
 #[repr(align(128))]
 struct Padded<T>(T);
 
+/// Longest key kept inline in its table slot, bytes.
+const INLINE_KEY: usize = 22;
+
+/// A table's key. Keys of up to [`INLINE_KEY`] bytes (most user ids and
+/// bucket names) live in the slot itself, so a lookup that finds its slot
+/// reads no other memory and a new key costs no allocation; longer ones
+/// are boxed.
+enum Key {
+    Inline { len: u8, bytes: [u8; INLINE_KEY] },
+    Boxed(Box<str>),
+}
+
+// As small as the `Box<str>` it replaces plus one word.
+const _: () = assert!(std::mem::size_of::<Key>() == 24);
+
+impl Key {
+    fn new(key: &str) -> Self {
+        let b = key.as_bytes();
+        if b.len() <= INLINE_KEY {
+            let mut bytes = [0; INLINE_KEY];
+            bytes[..b.len()].copy_from_slice(b);
+            Key::Inline {
+                len: b.len() as u8,
+                bytes,
+            }
+        } else {
+            Key::Boxed(key.into())
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Key::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Key::Boxed(b) => b.as_bytes(),
+        }
+    }
+
+    /// The key as given (only reads that list keys need it: lookups
+    /// compare bytes).
+    fn as_str(&self) -> &str {
+        match self {
+            Key::Inline { len, bytes } => std::str::from_utf8(&bytes[..usize::from(*len)])
+                .expect("an inline key is a whole str"),
+            Key::Boxed(b) => b,
+        }
+    }
+}
+
 struct Shard<V> {
-    table: HashTable<(Box<str>, V)>,
+    table: HashTable<(Key, V)>,
     sweep_len: usize,
     next_sweep_at: u64,
 }
@@ -70,6 +118,12 @@ pub(super) struct Shards<V> {
     hasher: DefaultHashBuilder,
     cap: Arc<EntryCap>,
     shards: Box<[Padded<Mutex<Shard<V>>>]>,
+}
+
+/// A key's hash: of its bytes, so a stored [`Key`] rehashes without
+/// turning back into a `str`.
+fn hash(hasher: &DefaultHashBuilder, key: &[u8]) -> u64 {
+    hasher.hash_one(key)
 }
 
 impl<V: Expiring> Shards<V> {
@@ -90,7 +144,7 @@ impl<V: Expiring> Shards<V> {
     }
 
     fn locate(&self, key: &str) -> (u64, usize) {
-        let hash = self.hasher.hash_one(key);
+        let hash = hash(&self.hasher, key.as_bytes());
         (hash, ((hash >> 40) as usize) % SHARDS)
     }
 
@@ -117,7 +171,7 @@ impl<V: Expiring> Shards<V> {
         let shard = self.shards[i].0.lock();
         let entry = shard
             .table
-            .find(hash, |(k, _)| &**k == key)
+            .find(hash, |(k, _)| k.as_bytes() == key.as_bytes())
             .map(|(_, v)| v)
             .filter(|v| v.expires_at() > now);
         f(entry)
@@ -160,7 +214,7 @@ impl<V: Expiring> Shards<V> {
             let shard = s.0.lock();
             for (k, v) in shard.table.iter() {
                 if v.expires_at() > now {
-                    f(k, v);
+                    f(k.as_str(), v);
                 }
             }
         }
@@ -181,8 +235,11 @@ impl<V: Expiring> Shard<V> {
         now: u64,
         f: impl FnOnce(&mut V) -> R,
     ) -> Result<R, Full> {
-        let eq = |(k, _): &(Box<str>, V)| &**k == key;
-        match self.table.entry(hash, eq, |(k, _)| hasher.hash_one(&**k)) {
+        let eq = |(k, _): &(Key, V)| k.as_bytes() == key.as_bytes();
+        match self
+            .table
+            .entry(hash, eq, |(k, _)| self::hash(hasher, k.as_bytes()))
+        {
             hashbrown::hash_table::Entry::Occupied(mut occupied) => {
                 let v = &mut occupied.get_mut().1;
                 if v.expires_at() <= now {
@@ -208,7 +265,7 @@ impl<V: Expiring> Shard<V> {
                     } else {
                         cap.add();
                     }
-                    vacant.insert((key.into(), v));
+                    vacant.insert((Key::new(key), v));
                 }
                 Ok(r)
             }
@@ -227,7 +284,7 @@ impl<V: Expiring> Shard<V> {
         cap.sub(before - self.table.len());
         // Rehashing moves entries: it must be given their real hashes.
         self.table
-            .shrink_to(self.table.len() * 2, |(k, _)| hasher.hash_one(&**k));
+            .shrink_to(self.table.len() * 2, |(k, _)| hash(hasher, k.as_bytes()));
         self.sweep_len = (self.table.len() * 2).max(MIN_SWEEP_LEN);
         self.next_sweep_at = now.saturating_add(SWEEP_EVERY_MS);
     }
@@ -269,7 +326,7 @@ impl<V: Expiring> Multi<'_, '_, V> {
             let held = self
                 .guard(i)
                 .table
-                .find(hash, |(k, _)| &**k == key)
+                .find(hash, |(k, _)| k.as_bytes() == key.as_bytes())
                 .is_some_and(|(_, v)| v.expires_at() > now);
             if !held && !missing.contains(&key) {
                 missing.push(key);
