@@ -853,9 +853,10 @@ async fn run(a: Args) -> Result<(), String> {
         machine,
     };
     let report = report::Report::new(&a, server_pid, calls, pairs, cpu);
-    report.print(ctx.tokens.len(), mint_time, &ctx.refusals.lock());
+    let refusals = ctx.refusals.lock();
+    report.print(ctx.tokens.len(), mint_time, &refusals);
     if let Some(path) = &a.json {
-        report.write(path)?;
+        report.write(path, &refusals)?;
     }
     Ok(())
 }

@@ -195,7 +195,7 @@ impl<'a> Report<'a> {
         );
     }
 
-    fn to_json(&self) -> Value {
+    fn to_json(&self, refusals: &BTreeMap<String, (u64, String)>) -> Value {
         let a = self.args;
         let secs = self.secs();
         let (ok, denied, other) = self.classes();
@@ -225,12 +225,22 @@ impl<'a> Report<'a> {
             },
             "server_us_per_decision": num(self.us_per_call(cpu.server)),
             "redis_us_per_decision": num(self.us_per_call(cpu.redis)),
+            // Non-2xx answers of the whole run (warm-up included), by kind.
+            "refusals": refusals
+                .iter()
+                .map(|(what, (n, _))| (what.clone(), Value::from(*n)))
+                .collect::<serde_json::Map<_, _>>(),
         })
     }
 
-    /// Writes the report to `path` as one line of JSON.
-    pub(crate) fn write(&self, path: &Path) -> Result<(), String> {
-        std::fs::write(path, format!("{}\n", self.to_json()))
+    /// Writes the report, with the non-2xx answers by kind, to `path` as
+    /// one line of JSON.
+    pub(crate) fn write(
+        &self,
+        path: &Path,
+        refusals: &BTreeMap<String, (u64, String)>,
+    ) -> Result<(), String> {
+        std::fs::write(path, format!("{}\n", self.to_json(refusals)))
             .map_err(|e| format!("--json {}: {e}", path.display()))
     }
 }
