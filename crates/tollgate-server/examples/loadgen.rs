@@ -30,7 +30,8 @@
 //! Flags (all optional):
 //!
 //! * `--url URL` — the server (default `http://127.0.0.1:8788`).
-//! * `--mode admit|reserve|rls` — what one operation is (default `admit`):
+//! * `--mode admit|reserve|rls|limitador-http` — what one operation is
+//!   (default `admit`):
 //!   * `admit`: `POST /v1/runs {invocation_id}` then
 //!     `DELETE /v1/runs/{invocation_id}` (an admit + release pair);
 //!   * `reserve`: `POST /v1/tokens/reserve {invocation_id, estimate}` then
@@ -44,6 +45,12 @@
 //!     OK counts as 2xx, OVER_LIMIT as 429. `--rls-key KEY` sends the
 //!     server's `[rls] key` as `x-tollgate-rls-key` metadata (needed when the
 //!     server has one). Up to 8 HTTP/2 connections are shared by the tasks.
+//!     Any Envoy RLS server will do (Kuadrant limitador's `-p` port too).
+//!   * `limitador-http`: Kuadrant limitador's own HTTP API, one
+//!     `POST /check_and_report {"namespace": --domain, "values":
+//!     {--descriptor-key: "u<n>"}, "delta": 1}` (no bearer token): 200 is a
+//!     grant, 429 a denial. Give limitador's HTTP port as `--url` and
+//!     `--ready-path /status`.
 //!
 //!   The second call is made only when the first answered 2xx. Every
 //!   operation is for a uniformly random user and a fresh invocation id.
@@ -69,6 +76,11 @@
 //!   listening on the URL's port (found through `/proc/net/tcp` and
 //!   `/proc/*/fd`).
 //! * `--redis-port P` / `--redis-pid PID` — also report `redis-server`'s CPU.
+//! * `--ready-path PATH` — what is asked (GET, 2xx) before the run to see
+//!   the server is up (default `/readyz`; limitador's is `/status`).
+//! * `--json FILE` — also write the run's figures to FILE as one JSON object
+//!   (decisions/s, p50/p99/p99.9 in ms, CPU % of each process and the
+//!   server's and Redis's CPU µs per decision); `benches/compare` reads it.
 //!
 //! # What is measured
 //!
@@ -99,7 +111,7 @@
     clippy::print_stdout
 )]
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -124,12 +136,23 @@ use tollgate_server::identity::DEV_SECRET;
 use tonic::metadata::AsciiMetadataValue;
 use tonic::transport::Channel;
 
+// CPU accounting (`/proc`) and the end-of-run report (printed and
+// `--json`), in loadgen/ beside this file.
+#[path = "loadgen/cpu.rs"]
+mod cpu;
+#[path = "loadgen/report.rs"]
+mod report;
+
+use cpu::{clock_ticks_per_s, cpu_snap, pid_listening_on, url_port};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Admit,
     Reserve,
     /// Envoy's `ShouldRateLimit` over gRPC.
     Rls,
+    /// Kuadrant limitador's `POST /check_and_report` (its HTTP API).
+    LimitadorHttp,
 }
 
 impl Mode {
@@ -138,6 +161,21 @@ impl Mode {
             Mode::Admit => ["POST /v1/runs", "DELETE /v1/runs/{id}"],
             Mode::Reserve => ["POST /v1/tokens/reserve", "POST /v1/tokens/settle"],
             Mode::Rls => ["gRPC ShouldRateLimit", "(none)"],
+            Mode::LimitadorHttp => ["POST /check_and_report", "(none)"],
+        }
+    }
+
+    /// One call is the whole operation.
+    fn single_call(self) -> bool {
+        matches!(self, Mode::Rls | Mode::LimitadorHttp)
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Admit => "admit",
+            Mode::Reserve => "reserve",
+            Mode::Rls => "rls",
+            Mode::LimitadorHttp => "limitador-http",
         }
     }
 }
@@ -163,6 +201,8 @@ struct Args {
     rls_key: Option<String>,
     domain: String,
     descriptor_key: String,
+    ready_path: String,
+    json: Option<PathBuf>,
 }
 
 fn usage(msg: &str) -> ! {
@@ -192,6 +232,8 @@ fn parse_args() -> Args {
         rls_key: None,
         domain: "tollgate".to_owned(),
         descriptor_key: "user_id".to_owned(),
+        ready_path: "/readyz".to_owned(),
+        json: None,
     };
     let mut it = std::env::args().skip(1);
     fn num<T: std::str::FromStr>(flag: &str, v: Option<String>) -> T {
@@ -213,7 +255,8 @@ fn parse_args() -> Args {
                     Some("admit") => Mode::Admit,
                     Some("reserve") => Mode::Reserve,
                     Some("rls") => Mode::Rls,
-                    _ => usage("--mode is admit, reserve or rls"),
+                    Some("limitador-http") => Mode::LimitadorHttp,
+                    _ => usage("--mode is admit, reserve, rls or limitador-http"),
                 }
             }
             "--concurrency" => a.concurrency = num(&flag, it.next()),
@@ -239,6 +282,17 @@ fn parse_args() -> Args {
                 a.descriptor_key = it
                     .next()
                     .unwrap_or_else(|| usage("--descriptor-key needs a key"))
+            }
+            "--ready-path" => {
+                a.ready_path = it
+                    .next()
+                    .unwrap_or_else(|| usage("--ready-path needs a path"))
+            }
+            "--json" => {
+                a.json = Some(
+                    it.next()
+                        .map_or_else(|| usage("--json needs a file"), PathBuf::from),
+                )
             }
             "-h" | "--help" => usage("flags"),
             other => usage(&format!("unknown flag {other}")),
@@ -370,10 +424,20 @@ struct Done {
 impl Ctx {
     async fn send(&self, method: Method, path: &str, user: usize, body: Option<String>) -> Done {
         let started = Instant::now();
-        let mut req = Request::builder()
+        let req = Request::builder()
             .method(method)
             .uri(format!("{}{path}", self.url))
             .header(AUTHORIZATION, self.tokens[user].clone());
+        self.exchange(started, req, body).await
+    }
+
+    /// Sends a request (with a JSON `body`, if any) and classes the answer.
+    async fn exchange(
+        &self,
+        started: Instant,
+        mut req: axum::http::request::Builder,
+        body: Option<String>,
+    ) -> Done {
         if body.is_some() {
             req = req.header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         }
@@ -472,6 +536,22 @@ impl Ctx {
         }
     }
 
+    /// One limitador `POST /check_and_report` of `{namespace: --domain,
+    /// values: {--descriptor-key: u<user>}, delta: 1}`, no bearer token:
+    /// 200 is a grant, 429 a denial.
+    async fn check_and_report(&self, user: usize) -> Done {
+        let started = Instant::now();
+        let body = serde_json::json!({
+            "namespace": self.domain,
+            "values": { self.descriptor_key.as_str(): format!("u{user}") },
+            "delta": 1,
+        });
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri(format!("{}/check_and_report", self.url));
+        self.exchange(started, req, Some(body.to_string())).await
+    }
+
     fn note(&self, what: String, body: &[u8]) {
         #[derive(Deserialize)]
         struct Err {
@@ -512,6 +592,7 @@ impl Ctx {
     async fn op(&self, user: usize, inv: &str) -> (Done, Option<Done>) {
         match self.mode {
             Mode::Rls => (self.should_rate_limit(user).await, None),
+            Mode::LimitadorHttp => (self.check_and_report(user).await, None),
             Mode::Admit => {
                 let body = format!(r#"{{"invocation_id":"{inv}"}}"#);
                 let first = self.send(Method::POST, "/v1/runs", user, Some(body)).await;
@@ -591,7 +672,7 @@ async fn worker(ctx: Arc<Ctx>, task: usize) -> TaskStats {
             if counted && counted_too && second.class == Class::Ok {
                 stats.pairs += 1;
             }
-        } else if ctx.mode == Mode::Rls && counted && first.class == Class::Ok {
+        } else if ctx.mode.single_call() && counted && first.class == Class::Ok {
             // One call is the whole operation.
             stats.pairs += 1;
         }
@@ -599,125 +680,7 @@ async fn worker(ctx: Arc<Ctx>, task: usize) -> TaskStats {
     stats
 }
 
-// ---------------------------------------------------------------- CPU
-
-/// utime + stime of a process, clock ticks.
-fn proc_ticks(pid: &str) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which may hold spaces) start with the
-    // state, field 3; utime and stime are fields 14 and 15.
-    let rest = s.get(s.rfind(')')? + 1..)?;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
-}
-
-/// The machine's busy ticks (all CPUs) from `/proc/stat`.
-fn machine_busy_ticks() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/stat").ok()?;
-    let line = s.lines().next()?.strip_prefix("cpu ")?;
-    let v: Vec<u64> = line
-        .split_whitespace()
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    // user nice system idle iowait irq softirq steal (guest is in user).
-    let total: u64 = v.iter().take(8).sum();
-    Some(total - v.get(3)? - v.get(4)?)
-}
-
-fn clock_ticks_per_s() -> f64 {
-    std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(100.0)
-}
-
-/// The process listening on TCP `port` (this network namespace).
-fn pid_listening_on(port: u16) -> Option<u32> {
-    let mut sockets = HashSet::new();
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let Ok(text) = std::fs::read_to_string(table) else {
-            continue;
-        };
-        for line in text.lines().skip(1) {
-            let c: Vec<&str> = line.split_whitespace().collect();
-            let local_port = c
-                .get(1)
-                .and_then(|a| a.rsplit(':').next())
-                .and_then(|p| u16::from_str_radix(p, 16).ok());
-            if c.len() > 9 && c[3] == "0A" && local_port == Some(port) {
-                sockets.insert(format!("socket:[{}]", c[9]));
-            }
-        }
-    }
-    if sockets.is_empty() {
-        return None;
-    }
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
-            continue;
-        };
-        for fd in fds.flatten() {
-            if let Ok(link) = std::fs::read_link(fd.path())
-                && sockets.contains(link.to_string_lossy().as_ref())
-            {
-                return Some(pid);
-            }
-        }
-    }
-    None
-}
-
-fn url_port(url: &str) -> Option<u16> {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let authority = rest.split('/').next()?;
-    match authority.rsplit_once(':') {
-        Some((_, p)) => p.parse().ok(),
-        None if url.starts_with("https://") => Some(443),
-        None => Some(80),
-    }
-}
-
-#[derive(Debug, Clone, Copy)]
-struct CpuSnap {
-    me: Option<u64>,
-    server: Option<u64>,
-    redis: Option<u64>,
-    machine: Option<u64>,
-}
-
-fn cpu_snap(server: Option<u32>, redis: Option<u32>) -> CpuSnap {
-    CpuSnap {
-        me: proc_ticks("self"),
-        server: server.and_then(|p| proc_ticks(&p.to_string())),
-        redis: redis.and_then(|p| proc_ticks(&p.to_string())),
-        machine: machine_busy_ticks(),
-    }
-}
-
-// ---------------------------------------------------------------- report
-
-fn percentile(sorted: &[u32], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    // Nearest rank.
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    f64::from(sorted[rank.clamp(1, sorted.len()) - 1])
-}
-
-fn ms(us: f64) -> String {
-    format!("{:.2} ms", us / 1_000.0)
-}
+// ---------------------------------------------------------------- main
 
 fn main() -> ExitCode {
     let args = parse_args();
@@ -766,7 +729,7 @@ async fn run(a: Args) -> Result<(), String> {
         .pool_idle_timeout(Duration::from_secs(90))
         .build(connector);
 
-    let readyz = format!("{}/readyz", a.url)
+    let readyz = format!("{}{}", a.url, a.ready_path)
         .parse()
         .map_err(|e| format!("--url {}: {e}", a.url))?;
     let ready = client
@@ -774,7 +737,12 @@ async fn run(a: Args) -> Result<(), String> {
         .await
         .map_err(|e| format!("{} does not answer: {e}", a.url))?;
     if !ready.status().is_success() {
-        return Err(format!("{}/readyz answered {}", a.url, ready.status()));
+        return Err(format!(
+            "{}{} answered {}",
+            a.url,
+            a.ready_path,
+            ready.status()
+        ));
     }
 
     let tag = format!(
@@ -865,114 +833,30 @@ async fn run(a: Args) -> Result<(), String> {
         pairs += s.pairs;
     }
 
-    // ------------------------------------------------------------ print
-    let secs = a.duration.as_secs_f64();
-    let names = a.mode.calls();
-    let total_calls: u64 = calls.iter().map(CallStats::total).sum();
-    println!(
-        "loadgen: {} mode against {} (server pid {}), concurrency {}, {} users, warm-up {:.1} s, measured {:.1} s; {} tokens minted in {:.2} s before the run",
-        match a.mode {
-            Mode::Admit => "admit+release",
-            Mode::Reserve => "reserve+settle",
-            Mode::Rls => "ShouldRateLimit",
-        },
-        a.url,
-        server_pid.map_or("unknown".to_owned(), |p| p.to_string()),
-        a.concurrency,
-        a.users,
-        a.warmup.as_secs_f64(),
-        secs,
-        ctx.tokens.len(),
-        mint_time.as_secs_f64(),
-    );
-    println!(
-        "decisions/s {:.0}   pairs/s {:.0}   ({} calls, {} complete pairs in the window)",
-        total_calls as f64 / secs,
-        pairs as f64 / secs,
-        total_calls,
-        pairs
-    );
-    let mut all: Vec<u32> = Vec::with_capacity(calls[0].lat_us.len() + calls[1].lat_us.len());
-    println!(
-        "{:<26} {:>9} {:>7} {:>7} {:>10} {:>10} {:>10} {:>10}",
-        "call", "2xx", "429", "other", "p50", "p99", "p99.9", "max"
-    );
-    for (name, c) in names.iter().zip(calls.iter_mut()) {
-        c.lat_us.sort_unstable();
-        all.extend_from_slice(&c.lat_us);
-        println!(
-            "{:<26} {:>9} {:>7} {:>7} {:>10} {:>10} {:>10} {:>10}",
-            name,
-            c.ok,
-            c.denied,
-            c.other,
-            ms(percentile(&c.lat_us, 50.0)),
-            ms(percentile(&c.lat_us, 99.0)),
-            ms(percentile(&c.lat_us, 99.9)),
-            ms(percentile(&c.lat_us, 100.0)),
-        );
-    }
-    all.sort_unstable();
-    let (ok, denied, other) = calls.iter().fold((0, 0, 0), |(o, d, x), c| {
-        (o + c.ok, d + c.denied, x + c.other)
-    });
-    println!(
-        "{:<26} {:>9} {:>7} {:>7} {:>10} {:>10} {:>10} {:>10}",
-        "every call",
-        ok,
-        denied,
-        other,
-        ms(percentile(&all, 50.0)),
-        ms(percentile(&all, 99.0)),
-        ms(percentile(&all, 99.9)),
-        ms(percentile(&all, 100.0)),
-    );
-
+    // ------------------------------------------------------------ report
     let hz = clock_ticks_per_s();
     let pct = |b: Option<u64>, a: Option<u64>| -> Option<f64> {
         Some(a?.checked_sub(b?)? as f64 / hz / cpu_wall * 100.0)
     };
-    let me = pct(before.me, after.me);
-    let server = pct(before.server, after.server);
-    let redis = pct(before.redis, after.redis);
+    let (me, server, redis) = (
+        pct(before.me, after.me),
+        pct(before.server, after.server),
+        pct(before.redis, after.redis),
+    );
     let machine = pct(before.machine, after.machine);
-    let other_cpu =
-        machine.map(|m| m - me.unwrap_or(0.0) - server.unwrap_or(0.0) - redis.unwrap_or(0.0));
-    let show = |v: Option<f64>| v.map_or("n/a".to_owned(), |v| format!("{v:.0} %"));
-    let cores = std::thread::available_parallelism().map_or(0, usize::from);
-    println!(
-        "CPU (% of one core; {cores} cores = {} %): loadgen {}, server {}, redis-server {}, other {}, machine busy {}",
-        cores * 100,
-        show(me),
-        show(server),
-        show(redis),
-        show(other_cpu),
-        show(machine),
-    );
+    let cpu = report::Cpu {
+        loadgen: me,
+        server,
+        redis,
+        other: machine
+            .map(|m| m - me.unwrap_or(0.0) - server.unwrap_or(0.0) - redis.unwrap_or(0.0)),
+        machine,
+    };
+    let report = report::Report::new(&a, server_pid, calls, pairs, cpu);
     let refusals = ctx.refusals.lock();
-    if refusals.is_empty() {
-        println!("non-2xx answers (whole run, warm-up included): none");
-    } else {
-        println!("non-2xx answers (whole run, warm-up included):");
-        for (what, (n, example)) in refusals.iter() {
-            println!("  {n:>9} × {what}: {example}");
-        }
+    report.print(ctx.tokens.len(), mint_time, &refusals);
+    if let Some(path) = &a.json {
+        report.write(path, &refusals)?;
     }
-    println!(
-        "RESULT\tmode={}\tdecisions_per_s={:.0}\tpairs_per_s={:.0}\tp50_ms={:.3}\tp99_ms={:.3}\tcpu_loadgen={}\tcpu_server={}\tcpu_redis={}\tcpu_other={}\t2xx={ok}\t429={denied}\tother={other}",
-        match a.mode {
-            Mode::Admit => "admit",
-            Mode::Reserve => "reserve",
-            Mode::Rls => "rls",
-        },
-        total_calls as f64 / secs,
-        pairs as f64 / secs,
-        percentile(&all, 50.0) / 1_000.0,
-        percentile(&all, 99.0) / 1_000.0,
-        show(me),
-        show(server),
-        show(redis),
-        show(other_cpu),
-    );
     Ok(())
 }
