@@ -71,7 +71,10 @@
 //!   (HS256 with that secret, plus `--issuer I` / `--audience A` if the
 //!   server requires them); or `--config FILE` (the server's own config file:
 //!   tokens are minted by `Verifier::mint` of that identity config, so the
-//!   issuer, audience and user claim match whatever it says).
+//!   issuer, audience and user claim match whatever it says); or
+//!   `--user-header NAME` (no token: each call carries `NAME: u<n>`, for a
+//!   server in `trusted_header` mode whose `header` is NAME and whose
+//!   `trusted_proxies` include 127.0.0.1).
 //! * `--server-pid PID` — the server process; default: the process
 //!   listening on the URL's port (found through `/proc/net/tcp` and
 //!   `/proc/*/fd`).
@@ -119,7 +122,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
-use axum::http::{HeaderValue, Method, Request, StatusCode};
+use axum::http::{HeaderName, HeaderValue, Method, Request, StatusCode};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -203,6 +206,7 @@ struct Args {
     descriptor_key: String,
     ready_path: String,
     json: Option<PathBuf>,
+    user_header: Option<HeaderName>,
 }
 
 fn usage(msg: &str) -> ! {
@@ -234,6 +238,7 @@ fn parse_args() -> Args {
         descriptor_key: "user_id".to_owned(),
         ready_path: "/readyz".to_owned(),
         json: None,
+        user_header: None,
     };
     let mut it = std::env::args().skip(1);
     fn num<T: std::str::FromStr>(flag: &str, v: Option<String>) -> T {
@@ -294,6 +299,13 @@ fn parse_args() -> Args {
                         .map_or_else(|| usage("--json needs a file"), PathBuf::from),
                 )
             }
+            "--user-header" => {
+                a.user_header = Some(
+                    it.next()
+                        .and_then(|h| HeaderName::from_bytes(h.as_bytes()).ok())
+                        .unwrap_or_else(|| usage("--user-header needs a header name")),
+                )
+            }
             "-h" | "--help" => usage("flags"),
             other => usage(&format!("unknown flag {other}")),
         }
@@ -304,12 +316,23 @@ fn parse_args() -> Args {
     if a.config.is_some() && (a.secret.is_some() || a.issuer.is_some() || a.audience.is_some()) {
         usage("--config mints as the server's config says: no --secret/--issuer/--audience");
     }
+    if a.user_header.is_some()
+        && (a.config.is_some() || a.secret.is_some() || a.issuer.is_some() || a.audience.is_some())
+    {
+        usage("--user-header sends no token: no --config/--secret/--issuer/--audience");
+    }
     a.url = a.url.trim_end_matches('/').to_owned();
     a
 }
 
-/// One bearer header per user, minted before anything is timed.
+/// One identity header value per user, minted before anything is timed: a
+/// bearer token, or with `--user-header` the user id itself.
 fn mint_tokens(a: &Args) -> Result<Vec<HeaderValue>, String> {
+    if a.user_header.is_some() {
+        return (0..a.users)
+            .map(|i| HeaderValue::from_str(&format!("u{i}")).map_err(|e| e.to_string()))
+            .collect();
+    }
     // Valid for the whole run and then some.
     let ttl_s = 3_600 + (a.warmup + a.duration).as_secs();
     let bearer = |t: String| {
@@ -401,6 +424,8 @@ struct Ctx {
     url: String,
     mode: Mode,
     tokens: Vec<HeaderValue>,
+    /// The header `tokens` go in: `authorization`, or `--user-header`.
+    id_header: HeaderName,
     estimate: u64,
     actual: u64,
     /// Prefix of every invocation id: unique per run, so a rerun against
@@ -427,7 +452,7 @@ impl Ctx {
         let req = Request::builder()
             .method(method)
             .uri(format!("{}{path}", self.url))
-            .header(AUTHORIZATION, self.tokens[user].clone());
+            .header(&self.id_header, self.tokens[user].clone());
         self.exchange(started, req, body).await
     }
 
@@ -783,6 +808,7 @@ async fn run(a: Args) -> Result<(), String> {
         url: a.url.clone(),
         mode: a.mode,
         tokens,
+        id_header: a.user_header.clone().unwrap_or(AUTHORIZATION),
         estimate: a.estimate,
         actual: a.actual,
         tag,

@@ -503,7 +503,16 @@ pub const MAX_RUN_TABLE_ENTRIES: usize = 1 << 18;
 
 /// The user and invocation id as one key, unambiguously (length prefix).
 fn run_key(user: &str, invocation_id: &str) -> String {
-    format!("{}:{user}/{invocation_id}", user.len())
+    use std::fmt::Write as _;
+    // Sized once (a length has at most 20 digits): `format!` would grow
+    // the string two or three times on every admission and release.
+    let mut key = String::with_capacity(user.len() + invocation_id.len() + 22);
+    let _ = write!(key, "{}", user.len());
+    key.push(':');
+    key.push_str(user);
+    key.push('/');
+    key.push_str(invocation_id);
+    key
 }
 
 /// The run leases this replica admitted, by run, with their expiry as the

@@ -39,8 +39,10 @@ impl<S: Store + Clone> FromRequestParts<App<S>> for Caller {
     type Rejection = HttpError;
 
     async fn from_request_parts(parts: &mut Parts, app: &App<S>) -> Result<Self, HttpError> {
-        if let Some(Verified(identity)) = parts.extensions.get::<Verified>() {
-            return Ok(Caller(identity.clone()));
+        // Taken, not cloned: each handler extracts the caller once (a
+        // second extractor would verify the headers again).
+        if let Some(Verified(identity)) = parts.extensions.remove::<Verified>() {
+            return Ok(Caller(identity));
         }
         // The connection's peer (served with connect info); unknown in
         // tests that call the router without a socket.

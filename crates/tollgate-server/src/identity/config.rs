@@ -356,11 +356,11 @@ fn dev_kind(cfg: &IdentityConfig, p: &mut Problems) -> Option<Kind> {
         ),
     }
     let rules = claim_rules(cfg, p);
-    Some(Kind::Jwt(Box::new(Jwt {
-        source: KeySource::hmac(DEV_SECRET.as_bytes(), "the built-in dev secret".to_owned()),
+    Some(Kind::Jwt(Box::new(Jwt::new(
+        KeySource::hmac(DEV_SECRET.as_bytes(), "the built-in dev secret".to_owned()),
         rules,
-        dev: true,
-    })))
+        true,
+    ))))
 }
 
 fn claim_rules(cfg: &IdentityConfig, p: &mut Problems) -> ClaimRules {
@@ -543,13 +543,7 @@ fn jwt_kind(
             }
         },
     };
-    source.map(|source| {
-        Kind::Jwt(Box::new(Jwt {
-            source,
-            rules,
-            dev: false,
-        }))
-    })
+    source.map(|source| Kind::Jwt(Box::new(Jwt::new(source, rules, false))))
 }
 
 fn load_secret(cfg: &IdentityConfig, base_dir: &Path, p: &mut Problems) -> Option<KeySource> {

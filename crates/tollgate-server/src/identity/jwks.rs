@@ -36,6 +36,9 @@ pub(super) struct JwksSource {
 pub(super) struct KeySet {
     keys: Vec<JwksKey>,
     skipped: usize,
+    /// Which reading this is: 0 at load, one more at each reload that
+    /// changed the keys (the token cache's epoch).
+    pub(super) generation: u64,
 }
 
 /// One usable key: its `kid`, the algorithm it verifies, the key.
@@ -139,10 +142,14 @@ impl JwksSource {
         // stamp again and is picked up at the next check.
         *seen = Some(stamp);
         match load_jwks(&self.path, self.only) {
-            Ok(set) => {
+            Ok(mut set) => {
                 tracing::info!(path = %self.path.display(), keys = set.keys.len(),
                     skipped = set.skipped, "reloaded the JWKS file");
-                *self.keys.write() = Arc::new(set);
+                let mut keys = self.keys.write();
+                // New keys: tokens verified with the old ones are verified
+                // again (the token cache drops them).
+                set.generation = keys.generation.wrapping_add(1);
+                *keys = Arc::new(set);
             }
             Err(problems) => {
                 tracing::warn!(path = %self.path.display(), problems = %problems.join("; "),
@@ -223,6 +230,7 @@ fn load_jwks(path: &Path, only: Option<Algorithm>) -> Result<KeySet, Vec<String>
         Ok(KeySet {
             keys,
             skipped: skipped_reasons.len(),
+            generation: 0,
         })
     } else {
         Err(problems)

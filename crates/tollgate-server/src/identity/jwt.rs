@@ -1,8 +1,11 @@
 //! jwt and dev modes: the bearer token, its header, its signature (by
 //! [`jsonwebtoken`], for exactly the configured algorithm) and its claims,
-//! checked on the injected clock; and minting HS256 tokens.
+//! checked on the injected clock; and minting HS256 tokens. A verified
+//! token is cached ([`super::cache`]): a hit skips the header, signature and
+//! claim checks but not the time checks.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::http::HeaderMap;
 use axum::http::header::AUTHORIZATION;
@@ -12,6 +15,7 @@ use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde_json::{Map, Value};
 
+use super::cache::{Cached, TOKEN_CACHE_CAPACITY, TokenCache, TokenCacheStats, digest};
 use super::jwks::JwksSource;
 use super::{AuthError, Identity, MAX_MINT_TTL_S, MAX_TOKEN_BYTES, MintError, check_user_id};
 
@@ -21,6 +25,10 @@ pub(super) struct Jwt {
     pub(super) rules: ClaimRules,
     /// Dev mode: the well-known [`DEV_SECRET`](super::DEV_SECRET).
     pub(super) dev: bool,
+    /// Tokens verified already.
+    cache: TokenCache,
+    /// Tokens verified in full (not answered from the cache).
+    verifications: AtomicU64,
 }
 
 /// The keys a token's signature is checked with.
@@ -76,10 +84,38 @@ impl KeySource {
 }
 
 impl Jwt {
+    /// jwt or dev mode with `source`'s keys and `rules`, with an empty
+    /// token cache of [`TOKEN_CACHE_CAPACITY`] entries.
+    pub(super) fn new(source: KeySource, rules: ClaimRules, dev: bool) -> Self {
+        Self {
+            source,
+            rules,
+            dev,
+            cache: TokenCache::new(TOKEN_CACHE_CAPACITY),
+            verifications: AtomicU64::new(0),
+        }
+    }
+
     /// The identity in `headers`' bearer token, checked at `now_ms` of the
-    /// wall clock.
+    /// wall clock: from the cache when this token was verified with the
+    /// current keys (its `exp` and `nbf` checked again), else verified in
+    /// full and, if valid, cached.
     pub(super) fn identify(&self, headers: &HeaderMap, now_ms: u64) -> Result<Identity, AuthError> {
         let token = bearer_token(headers)?;
+        let now_s = now_ms / 1_000;
+        // A JWKS's keys, reread first if the file changed: their generation
+        // is the cache's epoch. Other keys never change.
+        let jwks = match &self.source {
+            KeySource::Jwks(src) => Some(src.current(now_ms)),
+            _ => None,
+        };
+        let epoch = jwks.as_ref().map_or(0, |set| set.generation);
+        let digest = digest(token);
+        if let Some(hit) = self.cache.get(&digest, epoch) {
+            self.rules.check_times(hit.exp_s, hit.nbf_s, now_s)?;
+            return Ok(hit.identity);
+        }
+        self.verifications.fetch_add(1, Ordering::Relaxed);
         let head = TokenHead::read(token)?;
         let claims = match &self.source {
             KeySource::Hmac { decoding, .. } => {
@@ -92,7 +128,8 @@ impl Jwt {
             }
             KeySource::Jwks(src) => {
                 let alg = head.allowed(src.algorithms())?;
-                let set = src.current(now_ms);
+                // The keys of the epoch read above (always there for a JWKS).
+                let set = jwks.unwrap_or_else(|| src.current(now_ms));
                 let key = set.find(head.kid.as_deref()).ok_or(AuthError::UnknownKey)?;
                 if key.alg != alg {
                     return Err(AuthError::AlgorithmNotAllowed);
@@ -100,7 +137,17 @@ impl Jwt {
                 decode_claims(token, &key.key, alg)?
             }
         };
-        self.rules.check(&claims, now_ms / 1_000)
+        let verified = self.rules.check(&claims, now_s)?;
+        self.cache.insert(digest, epoch, verified.clone());
+        Ok(verified.identity)
+    }
+
+    /// The token cache's entries and counters.
+    pub(super) fn cache_stats(&self) -> TokenCacheStats {
+        TokenCacheStats {
+            verifications: self.verifications.load(Ordering::Relaxed),
+            ..self.cache.stats()
+        }
     }
 
     /// An HS256 token for `user`, issued at `now_s` and valid for `ttl_s`
@@ -306,27 +353,54 @@ fn numeric_date(value: &Value, round_up: bool) -> Option<u64> {
 }
 
 impl ClaimRules {
-    fn check(&self, claims: &Map<String, Value>, now_s: u64) -> Result<Identity, AuthError> {
-        let exp = match claims.get("exp") {
+    /// `exp` (whole seconds) has not passed at `now_s`, with the leeway.
+    fn check_exp(&self, exp_s: u64, now_s: u64) -> Result<(), AuthError> {
+        if now_s >= exp_s.saturating_add(self.leeway_s) {
+            return Err(AuthError::Expired);
+        }
+        Ok(())
+    }
+
+    /// `nbf` (whole seconds) has come at `now_s`, with the leeway.
+    fn check_nbf(&self, nbf_s: u64, now_s: u64) -> Result<(), AuthError> {
+        if nbf_s > now_s.saturating_add(self.leeway_s) {
+            return Err(AuthError::NotYetValid);
+        }
+        Ok(())
+    }
+
+    /// The time checks of [`check`](ClaimRules::check), in its order, for
+    /// a token found in the cache.
+    pub(super) fn check_times(
+        &self,
+        exp_s: u64,
+        nbf_s: Option<u64>,
+        now_s: u64,
+    ) -> Result<(), AuthError> {
+        self.check_exp(exp_s, now_s)?;
+        nbf_s.map_or(Ok(()), |nbf| self.check_nbf(nbf, now_s))
+    }
+
+    /// Checks verified `claims` at `now_s`: the identity they give, with
+    /// their `exp` and `nbf` for the cache.
+    fn check(&self, claims: &Map<String, Value>, now_s: u64) -> Result<Cached, AuthError> {
+        let exp_s = match claims.get("exp") {
             None | Some(Value::Null) => return Err(AuthError::MissingExpiry),
             Some(v) => numeric_date(v, false).ok_or(AuthError::Malformed(
                 "the exp claim is not a number of seconds",
             ))?,
         };
-        if now_s >= exp.saturating_add(self.leeway_s) {
-            return Err(AuthError::Expired);
-        }
-        match claims.get("nbf") {
-            None | Some(Value::Null) => {}
+        self.check_exp(exp_s, now_s)?;
+        let nbf_s = match claims.get("nbf") {
+            None | Some(Value::Null) => None,
             Some(v) => {
                 let nbf = numeric_date(v, true).ok_or(AuthError::Malformed(
                     "the nbf claim is not a number of seconds",
                 ))?;
-                if nbf > now_s.saturating_add(self.leeway_s) {
-                    return Err(AuthError::NotYetValid);
-                }
+                self.check_nbf(nbf, now_s)?;
+                Some(nbf)
             }
-        }
+        };
         if let Some(issuer) = &self.issuer {
             match claims.get("iss") {
                 Some(Value::String(iss)) if iss == issuer => {}
@@ -365,10 +439,14 @@ impl ClaimRules {
             Some(Value::String(t)) => Some(t.clone()),
             Some(_) => return Err(AuthError::Malformed("the tenant claim is not a string")),
         };
-        Ok(Identity {
-            user,
-            feedback,
-            tenant,
+        Ok(Cached {
+            identity: Identity {
+                user,
+                feedback,
+                tenant,
+            },
+            exp_s,
+            nbf_s,
         })
     }
 

@@ -59,12 +59,16 @@
 //!   its field path);
 //! - `jwt.rs`: jwt and dev modes: the bearer token, algorithm pinning,
 //!   signature, claims on the injected clock, minting;
+//! - `cache.rs`: the verified-token cache of jwt and dev modes (bounded,
+//!   keyed by the token's SHA-256, `exp`/`nbf` checked on every hit, dropped
+//!   when a JWKS's keys change; successes only);
 //! - `jwks.rs`: a JWKS file as a key source, reread when it changes;
 //! - `keys.rs`: key files and key material (PEM, JWK) and their checks, all
 //!   parsed by maintained crates (`jsonwebtoken`, `rsa`, `p256`,
 //!   `base64`);
 //! - `trusted.rs`: trusted_header mode.
 
+mod cache;
 mod config;
 mod jwks;
 mod jwt;
@@ -78,6 +82,7 @@ use std::sync::Arc;
 use axum::http::HeaderMap;
 use tollgate_core::Clock;
 
+pub use self::cache::{TOKEN_CACHE_CAPACITY, TokenCacheStats};
 pub use self::config::{IdentityConfig, IdentityMode};
 use self::jwt::{Jwt, KeySource};
 use self::trusted::Trusted;
@@ -342,6 +347,15 @@ impl Verifier {
         match &self.kind {
             Kind::TrustedHeader(t) => &t.feedback_scope,
             Kind::Jwt(jwt) => &jwt.rules.feedback_scope,
+        }
+    }
+
+    /// The verified-token cache's entries and counters (jwt and dev modes;
+    /// `None` in trusted_header mode, which verifies no token).
+    pub fn token_cache_stats(&self) -> Option<TokenCacheStats> {
+        match &self.kind {
+            Kind::TrustedHeader(_) => None,
+            Kind::Jwt(jwt) => Some(jwt.cache_stats()),
         }
     }
 
