@@ -8,6 +8,12 @@ use clap::Parser;
 
 mod cli;
 
+// mimalloc, not the system allocator: a decision allocates a few small
+// buffers (HTTP/2 frames, JSON, headers), and glibc's malloc/free took about
+// 10 % of the server's CPU in a profile of `loadgen` runs (docs/architecture.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     // Structured logs (they carry user ids; metrics never do). JSON lines
     // with TOLLGATE_LOG_FORMAT=json; the level from RUST_LOG (default info).
