@@ -12,6 +12,10 @@
 //!   `check_key` on the same `String` keys (always allowed).
 //! * `check/tollgate_monotonic_clock`: the tollgate check on a
 //!   [`MonotonicClock`] (quanta's TSC counter, like governor's clock).
+//! * `check/tollgate_sync_monotonic_clock`: the same check on a
+//!   [`MonotonicClock`] through [`MemoryStore::take_single`], the
+//!   synchronous call an in-process caller makes (governor's `check_key` is
+//!   synchronous too): no future to build and poll.
 //! * `check/tollgate_fake_clock`: the tollgate check on a [`FakeClock`]
 //!   (1 thread only), to show what reading the wall clock costs.
 //! * `admit_release`: `Store::admit_turn` then `Store::release_run` of the
@@ -129,6 +133,17 @@ fn take(store: &MemoryStore, key: &str) -> MultiTake {
         max_wait_ms: 0,
     }];
     now(store.take_many(&takes, None)).expect("memory store")
+}
+
+/// The same check through [`MemoryStore::take_single`]: no future.
+fn take_sync(store: &MemoryStore, key: &str) -> MultiTake {
+    let take = BucketTake {
+        key,
+        spec: check_spec(),
+        cost: 1,
+        max_wait_ms: 0,
+    };
+    store.take_single(&take).expect("memory store")
 }
 
 fn admit_release(store: &MemoryStore, thread: usize, user: &str) -> (Admit, bool) {
@@ -254,6 +269,15 @@ fn check(c: &mut Criterion) {
             for k in &keys {
                 assert_eq!(take(&mono, k), MultiTake::Granted { wait_ms: 0 });
             }
+            bench(
+                &mut g,
+                "tollgate_sync_monotonic_clock",
+                &keys,
+                threads,
+                |_, k| {
+                    black_box(take_sync(&mono, k));
+                },
+            );
             bench(
                 &mut g,
                 "tollgate_monotonic_clock",

@@ -12,10 +12,12 @@
 //! Arguments: keys (default 100,000; pre-built `String`s walked in order),
 //! threads (1 or 2; default 1), the store's clock (`monotonic`, quanta's
 //! counter like governor's, or `system`, the wall clock; default
-//! `monotonic`) and rounds (default 400). A round is a batch of 20,000
-//! checks on tollgate (`Store::take_many` of one bucket, cost 1, no wait,
-//! always granted) then one on governor (`RateLimiter::keyed`, 10^9 per
-//! second, always allowed); with 2 threads both run each batch at once
+//! `monotonic`), rounds (default 400) and the tollgate call (`sync`,
+//! `MemoryStore::take_single`, the default; or `async`, the same take
+//! through `Store::take_many`'s future, polled once). A round is a batch of
+//! 20,000 checks on tollgate (one bucket, cost 1, no wait, always granted)
+//! then one on governor (`RateLimiter::keyed`, 10^9 per second, always
+//! allowed); with 2 threads both run each batch at once
 //! (from a barrier, on halves of the key set) and a batch's time is its
 //! wall time over both threads' checks. Printed: the median and 10th
 //! percentile ns per check of each, and the median (10th, 90th
@@ -58,6 +60,11 @@ fn main() {
     let threads: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1);
     let clock = args.next().unwrap_or_else(|| "monotonic".to_owned());
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(400);
+    let call = args.next().unwrap_or_else(|| "sync".to_owned());
+    assert!(
+        call == "sync" || call == "async",
+        "call must be `sync` or `async`"
+    );
     assert!(threads == 1 || threads == 2, "1 or 2 threads");
     let keys: Vec<String> = (0..n).map(|i| format!("user-{i:06}")).collect();
     let spec = BucketSpec::new(1_000_000_000, 1_000, 1_000_000_000).expect("valid spec");
@@ -73,7 +80,11 @@ fn main() {
             cost: 1,
             max_wait_ms: 0,
         }];
-        ready(store.take_many(&takes, None)).expect("memory store")
+        if call == "sync" {
+            store.take_single(&takes[0]).expect("memory store")
+        } else {
+            ready(store.take_many(&takes, None)).expect("memory store")
+        }
     };
     let gov = RateLimiter::keyed(Quota::per_second(
         NonZeroU32::new(1_000_000_000).expect("non-zero"),
@@ -126,7 +137,7 @@ fn main() {
     let mut b: Vec<f64> = times.iter().map(|t| t.1).collect();
     let mut r: Vec<f64> = times.iter().map(|t| t.0 / t.1).collect();
     println!(
-        "{n} keys, {threads} thread(s), {clock} clock, {rounds} rounds of {BATCH}: \
+        "{n} keys, {threads} thread(s), {clock} clock, {call}, {rounds} rounds of {BATCH}: \
          tollgate {:.1} ns (p10 {:.1}), governor {:.1} ns (p10 {:.1}), \
          ratio {:.2} (p10 {:.2}, p90 {:.2})",
         pct(&mut a, 50),

@@ -233,6 +233,7 @@ pub struct Transition<T> {
 
 /// `ceil(n / d)` for `d > 0`, in 64 bits (every bucket quantity is within
 /// ±2^55, so 128-bit division is never needed).
+#[inline(always)]
 fn ceil_div(n: i64, d: i64) -> i64 {
     debug_assert!(d > 0);
     if n <= 0 { n / d } else { (n - 1) / d + 1 }
@@ -244,7 +245,7 @@ fn clamp_i64(v: i128) -> i64 {
 
 /// Rules 1–2: a missing state is a full bucket; refill by elapsed time, capped
 /// at capacity; a clock that steps back never refills twice.
-#[inline]
+#[inline(always)]
 pub fn refill(spec: &BucketSpec, state: Option<BucketState>, now: u64) -> BucketState {
     let cap = spec.capacity_scaled();
     match state {
@@ -254,6 +255,19 @@ pub fn refill(spec: &BucketSpec, state: Option<BucketState>, now: u64) -> Bucket
             period_ms: spec.period_ms,
         },
         Some(s) => {
+            let elapsed = now.saturating_sub(s.ts);
+            // The common case in 64 bits: same period, a refill below 2^62
+            // (then `level + add` overflows only upward, where the cap
+            // takes over, so saturating is exact).
+            if (s.period_ms == spec.period_ms || s.period_ms == 0)
+                && let Some(add) = elapsed.checked_mul(spec.amount).filter(|a| *a <= 1 << 62)
+            {
+                return BucketState {
+                    level: s.level.saturating_add(add as i64).min(cap).max(-MAX_SCALED),
+                    ts: s.ts.max(now),
+                    period_ms: spec.period_ms,
+                };
+            }
             let mut level = i128::from(s.level);
             if s.period_ms != spec.period_ms && s.period_ms > 0 {
                 // A reloaded plan changed the period: rescale in whole
@@ -261,7 +275,6 @@ pub fn refill(spec: &BucketSpec, state: Option<BucketState>, now: u64) -> Bucket
                 level = level.div_euclid(i128::from(s.period_ms)) * i128::from(spec.period_ms);
                 level = level.max(-i128::from(MAX_SCALED));
             }
-            let elapsed = now.saturating_sub(s.ts);
             let level = level + i128::from(elapsed) * i128::from(spec.amount);
             BucketState {
                 level: clamp_i64(level.min(i128::from(cap))),
@@ -274,7 +287,7 @@ pub fn refill(spec: &BucketSpec, state: Option<BucketState>, now: u64) -> Bucket
 
 /// How long a bucket holding the scaled `level` takes to refill to its
 /// capacity, ms (0 when full): the "reset" of rate-limit headers.
-#[inline]
+#[inline(always)]
 pub fn full_in_ms(spec: &BucketSpec, level: i64) -> u64 {
     // level >= -2^53 and capacity_scaled <= 2^53: no overflow.
     let missing = spec.capacity_scaled() - level;
@@ -288,7 +301,7 @@ pub fn live(saved: Option<(BucketState, u64)>, now: u64) -> Option<BucketState> 
 }
 
 /// Rule 6: when a key holding `level` may be dropped, written at `now`.
-#[inline]
+#[inline(always)]
 pub fn expires_at(spec: &BucketSpec, level: i64, now: u64) -> u64 {
     now.saturating_add(full_in_ms(spec, level))
         .saturating_add(EXPIRY_GRACE_MS)
@@ -298,7 +311,7 @@ pub fn expires_at(spec: &BucketSpec, level: i64, now: u64) -> u64 {
 ///
 /// A refusal (and an exceeds-capacity answer) takes nothing: the returned
 /// state is only the refilled one.
-#[inline]
+#[inline(always)]
 pub fn take(
     spec: &BucketSpec,
     state: Option<BucketState>,

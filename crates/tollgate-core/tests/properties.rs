@@ -845,3 +845,53 @@ proptest! {
         prop_assert_eq!(vec![saved], many.states);
     }
 }
+
+/// The refill rule (SPEC §2 rules 1–2) in exact 128-bit arithmetic, as it
+/// reads: the model `bucket::refill`'s 64-bit fast path must equal.
+fn refill_model(spec: &BucketSpec, s: BucketState, now: u64) -> BucketState {
+    let max = i128::from(bucket::MAX_SCALED);
+    let mut level = i128::from(s.level);
+    if s.period_ms != spec.period_ms() && s.period_ms > 0 {
+        level = level.div_euclid(i128::from(s.period_ms)) * i128::from(spec.period_ms());
+        level = level.max(-max);
+    }
+    let level = level + i128::from(now.saturating_sub(s.ts)) * i128::from(spec.amount());
+    BucketState {
+        level: level
+            .min(i128::from(spec.capacity_scaled()))
+            .clamp(-max, max) as i64,
+        ts: s.ts.max(now),
+        period_ms: spec.period_ms(),
+    }
+}
+
+/// Any valid spec, up to the 2^53 bounds.
+fn any_spec() -> impl Strategy<Value = BucketSpec> {
+    prop_oneof![
+        spec(),
+        (1u64..=1 << 40, 1u64..=1 << 12, 1u64..=1 << 40)
+            .prop_filter_map("past 2^53", |(a, p, c)| { BucketSpec::new(a, p, c).ok() }),
+    ]
+}
+
+proptest! {
+    /// `refill` equals the exact model for any state (including levels and
+    /// times no store would save: the fast path must not depend on them),
+    /// any time (forward by up to 2^64 ms, or back) and any period change.
+    #[test]
+    fn refill_is_exact(
+        spec in any_spec(),
+        level in any::<i64>(),
+        ts in any::<u64>(),
+        now in any::<u64>(),
+        same_period in any::<bool>(),
+        period in 0u64..=1 << 20,
+    ) {
+        let s = BucketState {
+            level,
+            ts,
+            period_ms: if same_period { spec.period_ms() } else { period },
+        };
+        prop_assert_eq!(bucket::refill(&spec, Some(s), now), refill_model(&spec, s, now));
+    }
+}

@@ -11,6 +11,23 @@
 local now = now_ms(ARGV[1])
 local n, has_cd, cd_wait = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 
+if n == 1 and has_cd == 0 then
+  -- One bucket and no cooldown (an Envoy descriptor, a provider quota): the
+  -- rules below without the tables they keep for several keys. Granted or
+  -- not, the bucket is saved: taken from, or only refilled (a missing one
+  -- full at now, under this take's spec).
+  local amount, period, cap = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+  local key = KEYS[1]
+  local level, ts, _, old_period = bucket_load(key, now, cap, period)
+  level, ts = refill(level, ts, now, amount, cap, old_period, period)
+  local outcome, x, after = take(level, tonumber(ARGV[8]) * period, tonumber(ARGV[9]),
+    amount, tonumber(ARGV[10]))
+  bucket_save(key, after, ts, now, amount, cap, period)
+  if outcome == 1 then return {1, x} end
+  if outcome == 2 then return {2, 1, x} end
+  return {3, 1}
+end
+
 local orig = {}   -- key -> {level, ts, period, existed} as loaded
 local cur = {}    -- key -> {level, ts} after the takes so far
 local spec = {}

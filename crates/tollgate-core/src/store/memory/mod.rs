@@ -243,6 +243,21 @@ impl MemoryStore {
         }
     }
 
+    /// [`Store::take_many`] of the single take `take` and no cooldown,
+    /// without a future: the memory store never waits on anything, so an
+    /// in-process caller checking one key (as with governor's
+    /// `check_key`) needs none. The same outcome, state and errors as
+    /// `take_many(&[take], None)`.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreErrorKind::Full`] when the bucket is new and the store is at
+    /// its entry bound.
+    #[inline]
+    pub fn take_single(&self, take: &BucketTake<'_>) -> Result<MultiTake, StoreError> {
+        self.room("take_many", || self.take_single_now(take))
+    }
+
     /// The store's clock.
     pub fn clock(&self) -> &Arc<dyn Clock> {
         &self.inner.clock

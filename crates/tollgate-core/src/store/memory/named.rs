@@ -44,20 +44,26 @@ impl KeyEntry {
 }
 
 impl MemoryStore {
+    /// One bucket: a single probe under a single lock, no allocation.
+    #[inline]
+    pub(super) fn take_single_now(&self, t: &BucketTake<'_>) -> Result<MultiTake, Full> {
+        let now = self.now();
+        self.inner.keys.with(t.key, now, |e| {
+            let (outcome, (state, exp)) = take::take_single(t, e.bucket(now), now);
+            *e = KeyEntry::Bucket(state, exp);
+            outcome
+        })
+    }
+
     pub(super) fn take_many_now(
         &self,
         takes: &[BucketTake<'_>],
         cooldown: Option<CooldownCheck<'_>>,
     ) -> Result<MultiTake, Full> {
-        let now = self.now();
         if let ([t], None) = (takes, cooldown) {
-            // One bucket: a single probe under a single lock, no allocation.
-            return self.inner.keys.with(t.key, now, |e| {
-                let (outcome, (state, exp)) = take::take_single(t, e.bucket(now), now);
-                *e = KeyEntry::Bucket(state, exp);
-                outcome
-            });
+            return self.take_single_now(t);
         }
+        let now = self.now();
         let mut keys: Vec<&str> = takes.iter().map(|t| t.key).collect();
         if let Some(c) = cooldown {
             keys.push(c.key);

@@ -74,6 +74,8 @@ enum Key {
 
 // As small as the `Box<str>` it replaces plus one word.
 const _: () = assert!(std::mem::size_of::<Key>() == 24);
+// A named-key slot fills one cache line exactly.
+const _: () = assert!(std::mem::size_of::<Slot<super::named::KeyEntry>>() == 64);
 
 impl Key {
     fn new(key: &str) -> Self {
@@ -97,6 +99,20 @@ impl Key {
         }
     }
 
+    /// Whether this is `key`. An inline key is compared by a few
+    /// word loads ([`short_eq`]): no call to `memcmp`, and no copy of the
+    /// probe into a buffer (whose byte stores a wide load would then wait
+    /// on).
+    #[inline(always)]
+    fn matches(&self, key: &[u8]) -> bool {
+        match self {
+            Key::Inline { len, bytes } => {
+                usize::from(*len) == key.len() && short_eq(&bytes[..key.len()], key)
+            }
+            Key::Boxed(k) => k.as_bytes() == key,
+        }
+    }
+
     /// The key as given (only reads that list keys need it: lookups
     /// compare bytes).
     fn as_str(&self) -> &str {
@@ -108,8 +124,32 @@ impl Key {
     }
 }
 
+/// A table slot, aligned to a cache line: a slot of the named-key table
+/// (the hot one: every bucket check) is 64 bytes and so costs one cache
+/// miss, not two when it would straddle lines.
+#[repr(align(64))]
+struct Slot<V>(Key, V);
+
+/// `a == b` for slices of one length of at most [`INLINE_KEY`] bytes, by
+/// overlapping word loads that cover every byte.
+#[inline(always)]
+fn short_eq(a: &[u8], b: &[u8]) -> bool {
+    debug_assert_eq!(a.len(), b.len());
+    let n = a.len();
+    let w8 = |s: &[u8], i: usize| u64::from_ne_bytes(s[i..i + 8].try_into().expect("8 bytes"));
+    let w4 = |s: &[u8], i: usize| u32::from_ne_bytes(s[i..i + 4].try_into().expect("4 bytes"));
+    if n >= 8 {
+        // 8..=16: the first and the last 8; 17..=22: and bytes 8..16.
+        w8(a, 0) == w8(b, 0) && w8(a, n - 8) == w8(b, n - 8) && (n <= 16 || w8(a, 8) == w8(b, 8))
+    } else if n >= 4 {
+        w4(a, 0) == w4(b, 0) && w4(a, n - 4) == w4(b, n - 4)
+    } else {
+        a == b
+    }
+}
+
 struct Shard<V> {
-    table: HashTable<(Key, V)>,
+    table: HashTable<Slot<V>>,
     sweep_len: usize,
     next_sweep_at: u64,
 }
@@ -171,8 +211,8 @@ impl<V: Expiring> Shards<V> {
         let shard = self.shards[i].0.lock();
         let entry = shard
             .table
-            .find(hash, |(k, _)| k.as_bytes() == key.as_bytes())
-            .map(|(_, v)| v)
+            .find(hash, |Slot(k, _)| k.matches(key.as_bytes()))
+            .map(|Slot(_, v)| v)
             .filter(|v| v.expires_at() > now);
         f(entry)
     }
@@ -212,7 +252,7 @@ impl<V: Expiring> Shards<V> {
     pub(super) fn for_each_live(&self, now: u64, mut f: impl FnMut(&str, &V)) {
         for s in self.shards.iter() {
             let shard = s.0.lock();
-            for (k, v) in shard.table.iter() {
+            for Slot(k, v) in shard.table.iter() {
                 if v.expires_at() > now {
                     f(k.as_str(), v);
                 }
@@ -235,10 +275,10 @@ impl<V: Expiring> Shard<V> {
         now: u64,
         f: impl FnOnce(&mut V) -> R,
     ) -> Result<R, Full> {
-        let eq = |(k, _): &(Key, V)| k.as_bytes() == key.as_bytes();
+        let eq = |Slot(k, _): &Slot<V>| k.matches(key.as_bytes());
         match self
             .table
-            .entry(hash, eq, |(k, _)| self::hash(hasher, k.as_bytes()))
+            .entry(hash, eq, |Slot(k, _)| self::hash(hasher, k.as_bytes()))
         {
             hashbrown::hash_table::Entry::Occupied(mut occupied) => {
                 let v = &mut occupied.get_mut().1;
@@ -265,7 +305,7 @@ impl<V: Expiring> Shard<V> {
                     } else {
                         cap.add();
                     }
-                    vacant.insert((Key::new(key), v));
+                    vacant.insert(Slot(Key::new(key), v));
                 }
                 Ok(r)
             }
@@ -280,11 +320,12 @@ impl<V: Expiring> Shard<V> {
 
     fn sweep(&mut self, hasher: &DefaultHashBuilder, cap: &EntryCap, now: u64) {
         let before = self.table.len();
-        self.table.retain(|(_, v)| v.expires_at() > now);
+        self.table.retain(|Slot(_, v)| v.expires_at() > now);
         cap.sub(before - self.table.len());
         // Rehashing moves entries: it must be given their real hashes.
-        self.table
-            .shrink_to(self.table.len() * 2, |(k, _)| hash(hasher, k.as_bytes()));
+        self.table.shrink_to(self.table.len() * 2, |Slot(k, _)| {
+            hash(hasher, k.as_bytes())
+        });
         self.sweep_len = (self.table.len() * 2).max(MIN_SWEEP_LEN);
         self.next_sweep_at = now.saturating_add(SWEEP_EVERY_MS);
     }
@@ -326,8 +367,8 @@ impl<V: Expiring> Multi<'_, '_, V> {
             let held = self
                 .guard(i)
                 .table
-                .find(hash, |(k, _)| k.as_bytes() == key.as_bytes())
-                .is_some_and(|(_, v)| v.expires_at() > now);
+                .find(hash, |Slot(k, _)| k.matches(key.as_bytes()))
+                .is_some_and(|Slot(_, v)| v.expires_at() > now);
             if !held && !missing.contains(&key) {
                 missing.push(key);
             }
@@ -351,5 +392,36 @@ impl<V: Expiring> Multi<'_, '_, V> {
         let (key, hash, i) = self.located[n];
         let (hasher, cap) = (self.hasher, self.cap);
         self.guard(i).with(hasher, cap, false, hash, key, now, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{INLINE_KEY, Key, short_eq};
+
+    #[test]
+    fn short_eq_is_slice_equality_at_every_length_and_position() {
+        for n in 0..=INLINE_KEY {
+            let a: Vec<u8> = (0..n as u8).map(|i| b'a' + i).collect();
+            assert!(short_eq(&a, &a.clone()), "length {n}");
+            for i in 0..n {
+                let mut b = a.clone();
+                b[i] ^= 0x20;
+                assert!(!short_eq(&a, &b), "length {n}, byte {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_key_matches_itself_only() {
+        for n in [0, 1, 3, 4, 7, 8, 15, 16, 17, 22, 23, 40] {
+            let k: String = "k".repeat(n);
+            let key = Key::new(&k);
+            assert!(key.matches(k.as_bytes()), "length {n}");
+            assert!(!key.matches(format!("{k}x").as_bytes()), "length {n}");
+            if n > 0 {
+                assert!(!key.matches(&k.as_bytes()[1..]), "length {n}");
+            }
+        }
     }
 }
