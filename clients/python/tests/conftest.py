@@ -32,7 +32,8 @@ AUDIENCE = "tollgate-test"
 ADMIN = "admin-token-0123456789abcdef"
 
 # SPEC §7's "support" plan for everyone; a few others for the tests that
-# need short TTLs or longer waits.
+# need short TTLs or longer waits, and "meter" (refilling 1 token an hour,
+# so balances are exact in real time) for the ADK tests.
 PLANS = """
 [plans.support]
 turns = { amount = 20, period_ms = 60000, burst = 5 }
@@ -66,6 +67,12 @@ turns = { amount = 600, period_ms = 60000, burst = 100 }
 tokens = { amount = 600000, period_ms = 60000, burst = 600000 }
 concurrent_runs = 8
 max_llm_calls = 1
+estimate_tokens = 500
+
+[plans.meter]
+turns = { amount = 600, period_ms = 60000, burst = 100 }
+tokens = { amount = 1, period_ms = 3600000, burst = 100000 }
+concurrent_runs = 2
 estimate_tokens = 500
 
 [users]
@@ -132,14 +139,16 @@ class Sidecar:
                 self.proc.wait()
 
 
-def start_sidecar(tmp: Path, extra: str = "", store: str = "") -> Sidecar:
+def start_sidecar(
+    tmp: Path, extra: str = "", store: str = "", default_plan: str = "support"
+) -> Sidecar:
     port = free_port()
     cfg = tmp / f"tollgate-{uuid.uuid4().hex[:8]}.toml"
     cfg.write_text(
         f"""
 listen = "127.0.0.1:{port}"
 admin_token = "{ADMIN}"
-default_plan = "support"
+default_plan = "{default_plan}"
 {extra}
 {store}
 
@@ -177,6 +186,16 @@ audience = "{AUDIENCE}"
 def sidecar(tmp_path: Path) -> Iterator[Sidecar]:
     """A fresh sidecar on the memory store."""
     s = start_sidecar(tmp_path)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+def meter_sidecar(tmp_path: Path) -> Iterator[Sidecar]:
+    """A fresh sidecar on the memory store whose default plan is "meter"."""
+    s = start_sidecar(tmp_path, default_plan="meter")
     try:
         yield s
     finally:

@@ -161,15 +161,15 @@ def test_refusals_are_values_and_faults_raise(sidecar: Sidecar) -> None:
 
 def test_example_1_turn_burst_then_denied(sidecar: Sidecar) -> None:
     """SPEC §7 example 1 in real time: 5 turns allowed, the 6th denied for
-    the turn rate with a hint of about 3 s (1 turn per 3 s; tolerance 500 ms
-    for the time the test itself takes)."""
+    the turn rate with a hint of about 3 s (1 turn per 3 s; tolerance 1 s
+    for the time the test itself takes: the sidecar has no fake clock)."""
     with client(sidecar) as c:
         for i in range(5):
             assert isinstance(c.admit_run(f"t{i}"), Admitted)
             c.release_run(f"t{i}")
         d = c.admit_run("t6")
         assert isinstance(d, TurnRateLimited), d
-        assert d.limit == "turn_rate" and 2_500 <= d.retry_after_ms <= 3_000, d
+        assert d.limit == "turn_rate" and 2_000 <= d.retry_after_ms <= 3_000, d
         assert "turn" in d.message
 
 
@@ -177,20 +177,21 @@ def test_example_3_token_wait_bound(sidecar: Sidecar) -> None:
     """SPEC §7 example 3: the bucket emptied, a 6,000-token call needs about
     6 s, past the 2 s max wait: refused with a hint of about 4 s, taking
     nothing; with a 6 s max wait it is granted with about a 6 s wait
-    (decide-only, so the test does not sleep it)."""
+    (decide-only, so the test does not sleep it). Tolerances: up to 1 s of
+    real-time refill between the requests on a loaded machine."""
     with client(sidecar) as c:
         c.admit_run("r")
         empty = c.reserve("r", 60_000)
         assert isinstance(empty, tollgate.Reservation) and empty.wait_ms == 0
         d = c.reserve("r", 6_000)
         assert isinstance(d, TokenRateLimited), d
-        assert 3_800 <= d.retry_after_ms <= 4_000, d
+        assert 3_000 <= d.retry_after_ms <= 4_000, d
         assert c.admin_user("alice").tokens_available <= 100
     with Client(sidecar.url, token=token("patient"), admin_token=ADMIN) as p:
         p.admit_run("r")
         p.reserve("r", 60_000)
         g = p.reserve("r", 6_000)
-        assert isinstance(g, tollgate.Reservation) and 5_800 <= g.wait_ms <= 6_000, g
+        assert isinstance(g, tollgate.Reservation) and 5_000 <= g.wait_ms <= 6_000, g
 
 
 def test_example_4_concurrency(sidecar: Sidecar) -> None:

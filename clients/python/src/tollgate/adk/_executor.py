@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
 import logging
 import uuid
 from contextlib import aclosing
@@ -15,6 +16,7 @@ from google.adk.events.event import Event
 from google.adk.runners import Runner
 
 from .._client import AsyncClient
+from ._plugin import Credentials
 from .._models import NotHolder, Overloaded, Refusal, SessionLease, TollgateError
 
 log = logging.getLogger("tollgate.adk")
@@ -106,7 +108,7 @@ class TurnExecutor:
         max_in_flight: int = 64,
         session_ttl_ms: int = 30_000,
         overloaded_retry_ms: int = 1_000,
-        credentials: Any = None,
+        credentials: Optional[Credentials] = None,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
@@ -129,7 +131,7 @@ class TurnExecutor:
         if self.credentials is None:
             return None
         v = self.credentials(user_id)
-        if asyncio.iscoroutine(v) or isinstance(v, asyncio.Future):
+        if inspect.isawaitable(v):
             v = await v
         return v
 

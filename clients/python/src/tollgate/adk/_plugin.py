@@ -355,7 +355,8 @@ class TollgatePlugin(BasePlugin):
 
     @staticmethod
     def _key(ctx: CallbackContext) -> tuple[str, str]:
-        branch = getattr(ctx._invocation_context, "branch", None) or ""
+        # Parallel agents' calls run on their own branches of one invocation.
+        branch = getattr(ctx, "branch", None) or ""
         return (ctx.agent_name, branch)
 
     async def before_model_callback(

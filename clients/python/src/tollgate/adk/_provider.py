@@ -4,6 +4,7 @@ answer reported back."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any, AsyncGenerator, Callable, Mapping, Optional
 
@@ -42,7 +43,15 @@ def provider_answer(error: BaseException) -> Optional[ProviderAnswer]:
         except (TypeError, ValueError):
             headers = {}
     details = getattr(error, "details", None)
-    body = None if details is None else str(details)
+    if details is None:
+        body = None
+    elif isinstance(details, str):
+        body = details
+    else:
+        try:
+            body = json.dumps(details)
+        except (TypeError, ValueError):
+            body = str(details)
     return code, headers, body
 
 
