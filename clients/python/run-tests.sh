@@ -6,7 +6,8 @@
 #                  of this repository; build it with
 #                  `cargo build -p tollgate-server`)
 #   PYTHON         the interpreter that creates the venv (default python3,
-#                  at least 3.10)
+#                  at least 3.11: google-adk 2.13, which the tests need,
+#                  requires it; the client itself supports 3.10)
 #
 # The venv lives outside the repository, in
 # ${XDG_CACHE_HOME:-$HOME/.cache}/tollgate/py-client-venv, created from the
@@ -26,8 +27,8 @@ if [ ! -x "$TOLLGATE_BIN" ]; then
     echo "run-tests.sh: no tollgate binary at $TOLLGATE_BIN (cargo build -p tollgate-server, or set TOLLGATE_BIN)" >&2
     exit 1
 fi
-if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
-    echo "run-tests.sh: $python is older than Python 3.10" >&2
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    echo "run-tests.sh: $python is older than Python 3.11 (google-adk 2.13 needs it)" >&2
     exit 1
 fi
 

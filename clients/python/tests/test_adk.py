@@ -8,6 +8,7 @@ balance read through the admin user view is exact in real time.
 from __future__ import annotations
 
 import asyncio
+import re
 from contextlib import aclosing
 from typing import Any, AsyncGenerator, Optional
 
@@ -157,6 +158,22 @@ async def test_turn_admitted_settled_once_across_streamed_chunks_and_released(me
     u = await admin_user(meter_sidecar, "ann")
     assert u["leases"] == [] and u["tokens_available"] == FULL - 1234
     assert plugin.active_turns == 0
+
+
+async def test_example_1_through_real_turns(sidecar: Sidecar) -> None:
+    """SPEC §7 example 1 through google-adk turns on the "support" plan:
+    five turns answered, the sixth refused for the turn rate with a plain
+    message asking to retry in about 3 s (1 turn per 3 s; up to 1 s of real
+    time may pass during the five turns)."""
+    script = [[text(f"answer {i}", used=100)] for i in range(5)]
+    runner, s, model, client, plugin = await make(sidecar.url, script, user="carl")
+    for i in range(5):
+        assert texts(await run_all(runner, "carl", s.id)) == [f"answer {i}"]
+    (denied,) = texts(await run_all(runner, "carl", s.id))
+    assert "turn_rate" in denied and "too many requests" in denied, denied
+    assert re.search(r"retry in [23] s", denied), denied
+    assert model.calls == 5
+    assert (await admin_user(sidecar, "carl"))["leases"] == []
 
 
 async def test_denied_turn_answers_a_plain_message(meter_sidecar: Sidecar) -> None:

@@ -145,7 +145,9 @@ class _Open:
 @dataclass
 class _Turn:
     invocation_id: str
-    token: Optional[str]
+    # The credential is asked for on every request (a long run outlives a
+    # short-lived token).
+    user_id: str
     admitted: Optional[Admitted]
     # key (agent, branch) -> reservations of calls not settled yet, oldest first
     open: dict[tuple[str, str], list[_Open]] = field(default_factory=dict)
@@ -256,13 +258,13 @@ class TollgatePlugin(BasePlugin):
         except TollgateError as e:
             self._fault("admit_run", inv, e)
             if self.fail_open:
-                self._turns[inv] = _Turn(inv, token, admitted=None)
+                self._turns[inv] = _Turn(inv, invocation_context.user_id, admitted=None)
                 return None
             return _content(UNAVAILABLE_TEXT)
         if isinstance(answer, Refusal):
             log.info("tollgate refused invocation %s: %s", inv, answer.error)
             return _content(denial_text(answer))
-        turn = _Turn(inv, token, admitted=answer)
+        turn = _Turn(inv, invocation_context.user_id, admitted=answer)
         self._turns[inv] = turn
         if self.renew:
             turn.renewer = asyncio.create_task(self._renew(turn), name=f"tollgate-renew-{inv}")
@@ -294,7 +296,7 @@ class TollgatePlugin(BasePlugin):
         while True:
             await asyncio.sleep(period)
             try:
-                r = await self.client.renew_run(turn.invocation_id, token=turn.token)
+                r = await self.client.renew_run(turn.invocation_id, token=await self._token(turn.user_id))
             except TollgateError as e:
                 log.warning("tollgate renew of %s failed: %s", turn.invocation_id, e)
                 continue
@@ -335,14 +337,14 @@ class TollgatePlugin(BasePlugin):
                 try:
                     if c.answered:
                         # Answered without usage: its estimate stands.
-                        await self.client.settle(c.reservation_id, c.estimate, token=turn.token)
+                        await self.client.settle(c.reservation_id, c.estimate, token=await self._token(turn.user_id))
                     else:
-                        await self.client.refund(c.reservation_id, token=turn.token)
+                        await self.client.refund(c.reservation_id, token=await self._token(turn.user_id))
                 except TollgateError as e:
                     log.warning("tollgate close of %s failed: %s", c.reservation_id, e)
         turn.open.clear()
         try:
-            await self.client.release_run(turn.invocation_id, token=turn.token)
+            await self.client.release_run(turn.invocation_id, token=await self._token(turn.user_id))
         except TollgateError as e:
             log.warning("tollgate release of %s failed: %s", turn.invocation_id, e)
 
@@ -376,7 +378,7 @@ class TollgatePlugin(BasePlugin):
                 estimate,
                 wait=plan.max_wait_ms > 0,
                 max_wait_ms=plan.max_wait_ms,
-                token=turn.token,
+                token=await self._token(turn.user_id),
             )
         except TollgateError as e:
             self._fault("reserve", turn.invocation_id, e)
@@ -423,7 +425,7 @@ class TollgatePlugin(BasePlugin):
         if plan is not None:
             self.estimator.observe(c.agent, used, plan.estimate_tokens)
         try:
-            await self.client.settle(c.reservation_id, used, token=turn.token)
+            await self.client.settle(c.reservation_id, used, token=await self._token(turn.user_id))
         except TollgateError as e:
             log.warning("tollgate settle of %s failed: %s", c.reservation_id, e)
         return None
@@ -441,7 +443,7 @@ class TollgatePlugin(BasePlugin):
             return None
         turn.open[key].remove(c)
         try:
-            await self.client.refund(c.reservation_id, token=turn.token)
+            await self.client.refund(c.reservation_id, token=await self._token(turn.user_id))
         except TollgateError as e:
             log.warning("tollgate refund of %s failed: %s", c.reservation_id, e)
         return None
