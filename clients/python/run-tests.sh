@@ -8,6 +8,9 @@
 #   PYTHON         the interpreter that creates the venv (default python3,
 #                  at least 3.11: google-adk 2.13, which the tests need,
 #                  requires it; the client itself supports 3.10)
+#   TOLLGATE_TEST_REDIS_PORT, TOLLGATE_TEST_REQUIRE_REDIS
+#                  the Redis the tests start (default a free port), and
+#                  whether a missing redis-server fails instead of skipping
 #
 # The venv lives outside the repository, in
 # ${XDG_CACHE_HOME:-$HOME/.cache}/tollgate/py-client-venv, created from the

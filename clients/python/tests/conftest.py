@@ -1,5 +1,7 @@
 """A real ``tollgate serve`` per test, on a free port, with a config the test
-writes; HS256 tokens minted here.
+writes, on the memory store and on a Redis node (a ``redis-server`` the
+session starts; skipped when none is installed, unless
+``TOLLGATE_TEST_REQUIRE_REDIS`` is set); HS256 tokens minted here.
 
 The binary is ``$TOLLGATE_BIN``, else ``target/debug/tollgate`` of this
 repository (``cargo build -p tollgate-server``). The sidecar has no fake
@@ -14,6 +16,7 @@ import hashlib
 import hmac
 import json
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -182,20 +185,71 @@ audience = "{AUDIENCE}"
     pytest.fail(f"tollgate serve did not answer on {url}: {log.read_text()}")
 
 
-@pytest.fixture
-def sidecar(tmp_path: Path) -> Iterator[Sidecar]:
-    """A fresh sidecar on the memory store."""
-    s = start_sidecar(tmp_path)
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A ``redis-server`` this test session starts (on
+    ``$TOLLGATE_TEST_REDIS_PORT``, else a free port) and stops."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        if os.environ.get("TOLLGATE_TEST_REQUIRE_REDIS"):
+            pytest.fail("redis-server is not installed")
+        pytest.skip("redis-server is not installed")
+    port = int(os.environ.get("TOLLGATE_TEST_REDIS_PORT") or free_port())
+    d = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(d)],
+        stdout=(d / "redis.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as c:
+                c.sendall(b"PING\r\n")
+                if c.recv(16).startswith(b"+PONG"):
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"redis-server did not start on {port}: {(d / 'redis.log').read_text()}")
+        time.sleep(0.05)
+    try:
+        yield f"redis://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _store(request: pytest.FixtureRequest) -> str:
+    if request.param == "memory":
+        return ""
+    url = request.getfixturevalue("redis_url")
+    # A prefix of its own per sidecar: tests share the one Redis.
+    return f"""
+[store]
+kind = "redis"
+url = "{url}"
+key_prefix = "py{uuid.uuid4().hex[:12]}"
+op_timeout_ms = 1000
+"""
+
+
+@pytest.fixture(params=["memory", "redis"])
+def sidecar(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sidecar]:
+    """A fresh sidecar, on the memory store and on a Redis node."""
+    s = start_sidecar(tmp_path, store=_store(request))
     try:
         yield s
     finally:
         s.stop()
 
 
-@pytest.fixture
-def meter_sidecar(tmp_path: Path) -> Iterator[Sidecar]:
-    """A fresh sidecar on the memory store whose default plan is "meter"."""
-    s = start_sidecar(tmp_path, default_plan="meter")
+@pytest.fixture(params=["memory", "redis"])
+def meter_sidecar(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sidecar]:
+    """A fresh sidecar whose default plan is "meter", on the memory store
+    and on a Redis node."""
+    s = start_sidecar(tmp_path, store=_store(request), default_plan="meter")
     try:
         yield s
     finally:
