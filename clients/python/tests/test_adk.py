@@ -176,6 +176,24 @@ async def test_example_1_through_real_turns(sidecar: Sidecar) -> None:
     assert (await admin_user(sidecar, "carl"))["leases"] == []
 
 
+async def test_example_3_through_a_real_turn(sidecar: Sidecar) -> None:
+    """SPEC §7 example 3 through a google-adk turn: the token bucket empty,
+    the call's 6,000-token estimate needs about 6 s, past the 2 s max wait:
+    the model is not called and the turn stops early asking to retry in
+    about 4 s; nothing is taken."""
+    async with AsyncClient(sidecar.url, token=token("dora"), admin_token=ADMIN) as c:
+        await c.admit_run("elsewhere")
+        await c.reserve("elsewhere", 60_000)
+        runner, s, model, client, plugin = await make(sidecar.url, [[text("never")]], user="dora")
+        (stopped,) = texts(await run_all(runner, "dora", s.id))
+        assert "stopped early" in stopped and "token_rate" in stopped, stopped
+        assert re.search(r"retry in [34] s", stopped), stopped
+        assert model.calls == 0
+        u = await c.admin_user("dora")
+        assert [x.invocation_id for x in u.leases] == ["elsewhere"]
+        assert u.tokens_available < 1_000
+
+
 async def test_denied_turn_answers_a_plain_message(meter_sidecar: Sidecar) -> None:
     runner, s, model, client, plugin = await make(meter_sidecar.url, [[text("never")]])
     # The plan's two runs are held elsewhere.
@@ -193,9 +211,10 @@ async def test_denied_turn_answers_a_plain_message(meter_sidecar: Sidecar) -> No
 
 
 async def test_model_error_refunds(meter_sidecar: Sidecar) -> None:
-    runner, s, model, client, plugin = await make(meter_sidecar.url, [[RuntimeError("model down")]])
+    script = [[text("par", partial=True, used=2), RuntimeError("model down")]]
+    runner, s, model, client, plugin = await make(meter_sidecar.url, script)
     with pytest.raises(RuntimeError, match="model down"):
-        await run_all(runner, "ann", s.id)
+        await run_all(runner, "ann", s.id, run_config=RunConfig(streaming_mode=StreamingMode.SSE))
     assert client.count("refund") == 1 and client.count("settle") == 0
     u = await admin_user(meter_sidecar, "ann")
     assert u["leases"] == [] and u["tokens_available"] == FULL
