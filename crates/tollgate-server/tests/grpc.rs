@@ -1531,3 +1531,22 @@ async fn grpc_listen_is_bound_by_serve_and_validated() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------
+// What a client needs from the plan
+
+#[tokio::test]
+async fn admit_answer_carries_the_plan_a_client_needs() {
+    let srv = Server::start(&memory_config()).await;
+    let r = srv.admit("alice", "run-a").await.expect("admit");
+    assert_eq!(r.lease_expires_at_ms, T0 + 120_000);
+    assert_eq!(r.lease_ttl_ms, 120_000);
+    assert_eq!(r.estimate_tokens, 1_000);
+    assert_eq!(r.max_wait_ms, 2_000);
+    assert_eq!(r.max_llm_calls, 500);
+    let r = srv.admit("patient", "run-p").await.expect("admit");
+    assert_eq!(r.max_wait_ms, 6_000);
+    let r = srv.admit("looper", "run-l").await.expect("admit");
+    assert_eq!(r.max_llm_calls, 2);
+    srv.shutdown().await;
+}

@@ -2059,3 +2059,52 @@ fn serve_prints_its_banner_and_shuts_down_gracefully_on_signals() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+// ---------------------------------------------------------------------------
+// What a client needs from the plan
+
+#[tokio::test]
+async fn admit_answer_carries_the_plan_a_client_needs() {
+    let srv = Server::start(&memory_config(64)).await;
+    // The support plan: estimate_tokens and lease_ttl_ms by default,
+    // max_wait_ms as configured, max_llm_calls by default.
+    let r = srv.admit("alice", "run-a").await;
+    let b = r.ok();
+    assert_eq!(b["lease_expires_at_ms"], T0 + 120_000, "{b}");
+    assert_eq!(b["lease_ttl_ms"], 120_000, "{b}");
+    assert_eq!(b["estimate_tokens"], 1_000, "{b}");
+    assert_eq!(b["max_wait_ms"], 2_000, "{b}");
+    assert_eq!(b["max_llm_calls"], 500, "{b}");
+    // Another plan, and an override, answer their own numbers.
+    let b = srv.admit("patient", "run-p").await.ok().clone();
+    assert_eq!(b["max_wait_ms"], 6_000, "{b}");
+    let b = srv.admit("looper", "run-l").await.ok().clone();
+    assert_eq!(b["max_llm_calls"], 2, "{b}");
+    // A refused admission carries none of it.
+    srv.admit("alice", "run-b").await.ok();
+    let r = srv.admit("alice", "run-c").await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{r:?}");
+    assert!(r.body.get("estimate_tokens").is_none(), "{r:?}");
+    // The document states them as required integers.
+    let doc = srv.get("/openapi.json").await.ok().clone();
+    let schema = &doc["components"]["schemas"]["AdmitResponse"];
+    for field in [
+        "lease_expires_at_ms",
+        "lease_ttl_ms",
+        "estimate_tokens",
+        "max_wait_ms",
+        "max_llm_calls",
+    ] {
+        assert_eq!(
+            schema["properties"][field]["type"], "integer",
+            "{field}: {schema}"
+        );
+        assert!(
+            schema["required"]
+                .as_array()
+                .is_some_and(|r| r.iter().any(|f| f == field)),
+            "{field} required: {schema}"
+        );
+    }
+    srv.shutdown().await;
+}

@@ -331,6 +331,10 @@ impl From<ops::AdmitResponse> for proto::AdmitRunResponse {
     fn from(r: ops::AdmitResponse) -> Self {
         Self {
             lease_expires_at_ms: r.lease_expires_at_ms,
+            lease_ttl_ms: r.lease_ttl_ms,
+            estimate_tokens: r.estimate_tokens,
+            max_wait_ms: r.max_wait_ms,
+            max_llm_calls: r.max_llm_calls,
             session: r.session.map(|s| proto::SessionLease {
                 fence: s.fence,
                 expires_at_ms: s.expires_at_ms,

@@ -223,9 +223,14 @@ pub async fn admit_run<S: Store + Clone>(
         "session_ttl_ms",
         req.session_ttl_ms.unwrap_or(DEFAULT_SESSION_TTL_MS),
     )?;
+    if let Some(sid) = &req.session_id {
+        check_id("session_id", sid)?;
+    }
+    // The plan in force as the turn is admitted, read before anything is
+    // taken so an answer never fails after its lease was granted.
+    let plan = app.limiter().plan_for(user)?;
     let key = match &req.session_id {
         Some(sid) => {
-            check_id("session_id", sid)?;
             claim_session(app, user, sid, ttl, true).await?;
             Some(session_key(user, sid))
         }
@@ -267,6 +272,10 @@ pub async fn admit_run<S: Store + Clone>(
             Ok(Shadowed {
                 value: AdmitResponse {
                     lease_expires_at_ms: grant.run.expires_at_ms,
+                    lease_ttl_ms: plan.lease_ttl_ms,
+                    estimate_tokens: plan.estimate_tokens,
+                    max_wait_ms: plan.max_wait_ms,
+                    max_llm_calls: plan.max_llm_calls,
                     session: grant.session.map(Into::into),
                 },
                 shadow_denied: shadow_denied.map(|d| d.limit()),

@@ -101,6 +101,17 @@ impl From<SessionGrant> for SessionLeaseBody {
 pub struct AdmitResponse {
     /// Run lease expiry, ms since the Unix epoch; renew every ttl/3.
     pub lease_expires_at_ms: u64,
+    /// The plan's `lease_ttl_ms`: the run lease's TTL, so a client renews
+    /// every third of it.
+    pub lease_ttl_ms: u64,
+    /// The plan's `estimate_tokens`: what a model call of this user is
+    /// estimated at before anything is known about it.
+    pub estimate_tokens: u64,
+    /// The plan's `max_wait_ms`: the longest wait a token reservation is
+    /// granted with.
+    pub max_wait_ms: u64,
+    /// The plan's `max_llm_calls`: reservations one run may make.
+    pub max_llm_calls: u64,
     /// The session lease, when a session was named.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub session: Option<SessionLeaseBody>,

@@ -1,0 +1,105 @@
+"""A client of the tollgate sidecar (``tollgate serve``): admission control
+for LLM agent platforms.
+
+:class:`Client` (blocking) and :class:`AsyncClient` (asyncio) speak the
+sidecar's HTTP/JSON contract (docs/spec.md §8). Results are dataclasses;
+refusals (a limit, a busy session, a stale fence) are returned as
+:class:`Refusal` values the caller branches on; faults (no identity, bad
+input, the store or the sidecar unreachable) raise :class:`TollgateError`
+subclasses naming the operation and the sidecar's ``error`` code.
+
+The google-adk integration is :mod:`tollgate.adk` (``pip install
+tollgate-client[adk]``).
+"""
+
+from ._client import AsyncClient, Client, TokenProvider
+from ._models import (
+    Admitted,
+    Closed,
+    ConcurrencyLimited,
+    ExceedsCapacity,
+    FeedbackResult,
+    FenceCurrent,
+    Forbidden,
+    InvalidRequest,
+    LeaseLost,
+    LeaseView,
+    MaxLlmCalls,
+    NotFound,
+    NotHolder,
+    Overloaded,
+    ProviderCleared,
+    ProviderExhausted,
+    ProviderLimited,
+    ProviderPermit,
+    ProviderView,
+    Refusal,
+    Released,
+    Reloaded,
+    Renewed,
+    RequestTimeout,
+    Reservation,
+    RetryPolicy,
+    ServerError,
+    SessionBusy,
+    SessionLease,
+    SessionsLimited,
+    SidecarUnreachable,
+    StaleFence,
+    StoreUnavailable,
+    TokenRateLimited,
+    TollgateError,
+    TooManyWaits,
+    TopUser,
+    TurnRateLimited,
+    Unauthorized,
+    UnknownReservation,
+    UserView,
+)
+
+__all__ = [
+    "Admitted",
+    "AsyncClient",
+    "Client",
+    "Closed",
+    "ConcurrencyLimited",
+    "ExceedsCapacity",
+    "FeedbackResult",
+    "FenceCurrent",
+    "Forbidden",
+    "InvalidRequest",
+    "LeaseLost",
+    "LeaseView",
+    "MaxLlmCalls",
+    "NotFound",
+    "NotHolder",
+    "Overloaded",
+    "ProviderCleared",
+    "ProviderExhausted",
+    "ProviderLimited",
+    "ProviderPermit",
+    "ProviderView",
+    "Refusal",
+    "Released",
+    "Reloaded",
+    "Renewed",
+    "RequestTimeout",
+    "Reservation",
+    "RetryPolicy",
+    "ServerError",
+    "SessionBusy",
+    "SessionLease",
+    "SessionsLimited",
+    "SidecarUnreachable",
+    "StaleFence",
+    "StoreUnavailable",
+    "TokenProvider",
+    "TokenRateLimited",
+    "TollgateError",
+    "TooManyWaits",
+    "TopUser",
+    "TurnRateLimited",
+    "Unauthorized",
+    "UnknownReservation",
+    "UserView",
+]
