@@ -75,7 +75,7 @@ enum Key {
 // As small as the `Box<str>` it replaces plus one word.
 const _: () = assert!(std::mem::size_of::<Key>() == 24);
 // A named-key slot fills one cache line exactly.
-const _: () = assert!(std::mem::size_of::<Slot<super::named::KeyEntry>>() == 64);
+const _: () = assert!(std::mem::size_of::<Slot<super::named::KeyEntry, CacheLine>>() == 64);
 
 impl Key {
     fn new(key: &str) -> Self {
@@ -124,11 +124,20 @@ impl Key {
     }
 }
 
-/// A table slot, aligned to a cache line: a slot of the named-key table
-/// (the hot one: every bucket check) is 64 bytes and so costs one cache
-/// miss, not two when it would straddle lines.
+/// A table slot: the key, the value, and the alignment `A` asks for (a
+/// zero-length array adds its element's alignment, not its size).
+struct Slot<V, A>(Key, V, [A; 0]);
+
+/// Slots aligned to a cache line: a named-key slot (every bucket check
+/// reads one) is 64 bytes and so costs one cache miss, not two when it
+/// would straddle lines. Not for tables of larger values: it rounds each
+/// slot up to a multiple of 64 bytes.
 #[repr(align(64))]
-struct Slot<V>(Key, V);
+pub(super) struct CacheLine;
+
+/// Slots as the key and value align them (the user and session tables:
+/// rounding their slots to cache lines would cost memory per idle user).
+pub(super) struct Natural;
 
 /// `a == b` for slices of one length of at most [`INLINE_KEY`] bytes, by
 /// overlapping word loads that cover every byte.
@@ -148,16 +157,16 @@ fn short_eq(a: &[u8], b: &[u8]) -> bool {
     }
 }
 
-struct Shard<V> {
-    table: HashTable<Slot<V>>,
+struct Shard<V, A> {
+    table: HashTable<Slot<V, A>>,
     sweep_len: usize,
     next_sweep_at: u64,
 }
 
-pub(super) struct Shards<V> {
+pub(super) struct Shards<V, A = Natural> {
     hasher: DefaultHashBuilder,
     cap: Arc<EntryCap>,
-    shards: Box<[Padded<Mutex<Shard<V>>>]>,
+    shards: Box<[Padded<Mutex<Shard<V, A>>>]>,
 }
 
 /// A key's hash: of its bytes, so a stored [`Key`] rehashes without
@@ -166,7 +175,7 @@ fn hash(hasher: &DefaultHashBuilder, key: &[u8]) -> u64 {
     hasher.hash_one(key)
 }
 
-impl<V: Expiring> Shards<V> {
+impl<V: Expiring, A> Shards<V, A> {
     pub(super) fn new(cap: Arc<EntryCap>) -> Self {
         Self {
             hasher: DefaultHashBuilder::default(),
@@ -211,15 +220,15 @@ impl<V: Expiring> Shards<V> {
         let shard = self.shards[i].0.lock();
         let entry = shard
             .table
-            .find(hash, |Slot(k, _)| k.matches(key.as_bytes()))
-            .map(|Slot(_, v)| v)
+            .find(hash, |Slot(k, _, _)| k.matches(key.as_bytes()))
+            .map(|Slot(_, v, _)| v)
             .filter(|v| v.expires_at() > now);
         f(entry)
     }
 
     /// Locks the shards of `keys` in index order (no deadlock), for one
     /// atomic step over several keys. Each key is hashed once.
-    pub(super) fn lock_many<'a, 'k>(&'a self, keys: &[&'k str]) -> Multi<'a, 'k, V> {
+    pub(super) fn lock_many<'a, 'k>(&'a self, keys: &[&'k str]) -> Multi<'a, 'k, V, A> {
         let located: Vec<(&'k str, u64, usize)> = keys
             .iter()
             .map(|k| {
@@ -252,7 +261,7 @@ impl<V: Expiring> Shards<V> {
     pub(super) fn for_each_live(&self, now: u64, mut f: impl FnMut(&str, &V)) {
         for s in self.shards.iter() {
             let shard = s.0.lock();
-            for Slot(k, v) in shard.table.iter() {
+            for Slot(k, v, _) in shard.table.iter() {
                 if v.expires_at() > now {
                     f(k.as_str(), v);
                 }
@@ -261,7 +270,7 @@ impl<V: Expiring> Shards<V> {
     }
 }
 
-impl<V: Expiring> Shard<V> {
+impl<V: Expiring, A> Shard<V, A> {
     /// As [`Shards::with`]. With `check`, a new key needs room under `cap`
     /// (a multi-key step checks for room first and passes `false`).
     #[allow(clippy::too_many_arguments)]
@@ -275,10 +284,10 @@ impl<V: Expiring> Shard<V> {
         now: u64,
         f: impl FnOnce(&mut V) -> R,
     ) -> Result<R, Full> {
-        let eq = |Slot(k, _): &Slot<V>| k.matches(key.as_bytes());
+        let eq = |Slot(k, _, _): &Slot<V, A>| k.matches(key.as_bytes());
         match self
             .table
-            .entry(hash, eq, |Slot(k, _)| self::hash(hasher, k.as_bytes()))
+            .entry(hash, eq, |Slot(k, _, _)| self::hash(hasher, k.as_bytes()))
         {
             hashbrown::hash_table::Entry::Occupied(mut occupied) => {
                 let v = &mut occupied.get_mut().1;
@@ -305,7 +314,7 @@ impl<V: Expiring> Shard<V> {
                     } else {
                         cap.add();
                     }
-                    vacant.insert(Slot(Key::new(key), v));
+                    vacant.insert(Slot(Key::new(key), v, []));
                 }
                 Ok(r)
             }
@@ -320,10 +329,10 @@ impl<V: Expiring> Shard<V> {
 
     fn sweep(&mut self, hasher: &DefaultHashBuilder, cap: &EntryCap, now: u64) {
         let before = self.table.len();
-        self.table.retain(|Slot(_, v)| v.expires_at() > now);
+        self.table.retain(|Slot(_, v, _)| v.expires_at() > now);
         cap.sub(before - self.table.len());
         // Rehashing moves entries: it must be given their real hashes.
-        self.table.shrink_to(self.table.len() * 2, |Slot(k, _)| {
+        self.table.shrink_to(self.table.len() * 2, |Slot(k, _, _)| {
             hash(hasher, k.as_bytes())
         });
         self.sweep_len = (self.table.len() * 2).max(MIN_SWEEP_LEN);
@@ -331,15 +340,15 @@ impl<V: Expiring> Shard<V> {
     }
 }
 
-pub(super) struct Multi<'a, 'k, V> {
+pub(super) struct Multi<'a, 'k, V, A = Natural> {
     hasher: &'a DefaultHashBuilder,
     cap: &'a EntryCap,
     located: Vec<(&'k str, u64, usize)>,
-    guards: Vec<(usize, MutexGuard<'a, Shard<V>>)>,
+    guards: Vec<(usize, MutexGuard<'a, Shard<V, A>>)>,
 }
 
-impl<V: Expiring> Multi<'_, '_, V> {
-    fn guard(&mut self, i: usize) -> &mut Shard<V> {
+impl<V: Expiring, A> Multi<'_, '_, V, A> {
+    fn guard(&mut self, i: usize) -> &mut Shard<V, A> {
         self.guards
             .iter_mut()
             .find(|(j, _)| *j == i)
@@ -367,8 +376,8 @@ impl<V: Expiring> Multi<'_, '_, V> {
             let held = self
                 .guard(i)
                 .table
-                .find(hash, |Slot(k, _)| k.matches(key.as_bytes()))
-                .is_some_and(|Slot(_, v)| v.expires_at() > now);
+                .find(hash, |Slot(k, _, _)| k.matches(key.as_bytes()))
+                .is_some_and(|Slot(_, v, _)| v.expires_at() > now);
             if !held && !missing.contains(&key) {
                 missing.push(key);
             }
