@@ -163,10 +163,13 @@ struct Shard<V, A> {
     next_sweep_at: u64,
 }
 
+/// A shard behind its lock, alone on its cache lines.
+type LockedShard<V, A> = Padded<Mutex<Shard<V, A>>>;
+
 pub(super) struct Shards<V, A = Natural> {
     hasher: DefaultHashBuilder,
     cap: Arc<EntryCap>,
-    shards: Box<[Padded<Mutex<Shard<V, A>>>]>,
+    shards: Box<[LockedShard<V, A>]>,
 }
 
 /// A key's hash: of its bytes, so a stored [`Key`] rehashes without
