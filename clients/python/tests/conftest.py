@@ -72,6 +72,13 @@ concurrent_runs = 8
 max_llm_calls = 1
 estimate_tokens = 500
 
+[plans.four]
+turns = { amount = 1, period_ms = 3600000, burst = 8 }
+tokens = { amount = 60000, period_ms = 60000, burst = 60000 }
+concurrent_runs = 2
+lease_ttl_ms = 1000
+estimate_tokens = 500
+
 [plans.meter]
 turns = { amount = 600, period_ms = 60000, burst = 100 }
 tokens = { amount = 1, period_ms = 3600000, burst = 100000 }
@@ -83,6 +90,7 @@ patient = "patient"
 shorty = "short"
 roomy = "roomy"
 onecall = "onecall"
+eve = "four"
 
 [providers."gemini:flash"]
 requests = { amount = 600, period_ms = 60000, burst = 10 }

@@ -194,6 +194,107 @@ async def test_example_3_through_a_real_turn(sidecar: Sidecar) -> None:
         assert u.tokens_available < 1_000
 
 
+# A host process running one google-adk turn under the plugin, its model
+# hanging: it prints "held" once the model is called, then waits to be
+# killed (an agent process that dies mid-run, abandoning its lease).
+ABANDONING_HOST = r"""
+import asyncio, sys
+from google.adk.agents import LlmAgent
+from google.adk.apps import App
+from google.adk.models.base_llm import BaseLlm
+from google.adk.runners import InMemoryRunner
+from google.genai import types
+from tollgate import AsyncClient
+from tollgate.adk import TollgatePlugin
+
+class Hang(BaseLlm):
+    model: str = "hang"
+
+    async def generate_content_async(self, llm_request, stream=False):
+        print("held", flush=True)
+        await asyncio.Event().wait()
+        yield
+
+async def main(url, tok):
+    agent = LlmAgent(name="helper", model=Hang(), instruction="Be brief.")
+    plugin = TollgatePlugin(AsyncClient(url), credentials=lambda u: tok)
+    runner = InMemoryRunner(app=App(name="app", root_agent=agent, plugins=[plugin]))
+    s = await runner.session_service.create_session(app_name="app", user_id="eve")
+    hi = types.Content(role="user", parts=[types.Part(text="hi")])
+    async for _ in runner.run_async(user_id="eve", session_id=s.id, new_message=hi):
+        pass
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+async def test_example_4_through_real_turns(sidecar: Sidecar) -> None:
+    """SPEC §7 example 4 through google-adk turns (plan "four": 2 concurrent
+    runs, a 1 s lease TTL, a turn bucket that does not refill during the
+    test): two runs active, a third turn is denied for concurrency and
+    charges no turn; after one run releases, the next turn is admitted; a
+    run abandoned without release (its host process killed) holds its lease
+    until the TTL, then a turn is admitted (within 3 s of the kill)."""
+    import signal
+    import sys
+
+    sse = RunConfig(streaming_mode=StreamingMode.SSE)
+
+    async def hold() -> Any:
+        """A run of this process, active (its model streaming, then hanging)."""
+        runner, s, _, _, _ = await make(sidecar.url, [[text("working", partial=True), HANG]], user="eve")
+        agen = runner.run_async(user_id="eve", session_id=s.id, new_message=msg(), run_config=sse)
+        assert texts([await agen.__anext__()]) == ["working"]
+        return agen
+
+    async def turn(answer: str) -> tuple[list[str], int]:
+        runner, s, model, _, _ = await make(sidecar.url, [[text(answer, used=10)]], user="eve")
+        out = texts(await run_all(runner, "eve", s.id))
+        return out, model.calls
+
+    a = await hold()
+    host = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", ABANDONING_HOST, sidecar.url, token("eve"), stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert await asyncio.wait_for(host.stdout.readline(), 60) == b"held\n"
+        before = await admin_user(sidecar, "eve")
+        assert len(before["leases"]) == 2
+
+        # A third turn: denied for concurrency, the model never called,
+        # nothing charged to the turn bucket.
+        (denied,), calls = await turn("never")
+        assert "concurrency" in denied and calls == 0, denied
+        after = await admin_user(sidecar, "eve")
+        assert after["turns_available"] == before["turns_available"]
+        assert len(after["leases"]) == 2
+
+        # One run releases: the next turn is admitted.
+        await a.aclose()
+        assert await turn("next") == (["next"], 1)
+
+        # Another run active, and the host process killed mid-run: its
+        # lease stays until the TTL, so a turn is denied, then admitted.
+        b = await hold()
+        host.send_signal(signal.SIGKILL)
+        await host.wait()
+        (denied,), calls = await turn("never")
+        assert "concurrency" in denied and calls == 0, denied
+        for _ in range(60):
+            leases = (await admin_user(sidecar, "eve"))["leases"]
+            if len(leases) == 1:
+                break
+            await asyncio.sleep(0.05)
+        assert len(leases) == 1, "the abandoned lease expired by its TTL"
+        assert await turn("after expiry") == (["after expiry"], 1)
+        await b.aclose()
+        assert (await admin_user(sidecar, "eve"))["leases"] == []
+    finally:
+        if host.returncode is None:
+            host.kill()
+            await host.wait()
+
+
 async def test_denied_turn_answers_a_plain_message(meter_sidecar: Sidecar) -> None:
     runner, s, model, client, plugin = await make(meter_sidecar.url, [[text("never")]])
     # The plan's two runs are held elsewhere.
