@@ -40,6 +40,8 @@
 
 pub mod aimd;
 pub mod bucket;
+pub mod budget;
+pub mod calendar;
 pub mod clock;
 pub mod decision;
 pub mod error;
@@ -48,6 +50,7 @@ pub mod gate;
 pub mod id;
 pub mod lease;
 pub mod limiter;
+pub mod money;
 pub mod plan;
 pub mod reserve;
 pub mod session;
