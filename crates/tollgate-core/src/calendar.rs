@@ -20,7 +20,7 @@
 //!
 //! let paris = BudgetZone::new("Europe/Paris").unwrap();
 //! // 2027-03-28 12:00 UTC, the day Paris moves to summer time.
-//! let at = 1_822_132_800_000;
+//! let at = 1_806_235_200_000;
 //! let day = paris.window(Period::Daily, at).unwrap();
 //! assert_eq!(day.len_ms(), 23 * 3_600_000);
 //! ```
@@ -94,10 +94,11 @@ pub struct Windows {
     pub next: Window,
 }
 
-/// An instant or date outside what the calendar can represent (past the
-/// year 9999).
+/// An instant whose windows fall outside what the calendar represents: a
+/// window starting before the Unix epoch (the first days of 1970) or
+/// ending after the year 9999.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("{at_ms} ms is outside the calendar's range (years 1970 to 9999)")]
+#[error("the windows of {at_ms} ms fall outside the calendar's range (1970 to 9999)")]
 pub struct OutOfRange {
     /// The instant asked about.
     pub at_ms: u64,
@@ -191,7 +192,7 @@ impl BudgetZone {
     ///
     /// # Errors
     ///
-    /// [`OutOfRange`] past the year 9999.
+    /// [`OutOfRange`] before 1970 or past the year 9999.
     pub fn window(&self, period: Period, at_ms: u64) -> Result<Window, OutOfRange> {
         Ok(self.windows(period, at_ms)?.current)
     }
@@ -200,7 +201,7 @@ impl BudgetZone {
     ///
     /// # Errors
     ///
-    /// [`OutOfRange`] past the year 9999.
+    /// [`OutOfRange`] before 1970 or past the year 9999.
     pub fn windows(&self, period: Period, at_ms: u64) -> Result<Windows, OutOfRange> {
         let date = self.date_of(at_ms)?;
         let (first, mut next) = Self::dates(period, date, at_ms)?;

@@ -632,4 +632,4 @@ impl PlansConfig {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
