@@ -261,6 +261,29 @@ limit = "user_turns"
     }
 
     #[test]
+    fn budget_data_is_read_and_a_budget_is_refused_as_not_modelled() {
+        let priced = SERVER_FILE.replace(
+            "default_plan = \"support\"",
+            "default_plan = \"support\"\ncurrency = \"USD\"",
+        ) + "\n[prices.\"openai:gpt-4o\"]\ninput = \"2.50\"\noutput = \"10.00\"\n\n\
+             [budgets]\ntime_zone = \"Europe/Paris\"\n";
+        let l = Limits::parse(&priced, "c.toml").unwrap();
+        assert_eq!(l.plans.currency.as_deref(), Some("USD"));
+        assert!(l.plans.prices.contains_key("openai:gpt-4o"));
+        let (book, _) = l.validate(false).unwrap();
+        assert_eq!(book.budget_zone().name(), "Europe/Paris");
+        let budgeted = priced + "\n[plans.support.budgets]\ndaily = { tokens = 0 }\n";
+        let e = Limits::parse(&budgeted, "c.toml").unwrap_err();
+        let text = e.to_string();
+        for want in [
+            "plans.support.budgets.daily.tokens: must be at least 1 (got 0)",
+            "plans.support.budgets: spend budgets are not modelled by simulate or derive yet",
+        ] {
+            assert!(text.contains(want), "{want} not in {text}");
+        }
+    }
+
+    #[test]
     fn every_validation_problem_is_listed() {
         let bad = SERVER_FILE
             .replace("amount = 20,", "amount = 0,")

@@ -195,3 +195,12 @@ fn currencies_are_iso_4217_codes() {
         assert!(validate_currency(bad).is_err(), "{bad}");
     }
 }
+
+#[test]
+fn the_docs_worked_costs_hold() {
+    // docs/config.md: gpt-4o at 2.50 / 10.00, 1,234 in and 567 out.
+    let p = price("2.50", "10.00", Some("1.25"));
+    assert_eq!(p.cost(TokenSplit::new(1_234, 567, 0)), Ok(8_755));
+    assert_eq!(format_micros(8_755), "0.008755");
+    assert_eq!(p.cost_unsplit(1_234 + 567), Ok(18_010));
+}
