@@ -3,7 +3,7 @@
 //!
 //! This module holds the config (`[plans.<name>.budgets]`, the top-level
 //! `[budgets]`) and its validation into [`Budgets`]; prices are in
-//! [`money`](crate::money), windows in [`calendar`](crate::calendar).
+//! [`crate::money`], windows in [`crate::calendar`].
 //! **No store enforces budgets yet**: the server refuses a config that
 //! sets one (docs/spec.md §6).
 //!
