@@ -133,8 +133,8 @@ impl fmt::Debug for BudgetZone {
 }
 
 impl BudgetZone {
-    /// The zone of an IANA name (`"Europe/Paris"`, `"UTC"`), looked up in
-    /// the tz database compiled into tollgate.
+    /// The zone of an IANA name (`"Europe/Paris"`, `"UTC"`), looked up,
+    /// without regard to case, in the tz database compiled into tollgate.
     ///
     /// # Errors
     ///
@@ -142,12 +142,13 @@ impl BudgetZone {
     pub fn new(name: &str) -> Result<Self, UnknownZone> {
         let tz = TimeZone::get(name).map_err(|_| UnknownZone(name.to_owned()))?;
         Ok(Self {
-            name: name.to_owned(),
+            name: tz.iana_name().unwrap_or(name).to_owned(),
             tz,
         })
     }
 
-    /// The name as configured.
+    /// The zone's name as the database spells it (names are matched
+    /// without regard to case: `"europe/paris"` is `"Europe/Paris"`).
     pub fn name(&self) -> &str {
         &self.name
     }

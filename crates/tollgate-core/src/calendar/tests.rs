@@ -231,3 +231,15 @@ fn unknown_zones_and_instants_out_of_range_are_errors() {
         w(4 * DAY, 11 * DAY)
     );
 }
+
+#[test]
+fn names_are_matched_without_case_and_kept_as_the_database_spells_them() {
+    for (written, name) in [
+        ("europe/paris", "Europe/Paris"),
+        ("utc", "UTC"),
+        ("Etc/UTC", "Etc/UTC"),
+    ] {
+        assert_eq!(BudgetZone::new(written).unwrap().name(), name);
+    }
+    assert_eq!(BudgetZone::new("europe/paris").unwrap(), paris());
+}
