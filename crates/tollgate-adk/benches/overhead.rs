@@ -83,6 +83,7 @@ fn limiter() -> Arc<Limiter<MemoryStore>> {
         estimate_tokens: Some(100),
         max_sessions: None,
         shadow: false,
+        budgets: None,
     };
     let cfg = PlansConfig {
         default_plan: Some("p".into()),

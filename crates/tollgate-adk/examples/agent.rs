@@ -149,6 +149,7 @@ fn plans() -> PlansConfig {
         estimate_tokens: Some(3_000),
         max_sessions: None,
         shadow: false,
+        budgets: None,
     };
     PlansConfig {
         default_plan: Some("demo".into()),

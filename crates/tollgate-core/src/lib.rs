@@ -15,6 +15,9 @@
 //! session lease. [`Failover`](failover::Failover) applies the failure
 //! policy of SPEC §6 (fail closed, or fail open on a local store with scaled
 //! rates) to any store. Time always comes from an injected [`Clock`].
+//! Spend budgets are plan data so far ([`budget`], with exact prices in
+//! [`money`] and calendar windows in [`calendar`]): validated, not yet
+//! enforced by any store.
 //!
 //! ```
 //! use tollgate_core::{FakeClock, Limiter, MemoryStore, PlansConfig};
@@ -40,6 +43,8 @@
 
 pub mod aimd;
 pub mod bucket;
+pub mod budget;
+pub mod calendar;
 pub mod clock;
 pub mod decision;
 pub mod error;
@@ -48,6 +53,7 @@ pub mod gate;
 pub mod id;
 pub mod lease;
 pub mod limiter;
+pub mod money;
 pub mod plan;
 pub mod reserve;
 pub mod session;

@@ -10,6 +10,9 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::bucket::{BucketSpec, MAX_SCALED, MAX_TTL_MS};
+use crate::budget::{BudgetContext, BudgetSettingsConfig, Budgets, BudgetsConfig};
+use crate::calendar::BudgetZone;
+use crate::money::{self, PriceBook, PricesConfig};
 
 /// Default run lease TTL (SPEC §3): 120 s.
 pub const DEFAULT_LEASE_TTL_MS: u64 = 120_000;
@@ -119,6 +122,10 @@ pub struct PlanConfig {
     /// Shadow mode: decide and count, but never refuse.
     #[serde(default)]
     pub shadow: bool,
+    /// Spend budgets per day, week and month (issue #21; validated, not
+    /// yet enforced by any store).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budgets: Option<BudgetsConfig>,
 }
 
 /// Per-user changes over the user's plan; every field optional.
@@ -155,6 +162,10 @@ pub struct PlanOverride {
     /// Replaces `shadow`.
     #[serde(default)]
     pub shadow: Option<bool>,
+    /// Each field given replaces the plan's budget field (a window, the
+    /// `on_exhausted` policy, the default price); the rest are the plan's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budgets: Option<BudgetsConfig>,
 }
 
 /// Plans, user assignments and overrides as written in config.
@@ -174,6 +185,16 @@ pub struct PlansConfig {
     /// User id → changes over that user's plan.
     #[serde(default)]
     pub overrides: BTreeMap<String, PlanOverride>,
+    /// The one currency of every price and cost budget, an ISO 4217 code
+    /// (`"USD"`); required when `prices` or a cost budget is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub currency: Option<String>,
+    /// Prices by `"provider:model"`, per million tokens in `currency`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub prices: PricesConfig,
+    /// Settings of every plan's budgets: the time zone of their windows.
+    #[serde(default)]
+    pub budgets: BudgetSettingsConfig,
 }
 
 /// A validated plan.
@@ -201,6 +222,8 @@ pub struct Plan {
     pub max_sessions: u32,
     /// Shadow mode.
     pub shadow: bool,
+    /// Spend budgets, if any window is set (not yet enforced).
+    pub budgets: Option<Budgets>,
 }
 
 /// One problem in a config, addressed by its field path.
@@ -289,10 +312,14 @@ pub struct PlanBook {
     plans: HashMap<String, Arc<Plan>>,
     users: HashMap<String, Arc<Plan>>,
     default: Option<Arc<Plan>>,
+    currency: Option<Arc<str>>,
+    prices: PriceBook,
+    zone: BudgetZone,
 }
 
 struct Check {
     errors: Vec<FieldError>,
+    budget: BudgetContext,
 }
 
 impl Check {
@@ -403,6 +430,10 @@ impl Check {
                 1
             }
         };
+        let budgets = c
+            .budgets
+            .as_ref()
+            .and_then(|b| b.validate(&format!("{path}.budgets"), self.budget, &mut self.errors));
         Plan {
             name: name.into(),
             turns,
@@ -415,6 +446,7 @@ impl Check {
             estimate_tokens,
             max_sessions,
             shadow: c.shadow,
+            budgets,
         }
     }
 }
@@ -431,6 +463,10 @@ fn apply(base: &PlanConfig, o: &PlanOverride) -> PlanConfig {
         estimate_tokens: o.estimate_tokens.or(base.estimate_tokens),
         max_sessions: o.max_sessions.or(base.max_sessions),
         shadow: o.shadow.unwrap_or(base.shadow),
+        budgets: match (&base.budgets, &o.budgets) {
+            (Some(b), Some(o)) => Some(b.merged(o)),
+            (b, o) => o.clone().or_else(|| b.clone()),
+        },
     }
 }
 
@@ -441,9 +477,49 @@ impl PlansConfig {
     ///
     /// Every problem found, each with its field path: zero or negative
     /// amounts or periods, a burst below 1, a negative `max_wait_ms`, scaled
-    /// values past 2^53, or a reference to an unknown plan.
+    /// values past 2^53, a reference to an unknown plan, a bad `currency`,
+    /// price, budget or `budgets.time_zone`.
     pub fn validate(&self) -> Result<PlanBook, InvalidPlans> {
-        let mut c = Check { errors: Vec::new() };
+        let mut errors = Vec::new();
+        let currency = match &self.currency {
+            Some(code) => match money::validate_currency(code) {
+                Ok(()) => Some(Arc::<str>::from(code.as_str())),
+                Err(reason) => {
+                    errors.push(FieldError {
+                        path: "currency".into(),
+                        reason,
+                    });
+                    None
+                }
+            },
+            None => None,
+        };
+        if self.currency.is_none() && !self.prices.is_empty() {
+            errors.push(FieldError {
+                path: "currency".into(),
+                reason: "must be set when [prices] is: prices are in the config's one currency"
+                    .into(),
+            });
+        }
+        let prices = money::validate_prices(&self.prices, &mut errors);
+        let zone = match &self.budgets.time_zone {
+            Some(name) => BudgetZone::new(name).unwrap_or_else(|e| {
+                errors.push(FieldError {
+                    path: "budgets.time_zone".into(),
+                    reason: e.to_string(),
+                });
+                BudgetZone::default()
+            }),
+            None => BudgetZone::default(),
+        };
+        let mut c = Check {
+            errors,
+            budget: BudgetContext {
+                // A bad currency is reported once, at `currency`.
+                currency: self.currency.is_some(),
+                prices: !self.prices.is_empty(),
+            },
+        };
         let mut plans = HashMap::new();
         for (name, p) in &self.plans {
             let plan = c.plan(&format!("plans.{name}"), name, p);
@@ -493,6 +569,9 @@ impl PlansConfig {
                 plans,
                 users,
                 default,
+                currency,
+                prices,
+                zone,
             })
         } else {
             Err(InvalidPlans { errors: c.errors })
@@ -515,7 +594,42 @@ impl PlanBook {
     pub fn plan_names(&self) -> impl Iterator<Item = &str> {
         self.plans.keys().map(String::as_str)
     }
+
+    /// The config's currency (`"USD"`), if set.
+    pub fn currency(&self) -> Option<&str> {
+        self.currency.as_deref()
+    }
+
+    /// The validated `[prices]`.
+    pub fn prices(&self) -> &PriceBook {
+        &self.prices
+    }
+
+    /// The time zone of budget windows (`[budgets] time_zone`, default
+    /// UTC).
+    pub fn budget_zone(&self) -> &BudgetZone {
+        &self.zone
+    }
+}
+
+impl PlansConfig {
+    /// The field paths of every budget written (`plans.pro.budgets`,
+    /// `overrides.bob.budgets`), in file order: what a component that does
+    /// not enforce budgets yet must refuse rather than silently ignore.
+    pub fn budget_paths(&self) -> Vec<String> {
+        let plans = self
+            .plans
+            .iter()
+            .filter(|(_, p)| p.budgets.is_some())
+            .map(|(name, _)| format!("plans.{name}.budgets"));
+        let overrides = self
+            .overrides
+            .iter()
+            .filter(|(_, o)| o.budgets.is_some())
+            .map(|(user, _)| format!("overrides.{user}.budgets"));
+        plans.chain(overrides).collect()
+    }
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

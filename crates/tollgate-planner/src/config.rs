@@ -2,8 +2,10 @@
 //!
 //! `simulate` reads the same TOML file as the server (docs/config.md) but
 //! only its limits: top-level `default_plan`, `[plans.<name>]`, `[users]`,
-//! `[overrides.<user>]` and `[providers."<provider>:<model>"]`. The
-//! server-only settings (`listen`, `grpc_listen`, `admin_listen`,
+//! `[overrides.<user>]`, `[providers."<provider>:<model>"]`, and the budget
+//! data `currency`, `[prices."<provider>:<model>"]` and `[budgets]` (a plan
+//! that sets a spend budget is refused, as by the server: neither models
+//! budgets yet, issue #21). The server-only settings (`listen`, `grpc_listen`, `admin_listen`,
 //! `rls_listen`, `admin_token`, `max_in_flight`, `[store]`, `[identity]`,
 //! `[rls]`, `[limits]`) are accepted and ignored; any other top-level key is
 //! an error, as in the server, so a typo is never silently dropped. The
@@ -14,6 +16,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::Deserialize;
+use tollgate_core::budget::BudgetSettingsConfig;
+use tollgate_core::money::PricesConfig;
 use tollgate_core::plan::{FieldError, PlanBook, toml_path};
 use tollgate_core::{PlanConfig, PlanOverride, PlansConfig};
 use tollgate_provider::{ProviderBook, ProvidersConfig, validate_providers};
@@ -45,6 +49,12 @@ struct LimitsFile {
     overrides: BTreeMap<String, PlanOverride>,
     #[serde(default)]
     providers: ProvidersConfig,
+    #[serde(default)]
+    currency: Option<String>,
+    #[serde(default)]
+    prices: PricesConfig,
+    #[serde(default)]
+    budgets: BudgetSettingsConfig,
     // Server-only settings: read as any TOML value and dropped.
     #[serde(default, rename = "listen")]
     _listen: Option<toml::Value>,
@@ -115,6 +125,9 @@ impl Limits {
                 plans: file.plans,
                 users: file.users,
                 overrides: file.overrides,
+                currency: file.currency,
+                prices: file.prices,
+                budgets: file.budgets,
             },
             providers: file.providers,
         };
@@ -138,7 +151,19 @@ impl Limits {
             }
         }
         let mut errors = Vec::new();
+        let budget_paths = plans.budget_paths();
         let plans = plans.validate().map_err(|e| errors.extend(e.errors)).ok();
+        // As the server does: a budget is refused, never silently left out
+        // of a simulation.
+        errors.extend(budget_paths.into_iter().map(|path| {
+            FieldError {
+                path,
+                reason:
+                    "spend budgets are not modelled by simulate or derive yet (issue #21), nor \
+                     enforced by tollgate serve"
+                        .into(),
+            }
+        }));
         let providers = validate_providers(&self.providers)
             .map_err(|e| errors.extend(e.errors))
             .ok();
@@ -233,6 +258,29 @@ limit = "user_turns"
                 .contains(r#"providers."openai:gpt-4o".requests.amount"#),
             "{e}"
         );
+    }
+
+    #[test]
+    fn budget_data_is_read_and_a_budget_is_refused_as_not_modelled() {
+        let priced = SERVER_FILE.replace(
+            "default_plan = \"support\"",
+            "default_plan = \"support\"\ncurrency = \"USD\"",
+        ) + "\n[prices.\"openai:gpt-4o\"]\ninput = \"2.50\"\noutput = \"10.00\"\n\n\
+             [budgets]\ntime_zone = \"Europe/Paris\"\n";
+        let l = Limits::parse(&priced, "c.toml").unwrap();
+        assert_eq!(l.plans.currency.as_deref(), Some("USD"));
+        assert!(l.plans.prices.contains_key("openai:gpt-4o"));
+        let (book, _) = l.validate(false).unwrap();
+        assert_eq!(book.budget_zone().name(), "Europe/Paris");
+        let budgeted = priced + "\n[plans.support.budgets]\ndaily = { tokens = 0 }\n";
+        let e = Limits::parse(&budgeted, "c.toml").unwrap_err();
+        let text = e.to_string();
+        for want in [
+            "plans.support.budgets.daily.tokens: must be at least 1 (got 0)",
+            "plans.support.budgets: spend budgets are not modelled by simulate or derive yet",
+        ] {
+            assert!(text.contains(want), "{want} not in {text}");
+        }
     }
 
     #[test]

@@ -316,6 +316,7 @@ pub fn derive<R: BufRead>(
                 .map(|e| to_i64(round_up(Rational::int(e)).clamp(1, tokens_amount))),
             max_sessions: None,
             shadow: false,
+            budgets: None,
         };
         out.insert(
             name,

@@ -43,6 +43,7 @@ fn plans() -> tollgate_core::PlanBook {
         estimate_tokens: None,
         max_sessions: None,
         shadow: false,
+        budgets: None,
     };
     let mut cfg = PlansConfig {
         default_plan: Some("p".into()),

@@ -13,14 +13,33 @@ fn the_planner_accepts_every_top_level_key_of_the_server_config() {
     let json = serde_json::to_value(&file).unwrap();
     let keys: Vec<&String> = json.as_object().unwrap().keys().collect();
     assert!(keys.len() >= 15, "{keys:?}");
-    let limits_keys = ["default_plan", "plans", "users", "overrides", "providers"];
+    // The keys the planner reads as limits (typed, as the server does).
+    let limits_keys = [
+        "default_plan",
+        "plans",
+        "users",
+        "overrides",
+        "providers",
+        "currency",
+        "prices",
+        "budgets",
+    ];
     let mut text = String::from(
         "default_plan = \"p\"\n\
+         currency = \"USD\"\n\
          [plans.p]\n\
          turns = { amount = 1, period_ms = 1000 }\n\
          tokens = { amount = 1, period_ms = 1000 }\n\
-         concurrent_runs = 1\n",
+         concurrent_runs = 1\n\
+         [prices.\"openai:gpt-4o\"]\n\
+         input = \"2.50\"\n\
+         output = \"10.00\"\n\
+         [budgets]\n\
+         time_zone = \"Europe/Paris\"\n",
     );
+    for key in limits_keys {
+        assert!(keys.iter().any(|k| *k == key), "{key} not in {keys:?}");
+    }
     // Server-only keys as tables, each after the limits so it is top-level.
     for key in keys.iter().filter(|k| !limits_keys.contains(&k.as_str())) {
         text.push_str(&format!("[{key}]\nx = 1\n"));

@@ -495,6 +495,44 @@ async fn admin_reload_rejects_an_invalid_file_and_keeps_serving() {
     s.stop().await;
 }
 
+/// Spend budgets are validated but not enforced yet (issue #21): a reload
+/// that adds one is rejected, naming the budget table, and the old config
+/// keeps serving; `currency`, `[prices]` and `[budgets]` alone reload.
+#[tokio::test]
+async fn a_reload_that_adds_a_budget_is_rejected_until_budgets_are_enforced() {
+    let s = Server::start("budget", &config(5, false)).await;
+    use reqwest::Method;
+    let priced = format!(
+        "currency = \"USD\"\n{}\n[prices.\"openai:gpt-4o\"]\ninput = \"2.50\"\noutput = \"10.00\"\n\n\
+         [budgets]\ntime_zone = \"Europe/Paris\"\n",
+        config(3, false)
+    );
+    let budgeted = format!("{priced}\n[plans.std.budgets]\nmonthly = {{ cost = \"50.00\" }}\n");
+    write_atomically(&s.file(), &budgeted);
+    let (st, v) = s.admin(Method::POST, "/admin/reload", Some(ADMIN)).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(v["error"], "invalid_config");
+    assert_eq!(v["errors"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(v["errors"][0]["path"], "plans.std.budgets");
+    assert!(
+        v["errors"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("not enforced yet"),
+        "{v}"
+    );
+    assert_eq!(plan_burst(&s).await, 5, "the old config keeps serving");
+    write_atomically(&s.file(), &priced);
+    let (st, v) = s.admin(Method::POST, "/admin/reload", Some(ADMIN)).await;
+    assert_eq!(
+        (st, v["reloaded"].clone()),
+        (StatusCode::OK, json!(true)),
+        "{v}"
+    );
+    assert_eq!(plan_burst(&s).await, 3);
+    s.stop().await;
+}
+
 /// A reload tells the truth: settings it cannot apply are named, the rest
 /// still applies, and the running values stay.
 #[tokio::test]

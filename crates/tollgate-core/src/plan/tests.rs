@@ -20,6 +20,7 @@ pub(crate) fn support() -> PlanConfig {
         estimate_tokens: Some(6_000),
         max_sessions: None,
         shadow: false,
+        budgets: None,
     }
 }
 

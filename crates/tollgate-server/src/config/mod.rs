@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use tollgate_core::budget::BudgetSettingsConfig;
 use tollgate_core::failover::{BreakerConfig, DEFAULT_JOURNAL_CAPACITY, FailurePolicy};
+use tollgate_core::money::PricesConfig;
 use tollgate_core::plan::{FieldError, toml_path};
 use tollgate_core::{PlanBook, PlanConfig, PlanOverride, PlansConfig, SystemClock};
 use tollgate_provider::{ProviderBook, ProvidersConfig, validate_providers};
@@ -73,6 +75,15 @@ pub struct FileConfig {
     /// Provider quotas by provider key, `"provider:model"` (SPEC §5).
     #[serde(default)]
     pub providers: ProvidersConfig,
+    /// The one currency of prices and cost budgets, an ISO 4217 code.
+    #[serde(default)]
+    pub currency: Option<String>,
+    /// Prices per million tokens by `"provider:model"` (issue #21).
+    #[serde(default)]
+    pub prices: PricesConfig,
+    /// Settings of every plan's budgets: `time_zone` (issue #21).
+    #[serde(default)]
+    pub budgets: BudgetSettingsConfig,
     /// Envoy's rate-limit service: descriptors → limits (docs/envoy.md).
     #[serde(default)]
     pub rls: crate::envoy::RlsConfig,
@@ -119,6 +130,11 @@ pub struct LimitsConfig {
     #[serde(default)]
     pub grpc_keepalive_ms: Option<u64>,
 }
+
+/// Why a config with a spend budget is refused (docs/spec.md §6).
+pub const BUDGETS_NOT_ENFORCED: &str = "spend budgets are validated but not enforced yet \
+     (issue #21): tollgate refuses them rather than run without the limit; remove the \
+     budgets table to start ([prices], currency and [budgets] time_zone are accepted)";
 
 /// Largest `[limits] max_connections` accepted.
 const MAX_CONNECTIONS: usize = 1_000_000;
@@ -621,7 +637,11 @@ impl FileConfig {
             plans: self.plans,
             users: self.users,
             overrides: self.overrides,
+            currency: self.currency,
+            prices: self.prices,
+            budgets: self.budgets,
         };
+        let budget_paths = plans.budget_paths();
         let plans = match plans.validate() {
             Ok(p) => Some(p),
             Err(e) => {
@@ -629,6 +649,12 @@ impl FileConfig {
                 None
             }
         };
+        // Budgets are validated (above, every problem with its path) but no
+        // store enforces them yet: a limit the operator wrote and the server
+        // ignored would be worse than a refusal to start.
+        for path in budget_paths {
+            errors.push(err(path, BUDGETS_NOT_ENFORCED));
+        }
         let providers = match validate_providers(&self.providers) {
             Ok(p) => Some(p),
             Err(e) => {

@@ -73,6 +73,7 @@ pub fn support() -> PlanConfig {
         estimate_tokens: Some(6_000),
         max_sessions: None,
         shadow: false,
+        budgets: None,
     }
 }
 
