@@ -41,7 +41,7 @@ use std::sync::{Arc, OnceLock};
 
 use self::named::KeyEntry;
 use self::sessions::SessionEntry;
-use self::shards::{CacheLine, EntryCap, Full, Shards};
+use self::shards::{EntryCap, Full, Shards};
 use self::users::UserEntry;
 use super::grouped::check_group;
 use super::{
@@ -115,7 +115,7 @@ struct Inner {
     cap: Arc<EntryCap>,
     users: Shards<UserEntry>,
     sessions: Shards<SessionEntry>,
-    keys: Shards<KeyEntry, CacheLine>,
+    keys: Shards<KeyEntry>,
     session_retention_ms: u64,
     session_grace_ms: u64,
     on_full: OnceLock<FullHook>,

@@ -11,21 +11,36 @@ use crate::store::{
 };
 use crate::take::{self, Cooldown};
 
-/// What a named key holds.
+/// What a named key holds, in four words (a bucket's state inline; the
+/// rare long-period bucket and AIMD states boxed), so a named-key slot
+/// stays small: every keyed check reads one.
 #[derive(Default)]
 pub(super) enum KeyEntry {
     #[default]
     Empty,
-    Bucket(BucketState, u64),
+    /// A bucket whose period fits in 32 bits (up to 49 days: every rate's),
+    /// and its expiry.
+    Bucket {
+        period_ms: u32,
+        level: i64,
+        ts: u64,
+        exp: u64,
+    },
+    /// A bucket of a longer period, and its expiry.
+    LongBucket(Box<(BucketState, u64)>),
     Cooldown(u64),
-    Aimd(AimdState, u64),
+    Aimd(Box<(AimdState, u64)>),
 }
+
+const _: () = assert!(std::mem::size_of::<KeyEntry>() == 32);
 
 impl Expiring for KeyEntry {
     fn expires_at(&self) -> u64 {
-        match *self {
+        match self {
             KeyEntry::Empty => 0,
-            KeyEntry::Bucket(_, e) | KeyEntry::Aimd(_, e) => e,
+            KeyEntry::Bucket { exp, .. } => *exp,
+            KeyEntry::LongBucket(b) => b.1,
+            KeyEntry::Aimd(a) => a.1,
             // Kept a grace period past its end, like Redis keeps the key
             // (by real time) while a stepped-back clock may still see it.
             KeyEntry::Cooldown(until) => until.saturating_add(EXPIRY_GRACE_MS),
@@ -34,10 +49,43 @@ impl Expiring for KeyEntry {
 }
 
 impl KeyEntry {
+    /// A bucket's state with its expiry.
+    #[inline]
+    fn bucket_of(state: BucketState, exp: u64) -> Self {
+        match u32::try_from(state.period_ms) {
+            Ok(period_ms) => KeyEntry::Bucket {
+                period_ms,
+                level: state.level,
+                ts: state.ts,
+                exp,
+            },
+            Err(_) => KeyEntry::LongBucket(Box::new((state, exp))),
+        }
+    }
+
     /// The live bucket state held, if any.
+    #[inline]
     fn bucket(&self, now: u64) -> Option<BucketState> {
         match *self {
-            KeyEntry::Bucket(s, exp) if exp > now => Some(s),
+            KeyEntry::Bucket {
+                period_ms,
+                level,
+                ts,
+                exp,
+            } if exp > now => Some(BucketState {
+                level,
+                ts,
+                period_ms: u64::from(period_ms),
+            }),
+            KeyEntry::LongBucket(ref b) if b.1 > now => Some(b.0),
+            _ => None,
+        }
+    }
+
+    /// The live AIMD state held, if any.
+    fn aimd(&self, now: u64) -> Option<AimdState> {
+        match self {
+            KeyEntry::Aimd(a) if a.1 > now => Some(a.0),
             _ => None,
         }
     }
@@ -50,7 +98,7 @@ impl MemoryStore {
         let now = self.now();
         self.inner.keys.with(t.key, now, |e| {
             let (outcome, (state, exp)) = take::take_single(t, e.bucket(now), now);
-            *e = KeyEntry::Bucket(state, exp);
+            *e = KeyEntry::bucket_of(state, exp);
             outcome
         })
     }
@@ -86,7 +134,7 @@ impl MemoryStore {
         };
         let tr = take::take_many(takes, &states, cooldown, now);
         for (n, &(state, exp)) in tr.states.iter().enumerate() {
-            locked.with(n, now, |e| *e = KeyEntry::Bucket(state, exp))?;
+            locked.with(n, now, |e| *e = KeyEntry::bucket_of(state, exp))?;
         }
         Ok(tr.outcome)
     }
@@ -99,7 +147,7 @@ impl MemoryStore {
             BucketRef::Named(key) => self.inner.keys.with(key, now, |e| {
                 let (outcome, save) = take::take_one(&spec, e.bucket(now), now, req.cost);
                 if let Some((state, exp)) = save {
-                    *e = KeyEntry::Bucket(state, exp);
+                    *e = KeyEntry::bucket_of(state, exp);
                 }
                 outcome
             }),
@@ -133,10 +181,7 @@ impl MemoryStore {
         let now = self.now();
         let p = params.clamped();
         self.inner.keys.with(key, now, |e| {
-            let state = match *e {
-                KeyEntry::Aimd(s, exp) if exp > now => s,
-                _ => AimdState::FULL_RATE,
-            };
+            let state = e.aimd(now).unwrap_or(AimdState::FULL_RATE);
             if !throttled {
                 return state.effective(now, &p);
             }
@@ -148,7 +193,7 @@ impl MemoryStore {
                 .unwrap_or(now)
                 .max(now.saturating_add(1))
                 .saturating_add(EXPIRY_GRACE_MS);
-            *e = KeyEntry::Aimd(next, until);
+            *e = KeyEntry::Aimd(Box::new((next, until)));
             next.effective(now, &p)
         })
     }
@@ -172,10 +217,7 @@ impl MemoryStore {
             until
         })?;
         let effective_permille = locked.with(1, now, |e| {
-            let state = match *e {
-                KeyEntry::Aimd(s, exp) if exp > now => s,
-                _ => AimdState::FULL_RATE,
-            };
+            let state = e.aimd(now).unwrap_or(AimdState::FULL_RATE);
             *e = KeyEntry::Empty;
             state.effective(now, &p)
         })?;

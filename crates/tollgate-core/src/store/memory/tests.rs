@@ -1,5 +1,6 @@
 use super::*;
 use crate::FakeClock;
+use crate::bucket::{self, BucketState, Take};
 use crate::lease::{Admit, TurnParams};
 use crate::store::{BucketRef, LogWrite};
 
@@ -354,4 +355,58 @@ impl<T> Unwrap for Result<T, StoreError> {
     fn unwrap_ok(self) -> T {
         self.expect("MemoryStore never fails")
     }
+}
+
+/// A bucket whose period does not fit the compact entry (49 days and more)
+/// is kept whole, boxed: its takes go on as the bucket rules say, and a
+/// key past the inline length is found again.
+#[test]
+fn a_long_period_bucket_and_a_long_key_keep_their_state() {
+    let clock = FakeClock::new(1_000_000);
+    let store = MemoryStore::new(clock.clone());
+    let period = u64::from(u32::MAX) + 1;
+    let spec = BucketSpec::new(3, period, 3).unwrap();
+    for key in ["short", "{rls:tollgate:user_id=a-rather-long-value}"] {
+        let take = |cost| BucketTake {
+            key,
+            spec,
+            cost,
+            max_wait_ms: 0,
+        };
+        assert_eq!(
+            store.take_single(&take(2)).unwrap(),
+            MultiTake::Granted { wait_ms: 0 }
+        );
+        // One token left; two more need a third of the period.
+        let refused = store.take_single(&take(2)).unwrap();
+        let expected = bucket::take(
+            &spec,
+            Some(BucketState {
+                level: spec.capacity_scaled() - 2 * period as i64,
+                ts: 1_000_000,
+                period_ms: period,
+            }),
+            1_000_000,
+            2,
+            0,
+        );
+        let Take::Refused { retry_after_ms } = expected.outcome else {
+            panic!("the model refuses too: {expected:?}");
+        };
+        assert_eq!(
+            refused,
+            MultiTake::Refused {
+                index: Some(0),
+                retry_after_ms
+            },
+            "{key}"
+        );
+        clock.advance(retry_after_ms);
+        assert_eq!(
+            store.take_single(&take(2)).unwrap(),
+            MultiTake::Granted { wait_ms: 0 },
+            "{key}"
+        );
+    }
+    assert_eq!(store.stats().keys, 2);
 }
