@@ -1,5 +1,5 @@
 -- admit_turn: turn bucket and run lease, all or nothing (SPEC §3).
--- KEYS[1] turn bucket hash   {prefix}:turn:{user}
+-- KEYS[1] turn bucket (packed string: bucket_load in prelude.lua)   {prefix}:turn2:{user}
 -- KEYS[2] run lease zset     {prefix}:lease:{user}  (member invocation, score expiry)
 -- ARGV[1] now override (0: Redis TIME)   ARGV[2] amount   ARGV[3] period_ms
 -- ARGV[4] capacity scaled (capacity * period_ms)   ARGV[5] invocation id
