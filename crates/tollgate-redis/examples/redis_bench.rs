@@ -382,11 +382,17 @@ impl Driver {
                     .arg(params.lease_ttl_ms)
                     .arg(params.max_runs)
                     .arg(params.concurrency_retry_ms);
-                let r: Vec<i64> = call
+                // Four little-endian doubles: ok, expiry, refreshed, reclaimed.
+                let r: Vec<u8> = call
                     .invoke_async(&mut conn.clone())
                     .await
                     .map_err(|e| e.to_string())?;
-                Ok(r.first() == Some(&1) && r.get(2) == Some(&0))
+                let at = |i: usize| {
+                    r.get(8 * i..8 * i + 8)
+                        .and_then(|b| b.try_into().ok())
+                        .map(f64::from_le_bytes)
+                };
+                Ok(r.len() == 32 && at(0) == Some(1.0) && at(2) == Some(0.0))
             }
         }
     }

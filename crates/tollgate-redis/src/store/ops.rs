@@ -15,8 +15,8 @@ impl Store for RedisStore {
             .arg(clamp_ttl(p.lease_ttl_ms))
             .arg(p.max_runs)
             .arg(lua_count(p.concurrency_retry_ms));
-        let r: Vec<i64> = self.run("admit_turn", &inv).await?;
-        let [ok, a, b, reclaimed] = r[..] else {
+        let r: Vec<u8> = self.run("admit_turn", &inv).await?;
+        let Some([ok, a, b, reclaimed]) = unpacked::<4>(&r) else {
             return Err(bad_reply("admit_turn", format!("{r:?}")));
         };
         let admit = match (ok, a) {
