@@ -31,7 +31,7 @@
 //!
 //! **The ceiling.** `redis-benchmark -c C -n N -r USERS --csv EVALSHA …`
 //! against the same server with the same key and ARGV shape: (a) a minimal
-//! script (TIME, an HMGET of the turn hash, a ZCARD of the lease set, a small
+//! script (TIME, a GET of the turn bucket, a ZCARD of the lease set, a small
 //! array back) and (b) the real admit_turn script, the exact text `RedisStore`
 //! loads (`tollgate_redis::lua_source`; its SHA is checked against `redis::Script`'s).
 //! `__rand_int__` gives random users and invocation ids, as the tasks use.
@@ -75,7 +75,7 @@ use tollgate_testkit::redis::RedisServer;
 /// A script of the admission script's shape doing almost nothing.
 const MINIMAL: &str = "\
 local t = redis.call('TIME')
-local v = redis.call('HMGET', KEYS[1], 'l', 't', 'e', 'p')
+local v = redis.call('GET', KEYS[1])
 local n = redis.call('ZCARD', KEYS[2])
 return {1, tonumber(t[1]) * 1000, 0, n}
 ";
@@ -382,11 +382,17 @@ impl Driver {
                     .arg(params.lease_ttl_ms)
                     .arg(params.max_runs)
                     .arg(params.concurrency_retry_ms);
-                let r: Vec<i64> = call
+                // Four little-endian doubles: ok, expiry, refreshed, reclaimed.
+                let r: Vec<u8> = call
                     .invoke_async(&mut conn.clone())
                     .await
                     .map_err(|e| e.to_string())?;
-                Ok(r.first() == Some(&1) && r.get(2) == Some(&0))
+                let at = |i: usize| {
+                    r.get(8 * i..8 * i + 8)
+                        .and_then(|b| b.try_into().ok())
+                        .map(f64::from_le_bytes)
+                };
+                Ok(r.len() == 32 && at(0) == Some(1.0) && at(2) == Some(0.0))
             }
         }
     }
@@ -594,7 +600,7 @@ fn main() {
             .iter()
             .map(|u| {
                 (
-                    format!("{PREFIX}:turn:{{{u}}}"),
+                    format!("{PREFIX}:turn2:{{{u}}}"),
                     format!("{PREFIX}:lease:{{{u}}}"),
                 )
             })
@@ -627,7 +633,7 @@ fn main() {
             "EVALSHA",
             sha,
             "2",
-            &format!("{PREFIX}:turn:{{u__rand_int__}}"),
+            &format!("{PREFIX}:turn2:{{u__rand_int__}}"),
             &format!("{PREFIX}:lease:{{u__rand_int__}}"),
             "0",
             &spec.amount().to_string(),

@@ -1,6 +1,6 @@
 -- reconcile: charge what a fallback decided for one user during an outage
 -- (SPEC §6), in one step on the user's keys.
--- KEYS[1] turn bucket hash   {prefix}:turn:{user}
+-- KEYS[1] turn bucket string {prefix}:turn2:{user} (bucket_load in prelude.lua)
 -- KEYS[2] token bucket hash  {prefix}:tok:{user}
 -- KEYS[3] run lease zset     {prefix}:lease:{user}
 -- KEYS[4] run index zset     {prefix}:invs:{user}

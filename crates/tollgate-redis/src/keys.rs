@@ -57,9 +57,12 @@ impl Keys {
         format!("{}:{kind}:{{{}}}", self.prefix, esc(user))
     }
 
-    /// The turn bucket of a user.
+    /// The turn bucket of a user: a packed string (`bucket_load` in
+    /// scripts/prelude.lua). Named `turn2` since it stopped being a hash
+    /// under `turn`, so replicas of either layout never read the other's
+    /// type during a rolling upgrade (docs/spec.md §6).
     pub(crate) fn turn(&self, user: &str) -> String {
-        self.user("turn", user)
+        self.user("turn2", user)
     }
 
     /// The token bucket of a user.
@@ -132,9 +135,19 @@ impl Keys {
         }
     }
 
-    /// A named bucket or cooldown; the caller's key keeps its own hash tag.
+    /// A named cooldown or AIMD state; the caller's key keeps its own hash
+    /// tag.
     pub(crate) fn named(&self, key: &str) -> String {
         format!("{}:k:{key}", self.prefix)
+    }
+
+    /// A named bucket: a packed string (`bucket_load` in
+    /// scripts/prelude.lua), the caller's key keeping its own hash tag.
+    /// Under `k2` since it stopped being a hash under `k` (as
+    /// [`Keys::turn`]; docs/spec.md §6), which also keeps a bucket and a
+    /// cooldown of one name apart.
+    pub(crate) fn named_bucket(&self, key: &str) -> String {
+        format!("{}:k2:{key}", self.prefix)
     }
 
     /// The sorted set of tokens per user for one minute (all minutes share
@@ -151,12 +164,12 @@ mod tests {
     #[test]
     fn user_keys_share_one_tag_and_ids_cannot_collide() {
         let k = Keys::new("tg");
-        assert_eq!(k.turn("u42"), "tg:turn:{u42}");
+        assert_eq!(k.turn("u42"), "tg:turn2:{u42}");
         assert_eq!(k.tokens("u42"), "tg:tok:{u42}");
         assert_eq!(k.leases("u42"), "tg:lease:{u42}");
         assert_eq!(k.invocation("u42", "inv-1"), "tg:inv:{u42}:inv-1");
         assert_eq!(k.session_claims("u42"), "tg:sess:{u42}");
-        assert_eq!(k.turn("a}b{c"), "tg:turn:{a%7Db%7Bc}");
+        assert_eq!(k.turn("a}b{c"), "tg:turn2:{a%7Db%7Bc}");
         assert_ne!(
             k.invocation("u", "x:y"),
             k.invocation("u:x", "y"),
@@ -197,6 +210,10 @@ mod tests {
         let scoped = k.session(&SessionKey::scoped("adk:a}p", "u1", "x").to_string());
         assert_eq!(scoped.lease, "tg:sl:{adk%3Aa%7Dp}:s1%3A2%3Au1/x");
         assert_eq!(scoped.records, "tg:sr:{adk%3Aa%7Dp}:s1%3A2%3Au1/x");
-        assert_eq!(k.named("{openai:gpt-4o}:rpm"), "tg:k:{openai:gpt-4o}:rpm");
+        assert_eq!(k.named("{openai:gpt-4o}:cd"), "tg:k:{openai:gpt-4o}:cd");
+        assert_eq!(
+            k.named_bucket("{openai:gpt-4o}:rpm"),
+            "tg:k2:{openai:gpt-4o}:rpm"
+        );
     }
 }

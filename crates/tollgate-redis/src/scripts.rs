@@ -9,7 +9,9 @@
 //! prelude defines is a closure made anew per call (about 3 µs for the whole
 //! prelude, measured). A script therefore carries only the prelude blocks
 //! whose names its body uses, directly or through another block it carries
-//! (blocks are the prelude's paragraphs, kept in their order).
+//! (blocks are the prelude's paragraphs, kept in their order). Only code
+//! counts: a name in a comment (`--` to the end of the line; no script has
+//! `--` inside a string) carries nothing.
 
 use redis::Script;
 
@@ -71,9 +73,19 @@ fn defines(block: &str) -> Vec<&str> {
     names
 }
 
+/// `text` without its Lua comments (`--` to the end of each line).
+fn code(text: &str) -> String {
+    text.lines()
+        .map(|l| l.split_once("--").map_or(l, |(c, _)| c))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// The text loaded for `body`: the prelude blocks it needs, then the body.
 fn compose(body: &str) -> String {
     let blocks: Vec<(&str, Vec<&str>)> = PRELUDE.split("\n\n").map(|b| (b, defines(b))).collect();
+    let codes: Vec<String> = blocks.iter().map(|(b, _)| code(b)).collect();
+    let body_code = code(body);
     let mut need = vec![false; blocks.len()];
     loop {
         let mut changed = false;
@@ -82,11 +94,11 @@ fn compose(body: &str) -> String {
                 continue;
             }
             let used = |n: &&str| {
-                uses(body, n)
-                    || blocks
+                uses(&body_code, n)
+                    || codes
                         .iter()
                         .zip(&need)
-                        .any(|((text, _), needed)| *needed && uses(text, n))
+                        .any(|(text, needed)| *needed && uses(text, n))
             };
             if blocks[i].1.iter().any(used) {
                 need[i] = true;
@@ -183,6 +195,15 @@ mod tests {
         }
         for unused in ["local function tok_save", "local function track_run"] {
             assert!(!admit.contains(unused), "{unused}");
+        }
+        // One bucket taken once: the fused helper and what its code uses,
+        // not the helpers its comment and the script's header name.
+        let take_one = lua_source("take_one").unwrap();
+        for used in ["local function take_now", "local function floor_div"] {
+            assert!(take_one.contains(used), "{used}");
+        }
+        for unused in ["local function bucket_load", "local function refill"] {
+            assert!(!take_one.contains(unused), "{unused}");
         }
         let reserve = lua_source("reserve_tokens").unwrap();
         assert!(reserve.contains("local function track_run"));

@@ -633,7 +633,7 @@ fn case_keys(prefix: &str) -> Keys {
     for u in USERS {
         let u = esc(u);
         leases.push(format!("{prefix}:lease:{{{u}}}"));
-        for kind in ["turn", "tok", "lease", "use", "invs", "sess"] {
+        for kind in ["turn2", "tok", "lease", "use", "invs", "sess"] {
             keys.push(format!("{prefix}:{kind}:{{{u}}}"));
         }
         for i in INVOCATIONS {
@@ -649,7 +649,10 @@ fn case_keys(prefix: &str) -> Keys {
             keys.push(format!("{prefix}:{kind}:{{{tag}}}{rest}"));
         }
     }
-    for k in BUCKETS.iter().chain([&COOLDOWN, &AIMD]) {
+    for k in BUCKETS {
+        keys.push(format!("{prefix}:k2:{k}"));
+    }
+    for k in [COOLDOWN, AIMD] {
         keys.push(format!("{prefix}:k:{k}"));
     }
     Keys {

@@ -701,6 +701,27 @@ impl Direct<'_> {
         Ok(num(l)?.div_euclid(num(p)?))
     }
 
+    /// A turn bucket's whole units, as `level` but from its packed
+    /// string (`bucket_load` in scripts/prelude.lua), unpacked by a script
+    /// that answers the scaled level and period as integers.
+    fn turn_level(node: &RedisServer, key: &str, full: u64) -> Result<i64, String> {
+        const UNPACK: &str = "local v = redis.call('GET', KEYS[1]) \
+            if not v then return {} end \
+            local l, _, _, p = struct.unpack('<dddd', v) return {l, p}";
+        let v = node
+            .command(&["EVAL", UNPACK, "1", key])
+            .map_err(|e| format!("GET {key}: {e}"))?;
+        let mut it = v.lines().filter(|l| !l.is_empty());
+        let (Some(l), Some(p)) = (it.next(), it.next()) else {
+            return Ok(full as i64);
+        };
+        let num = |s: &str| {
+            s.parse::<i64>()
+                .map_err(|_| format!("{key}: not a number: {s:?}"))
+        };
+        Ok(num(l)?.div_euclid(num(p)?))
+    }
+
     /// Every run record of `user` holding an open reservation: `inv:
     /// o<call>=<charged> …, r<request>=<call:ready> …`.
     fn open_records(&self, prefix: &str, user: &str) -> Result<Vec<String>, String> {
@@ -767,7 +788,7 @@ impl Direct<'_> {
             .collect();
         let mut s = InStore {
             tokens: Self::level(node, &format!("{prefix}:tok:{{{user}}}"), TOKEN_BURST)?,
-            turns: Self::level(node, &format!("{prefix}:turn:{{{user}}}"), TURN_BURST)?,
+            turns: Self::turn_level(node, &format!("{prefix}:turn2:{{{user}}}"), TURN_BURST)?,
             leases,
             ..InStore::default()
         };

@@ -107,7 +107,7 @@ fn a_killed_master_fails_over_to_its_replica() {
     let mut c = RedisCluster::start_with_replicas().expect("cluster");
     assert_eq!(c.nodes().len(), 6);
     assert_eq!(c.urls().len(), 6);
-    let key = "tg:turn:{alice}";
+    let key = "tg:turn2:{alice}";
     let slot = key_slot(key);
     let master = c.master_of(slot).expect("master");
     let m = c.nodes().iter().find(|n| n.port() == master).unwrap();

@@ -178,6 +178,47 @@ fn lua_count(v: u64) -> u64 {
     v.min(1 << 53)
 }
 
+/// Numbers for a script in one argument, as little-endian doubles (read by
+/// `struct.unpack('<d…')`): Redis's Lua parses no text and builds a smaller
+/// ARGV. Each value is clamped by [`lua_count`], so each is exact.
+#[derive(Default)]
+struct Packed(Vec<u8>);
+
+impl Packed {
+    fn push(&mut self, v: u64) -> &mut Self {
+        self.0
+            .extend_from_slice(&(lua_count(v) as f64).to_le_bytes());
+        self
+    }
+
+    /// A signed value, clamped to ±2^53.
+    fn push_signed(&mut self, v: i64) -> &mut Self {
+        let v = v.clamp(-(1 << 53), 1 << 53) as f64;
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+
+    /// amount, period_ms, capacity scaled: as `RedisStore::spec_args`.
+    fn spec(&mut self, spec: &BucketSpec) -> &mut Self {
+        self.push(spec.amount())
+            .push(spec.period_ms())
+            .push_signed(spec.capacity_scaled())
+    }
+}
+
+/// A reply of little-endian doubles (`struct.pack('<d…')`), each an integer
+/// the script computed; `None` unless it is exactly `N` of them.
+fn unpacked<const N: usize>(reply: &[u8]) -> Option<[i64; N]> {
+    if reply.len() != 8 * N {
+        return None;
+    }
+    let mut out = [0; N];
+    for (o, c) in out.iter_mut().zip(reply.chunks_exact(8)) {
+        *o = f64::from_le_bytes(c.try_into().ok()?) as i64;
+    }
+    Some(out)
+}
+
 impl RedisStore {
     /// Connects to Redis as `config` says.
     ///
@@ -323,6 +364,37 @@ impl RedisStore {
         inv.arg(spec.amount())
             .arg(spec.period_ms())
             .arg(spec.capacity_scaled())
+    }
+
+    /// `cost` from the bucket at `key` by take_one.lua, waiting at most
+    /// `max_wait` ms; a refused bucket is saved refilled if `save_refused`
+    /// (take_many's rule), else only if it existed (take_one's). Answers
+    /// outcome (1 granted, 2 refused, 3 exceeds capacity), the wait or
+    /// retry hint, and the scaled level after.
+    async fn take_single(
+        &self,
+        op: &'static str,
+        key: String,
+        spec: &BucketSpec,
+        cost: u64,
+        max_wait: u64,
+        save_refused: bool,
+    ) -> Result<[i64; 3], StoreError> {
+        let too_big = spec.exceeds(cost, max_wait);
+        let mut args = Packed::default();
+        args.push(self.now_arg())
+            .spec(spec)
+            .push(if too_big { 0 } else { cost })
+            .push(max_wait)
+            .push(u64::from(too_big))
+            .push(u64::from(save_refused));
+        let mut inv = self.inner.scripts.take_one.prepare_invoke();
+        inv.key(key).arg(args.0);
+        let r: Vec<u8> = self.run(op, &inv).await?;
+        match unpacked::<3>(&r) {
+            Some(v @ [1..=3, _, _]) => Ok(v),
+            _ => Err(bad_reply(op, format!("{r:?}"))),
+        }
     }
 
     fn session_call<'a>(&'a self, session: &str, op: &str) -> ScriptInvocation<'a> {

@@ -15,8 +15,8 @@ impl Store for RedisStore {
             .arg(clamp_ttl(p.lease_ttl_ms))
             .arg(p.max_runs)
             .arg(lua_count(p.concurrency_retry_ms));
-        let r: Vec<i64> = self.run("admit_turn", &inv).await?;
-        let [ok, a, b, reclaimed] = r[..] else {
+        let r: Vec<u8> = self.run("admit_turn", &inv).await?;
+        let Some([ok, a, b, reclaimed]) = unpacked::<4>(&r) else {
             return Err(bad_reply("admit_turn", format!("{r:?}")));
         };
         let admit = match (ok, a) {
@@ -164,33 +164,52 @@ impl Store for RedisStore {
             return Ok(MultiTake::Granted { wait_ms: 0 });
         }
         let k = &self.inner.keys;
+        if let ([t], None) = (takes, cooldown) {
+            // One bucket (an Envoy descriptor, a provider quota): the same
+            // rules in take_one.lua, which builds no tables.
+            let max_wait = t.max_wait_ms.min(t.spec.max_wait_limit());
+            let key = k.named_bucket(t.key);
+            return match self
+                .take_single("take_many", key, &t.spec, t.cost, max_wait, true)
+                .await?
+            {
+                [1, wait, _] => Ok(MultiTake::Granted { wait_ms: u(wait) }),
+                [2, hint, _] => Ok(MultiTake::Refused {
+                    index: Some(0),
+                    retry_after_ms: u(hint),
+                }),
+                _ => Ok(MultiTake::ExceedsCapacity { index: 0 }),
+            };
+        }
         let mut inv = self.inner.scripts.take_many.prepare_invoke();
         for t in takes {
-            inv.key(k.named(t.key));
+            inv.key(k.named_bucket(t.key));
         }
         if let Some(c) = cooldown {
             inv.key(k.named(c.key));
         }
-        inv.arg(self.now_arg())
-            .arg(takes.len())
-            .arg(u8::from(cooldown.is_some()))
-            .arg(cooldown.map_or(0, |c| lua_count(c.max_wait_ms)));
+        let mut args = Packed::default();
+        args.push(self.now_arg())
+            .push(takes.len() as u64)
+            .push(u64::from(cooldown.is_some()))
+            .push(cooldown.map_or(0, |c| c.max_wait_ms));
         for t in takes {
             let max_wait = t.max_wait_ms.min(t.spec.max_wait_limit());
             let too_big = t.spec.exceeds(t.cost, max_wait);
-            Self::spec_args(&mut inv, &t.spec)
-                .arg(if too_big { 0 } else { t.cost })
-                .arg(max_wait)
-                .arg(u8::from(too_big));
+            args.spec(&t.spec)
+                .push(if too_big { 0 } else { t.cost })
+                .push(max_wait)
+                .push(u64::from(too_big));
         }
-        let r: Vec<i64> = self.run("take_many", &inv).await?;
-        match r[..] {
-            [1, wait] => Ok(MultiTake::Granted { wait_ms: u(wait) }),
-            [2, index, hint] => Ok(MultiTake::Refused {
+        inv.arg(args.0);
+        let r: Vec<u8> = self.run("take_many", &inv).await?;
+        match unpacked::<3>(&r) {
+            Some([1, wait, _]) => Ok(MultiTake::Granted { wait_ms: u(wait) }),
+            Some([2, index, hint]) => Ok(MultiTake::Refused {
                 index: (index > 0).then(|| (index - 1) as usize),
                 retry_after_ms: u(hint),
             }),
-            [3, index] if index > 0 => Ok(MultiTake::ExceedsCapacity {
+            Some([3, index, _]) if index > 0 => Ok(MultiTake::ExceedsCapacity {
                 index: (index - 1) as usize,
             }),
             _ => Err(bad_reply("take_many", format!("{r:?}"))),
@@ -201,24 +220,22 @@ impl Store for RedisStore {
         let k = &self.inner.keys;
         let key = match req.bucket {
             BucketRef::Turns(user) => k.turn(user),
-            BucketRef::Named(name) => k.named(name),
+            BucketRef::Named(name) => k.named_bucket(name),
         };
-        let too_big = req.spec.exceeds(req.cost, 0);
-        let mut inv = self.inner.scripts.take_one.prepare_invoke();
-        inv.key(key).arg(self.now_arg());
-        Self::spec_args(&mut inv, &req.spec)
-            .arg(if too_big { 0 } else { req.cost })
-            .arg(u8::from(too_big));
-        let r: Vec<i64> = self.run("take_one", &inv).await?;
-        let take = match r[..] {
-            [1, _, _] => Take::Granted { wait_ms: 0 },
-            [2, hint, _] => Take::Refused {
-                retry_after_ms: u(hint).max(1),
-            },
-            [3, _, _] => Take::ExceedsCapacity,
-            _ => return Err(bad_reply("take_one", format!("{r:?}"))),
+        let (take, level) = match self
+            .take_single("take_one", key, &req.spec, req.cost, 0, false)
+            .await?
+        {
+            [1, _, level] => (Take::Granted { wait_ms: 0 }, level),
+            [2, hint, level] => (
+                Take::Refused {
+                    retry_after_ms: u(hint).max(1),
+                },
+                level,
+            ),
+            [_, _, level] => (Take::ExceedsCapacity, level),
         };
-        Ok(TakeOutcome::new(take, &req.spec, r[2]))
+        Ok(TakeOutcome::new(take, &req.spec, level))
     }
 
     async fn extend_cooldown(&self, key: &str, until_ms: u64) -> Result<u64, StoreError> {
