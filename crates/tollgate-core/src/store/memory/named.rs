@@ -11,34 +11,43 @@ use crate::store::{
 };
 use crate::take::{self, Cooldown};
 
-/// What a named key holds, in four words (a bucket's state inline; the
-/// rare long-period bucket and AIMD states boxed), so a named-key slot
-/// stays small: every keyed check reads one.
+/// What a named key holds, in three words (a bucket's state inline; rare
+/// buckets and AIMD states boxed), so a named-key slot (with its two-word
+/// key, 40 bytes) stays small: every keyed check reads one.
 #[derive(Default)]
 pub(super) enum KeyEntry {
     #[default]
     Empty,
-    /// A bucket whose period fits in 32 bits (up to 49 days: every rate's),
-    /// and its expiry.
+    /// A bucket, packed: its period in 32 bits (up to 49 days: every
+    /// rate's), `ts` in the low 48 bits of `ts_delta` (ms: until the year
+    /// 10889) and its expiry as a 32-bit delta from `ts` (`delta_lo`, and
+    /// the high 16 bits of `ts_delta`). See [`KeyEntry::bucket_of`].
     Bucket {
         period_ms: u32,
+        delta_lo: u16,
         level: i64,
-        ts: u64,
-        exp: u64,
+        ts_delta: u64,
     },
-    /// A bucket of a longer period, and its expiry.
+    /// A bucket that does not pack (a longer period, an expiry more than
+    /// 49 days after `ts` or before it, a `ts` past 2^48), and its expiry.
     LongBucket(Box<(BucketState, u64)>),
     Cooldown(u64),
     Aimd(Box<(AimdState, u64)>),
 }
 
-const _: () = assert!(std::mem::size_of::<KeyEntry>() == 32);
+const _: () = assert!(std::mem::size_of::<KeyEntry>() == 24);
+
+/// Bits of `ts` in a packed bucket.
+const TS_BITS: u32 = 48;
+const TS_MASK: u64 = (1 << TS_BITS) - 1;
 
 impl Expiring for KeyEntry {
     fn expires_at(&self) -> u64 {
         match self {
             KeyEntry::Empty => 0,
-            KeyEntry::Bucket { exp, .. } => *exp,
+            KeyEntry::Bucket {
+                delta_lo, ts_delta, ..
+            } => unpack_exp(*delta_lo, *ts_delta),
             KeyEntry::LongBucket(b) => b.1,
             KeyEntry::Aimd(a) => a.1,
             // Kept a grace period past its end, like Redis keeps the key
@@ -48,18 +57,31 @@ impl Expiring for KeyEntry {
     }
 }
 
+/// A packed bucket's expiry: its `ts` plus the 32-bit delta.
+#[inline]
+fn unpack_exp(delta_lo: u16, ts_delta: u64) -> u64 {
+    let delta = ((ts_delta >> TS_BITS) << 16) | u64::from(delta_lo);
+    (ts_delta & TS_MASK) + delta
+}
+
 impl KeyEntry {
-    /// A bucket's state with its expiry.
+    /// A bucket's state with its expiry: packed in place when it fits
+    /// (always, but for the cases [`KeyEntry::LongBucket`] names), else
+    /// boxed. Either way [`bucket`](Self::bucket) and `expires_at` give
+    /// back exactly what was stored.
     #[inline]
     fn bucket_of(state: BucketState, exp: u64) -> Self {
-        match u32::try_from(state.period_ms) {
-            Ok(period_ms) => KeyEntry::Bucket {
+        let delta = exp
+            .checked_sub(state.ts)
+            .and_then(|d| u32::try_from(d).ok());
+        match (u32::try_from(state.period_ms), delta) {
+            (Ok(period_ms), Some(delta)) if state.ts <= TS_MASK => KeyEntry::Bucket {
                 period_ms,
+                delta_lo: delta as u16,
                 level: state.level,
-                ts: state.ts,
-                exp,
+                ts_delta: state.ts | (u64::from(delta >> 16) << TS_BITS),
             },
-            Err(_) => KeyEntry::LongBucket(Box::new((state, exp))),
+            _ => KeyEntry::LongBucket(Box::new((state, exp))),
         }
     }
 
@@ -69,12 +91,12 @@ impl KeyEntry {
         match *self {
             KeyEntry::Bucket {
                 period_ms,
+                delta_lo,
                 level,
-                ts,
-                exp,
-            } if exp > now => Some(BucketState {
+                ts_delta,
+            } if unpack_exp(delta_lo, ts_delta) > now => Some(BucketState {
                 level,
-                ts,
+                ts: ts_delta & TS_MASK,
                 period_ms: u64::from(period_ms),
             }),
             KeyEntry::LongBucket(ref b) if b.1 > now => Some(b.0),
@@ -225,5 +247,46 @@ impl MemoryStore {
             cooldown_until_ms,
             effective_permille,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Packed or boxed, a bucket gives back exactly the state and expiry
+    /// stored, at the edges of what packs.
+    #[test]
+    fn a_bucket_entry_gives_back_what_was_stored() {
+        let max32 = u64::from(u32::MAX);
+        let cases = [
+            (1_000_000, 60_000, 1_000_000 + 61_000, true),
+            (0, 1, 1, true),
+            (TS_MASK, max32, TS_MASK + max32, true),
+            (TS_MASK + 1, 1_000, TS_MASK + 1 + 5, false),
+            (5_000, max32 + 1, 6_000, false),
+            (5_000, 1_000, 5_000 + max32, true),
+            (5_000, 1_000, 5_000 + max32 + 1, false),
+            (5_000, 1_000, 4_999, false),
+            (u64::MAX - 10, 1_000, u64::MAX, false),
+        ];
+        for (ts, period_ms, exp, packs) in cases {
+            for level in [i64::MIN, -MAX_SCALED, -1, 0, 1, MAX_SCALED, i64::MAX] {
+                let state = BucketState {
+                    level,
+                    ts,
+                    period_ms,
+                };
+                let e = KeyEntry::bucket_of(state, exp);
+                assert_eq!(
+                    matches!(e, KeyEntry::Bucket { .. }),
+                    packs,
+                    "{state:?} {exp}"
+                );
+                assert_eq!(e.expires_at(), exp, "{state:?}");
+                assert_eq!(e.bucket(exp.saturating_sub(1)), (exp > 0).then_some(state));
+                assert_eq!(e.bucket(exp), None);
+            }
+        }
     }
 }
