@@ -689,16 +689,7 @@ impl Direct<'_> {
             .command(&["HMGET", key, "l", "p"])
             .map_err(|e| format!("HMGET {key}: {e}"))?;
         let mut it = v.lines();
-        let (l, p) = (it.next().unwrap_or(""), it.next().unwrap_or(""));
-        if l.is_empty() {
-            return Ok(full as i64);
-        }
-        let num = |s: &str| -> Result<i64, String> {
-            s.parse::<i64>()
-                .or_else(|_| s.parse::<f64>().map(|f| f as i64))
-                .map_err(|_| format!("{key}: not a number: {s:?}"))
-        };
-        Ok(num(l)?.div_euclid(num(p)?))
+        Self::units(key, it.next(), it.next(), full)
     }
 
     /// A turn bucket's whole units, as `level` but from its packed
@@ -712,11 +703,19 @@ impl Direct<'_> {
             .command(&["EVAL", UNPACK, "1", key])
             .map_err(|e| format!("GET {key}: {e}"))?;
         let mut it = v.lines().filter(|l| !l.is_empty());
-        let (Some(l), Some(p)) = (it.next(), it.next()) else {
+        Self::units(key, it.next(), it.next(), full)
+    }
+
+    /// `floor(l / p)` of a bucket's scaled level and period as Redis
+    /// answered them, or `full` when there is no level (a missing bucket).
+    fn units(key: &str, l: Option<&str>, p: Option<&str>, full: u64) -> Result<i64, String> {
+        let (l, p) = (l.unwrap_or(""), p.unwrap_or(""));
+        if l.is_empty() {
             return Ok(full as i64);
-        };
-        let num = |s: &str| {
+        }
+        let num = |s: &str| -> Result<i64, String> {
             s.parse::<i64>()
+                .or_else(|_| s.parse::<f64>().map(|f| f as i64))
                 .map_err(|_| format!("{key}: not a number: {s:?}"))
         };
         Ok(num(l)?.div_euclid(num(p)?))

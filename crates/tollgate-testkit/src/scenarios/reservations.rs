@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use tollgate_core::{Denial, FakeClock, Limit, LimiterError, ReservationId, Store};
+use tollgate_core::{
+    Decision, Denial, FakeClock, Limit, Limiter, LimiterError, Reservation, ReservationId, Store,
+};
 
 use super::{allowed, limited, limiter_with, state, support};
 
@@ -114,18 +116,32 @@ async fn until_sleeping(clock: &FakeClock, n: usize) {
     .await;
 }
 
-/// The waiting reserve waits on the clock, no thread blocked: it completes
-/// only when the fake clock reaches the wait.
-pub async fn waiting_reserve<S: Store + Clone>(store: S, clock: FakeClock) {
+/// A limiter on the support plan with a 6,000 ms max wait, u1's token
+/// bucket drained, and a task whose 6,000-token reserve waits on the
+/// clock (its sleep registered).
+async fn waiting_on_an_empty_bucket<S: Store + Clone>(
+    store: S,
+    clock: &FakeClock,
+) -> (
+    Arc<Limiter<S>>,
+    tokio::task::JoinHandle<Result<Decision<Reservation>, LimiterError>>,
+) {
     let mut plan = support();
     plan.max_wait_ms = 6_000;
-    let l = Arc::new(limiter_with(store, &clock, plan));
+    let l = Arc::new(limiter_with(store, clock, plan));
     allowed(&l.reserve_tokens("u1", "run", 60_000).await.unwrap());
     let task = tokio::spawn({
         let l = l.clone();
         async move { l.reserve_tokens_and_wait("u1", "run", 6_000).await }
     });
-    until_sleeping(&clock, 1).await;
+    until_sleeping(clock, 1).await;
+    (l, task)
+}
+
+/// The waiting reserve waits on the clock, no thread blocked: it completes
+/// only when the fake clock reaches the wait.
+pub async fn waiting_reserve<S: Store + Clone>(store: S, clock: FakeClock) {
+    let (l, task) = waiting_on_an_empty_bucket(store, &clock).await;
     clock.advance(5_999);
     for _ in 0..10 {
         tokio::task::yield_now().await;
@@ -141,15 +157,7 @@ pub async fn waiting_reserve<S: Store + Clone>(store: S, clock: FakeClock) {
 
 /// A caller that gives up while the limiter waits for it is refunded.
 pub async fn abandoned_wait_is_refunded<S: Store + Clone>(store: S, clock: FakeClock) {
-    let mut plan = support();
-    plan.max_wait_ms = 6_000;
-    let l = Arc::new(limiter_with(store, &clock, plan));
-    allowed(&l.reserve_tokens("u1", "run", 60_000).await.unwrap());
-    let task = tokio::spawn({
-        let l = l.clone();
-        async move { l.reserve_tokens_and_wait("u1", "run", 6_000).await }
-    });
-    until_sleeping(&clock, 1).await;
+    let (l, task) = waiting_on_an_empty_bucket(store, &clock).await;
     assert_eq!(state(&l, "u1").await.tokens_available, -6_000);
     task.abort();
     // The refund runs on a spawned task: wait for it to land.
