@@ -40,6 +40,15 @@
 //!   fewer than Redis, never more;
 //! - `top_users` is not compared for two minutes after the clock stepped
 //!   back into an earlier minute;
+//! - a step back never crosses the end of a run record's retention once
+//!   passed (every reserve or settle time + `RESERVATION_RETENTION_MS` is a
+//!   possible end): past it, memory forgets the record with the user's
+//!   whole entry, or when it looks up any of the user's runs, and a Redis
+//!   key stays until a script reads that very key. A step back across the
+//!   end brings the Redis record back to life (the run's calls go on from
+//!   its count) while memory starts the run afresh. Either is within the
+//!   contract (a run idle for its retention may be forgotten); what stores
+//!   answer when the clock stands still or moves forward is compared;
 //! - inputs past what the Lua numbers hold exactly are kept out: cooldown
 //!   ends past 2^53 ms, settled usage past the Limiter's bound, and debts
 //!   that a period change would rescale past -2^53 token·ms (see
@@ -68,7 +77,9 @@ use tollgate_core::store::{
     BucketRef, BucketTake, ClaimRequest, CooldownCheck, ReservationId, ReserveOutcome,
     ReserveRequest, SettleRequest, TakeRequest, TurnRequest, UserState,
 };
-use tollgate_core::store::{LogWrite, SessionAppend, SessionCreate, SessionDelete};
+use tollgate_core::store::{
+    LogWrite, RESERVATION_RETENTION_MS, SessionAppend, SessionCreate, SessionDelete,
+};
 use tollgate_core::{Clock, FakeClock, MemoryStore, Store, StoreError};
 use tollgate_redis::{RedisConfig, RedisStore};
 use tollgate_testkit::T0;
@@ -573,6 +584,10 @@ struct Run<'a> {
     latest: u64,
     /// `top_users` is compared from this minute on (see there).
     top_users_from_minute: u64,
+    /// Where a run record written by a reserve or settle so far may end its
+    /// retention: a step back never crosses one of these once passed (see
+    /// the module docs).
+    run_ends: Vec<u64>,
 }
 
 /// The records of a grouped op's log writes: none
@@ -760,7 +775,12 @@ impl Run<'_> {
                 }
             }
             Op::StepBack(ms) => {
-                let to = now.saturating_sub(ms).max(T0);
+                let mut to = now.saturating_sub(ms).max(T0);
+                for &end in &self.run_ends {
+                    if to < end && end <= now {
+                        to = end;
+                    }
+                }
                 self.clock.set(to);
                 self.note(format!("step back {} ms", now - to));
                 let latest_minute = self.latest / 60_000;
@@ -812,6 +832,7 @@ impl Run<'_> {
                 max_calls,
                 shadow,
             } => {
+                self.run_ends.push(now + RESERVATION_RETENTION_MS);
                 let tokens = case.tokens[plan];
                 let req = ReserveRequest {
                     user: USERS[user],
@@ -840,6 +861,7 @@ impl Run<'_> {
                 }
             }
             Op::Settle { rid, plan, actual } => {
+                self.run_ends.push(now + RESERVATION_RETENTION_MS);
                 let (user, reservation) = match rid {
                     Rid::Granted { pick, user } if !self.granted.is_empty() => {
                         let (owner, r) = self.granted[pick % self.granted.len()].clone();
@@ -1237,6 +1259,7 @@ async fn run_case(case: &Case) -> Result<(), TestCaseError> {
         granted: Vec::new(),
         latest: T0,
         top_users_from_minute: 0,
+        run_ends: Vec::new(),
     };
     for op in &case.ops {
         run.step(op).await?;
