@@ -1,18 +1,18 @@
 -- admit_turn: turn bucket and run lease, all or nothing (SPEC §3).
 -- KEYS[1] turn bucket (packed string: bucket_load in prelude.lua)   {prefix}:turn2:{user}
 -- KEYS[2] run lease zset     {prefix}:lease:{user}  (member invocation, score expiry)
--- ARGV[1] now override (0: Redis TIME)   ARGV[2] amount   ARGV[3] period_ms
--- ARGV[4] capacity scaled (capacity * period_ms)   ARGV[5] invocation id
--- ARGV[6] lease ttl ms   ARGV[7] max runs   ARGV[8] concurrency retry cap ms
+-- ARGV[1] seven little-endian doubles (struct 'd', each an integer within
+--   2^53, so exact; no text to parse): now override (0: Redis TIME),
+--   amount, period_ms, capacity scaled (capacity * period_ms), lease ttl
+--   ms, max runs, concurrency retry cap ms
+-- ARGV[2] invocation id
 -- Returns four little-endian doubles (struct '<dddd': a string is far
 -- cheaper for Redis to answer than a table):
 --         1, lease_expires_at, refreshed (0/1), reclaimed
 --      or 0, limit (1 turn_rate, 2 concurrency), retry_after_ms, reclaimed
-local now = now_ms(ARGV[1])
-local amount, period, cap = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local inv, ttl = ARGV[5], tonumber(ARGV[6])
-local max_runs, retry_cap = tonumber(ARGV[7]), tonumber(ARGV[8])
-
+local o, amount, period, cap, ttl, max_runs, retry_cap = struct.unpack('<ddddddd', ARGV[1])
+local now = now_ms(o)
+local inv = ARGV[2]
 
 local reclaimed = redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local exp = now + ttl

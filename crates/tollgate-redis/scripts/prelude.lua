@@ -155,17 +155,26 @@ local function take_now(key, now, amount, period, cap, cost_scaled, max_wait, ex
   return outcome, x, after
 end
 
--- The token bucket hash also keeps the user's tokens charged per minute,
--- for the sliding-minute estimate: {um = minute, uc = its tokens, up = the
--- minute before's}. One key, so a reserve or settle reads and writes it
--- once. (Before, these were fields m, c, p of a key of their own,
--- {prefix}:use:{user}, which user_state still reads: see docs/spec.md.)
+-- A user's token bucket and tokens charged per minute (for the
+-- sliding-minute estimate) share one key, so a reserve or settle reads and
+-- writes one key once: a string of seven little-endian doubles,
+-- struct.pack('<ddddddd', level (scaled), ts, bucket expiry, period, um, uc,
+-- up), the bucket as bucket_load keeps it and the usage triple {um =
+-- minute (-1: none yet), uc = its tokens, up = the minute before's}. One
+-- GET and one SET ... PX, no field names, no number parsed from text; every
+-- stored number is an integer within +-2^53, exact in a double. (Before, a
+-- hash {l, t, e, p, um, uc, up} under {prefix}:tok:{user}, which user_state
+-- still reads for the usage of replicas before this layout: docs/spec.md
+-- §6.) Answers level, ts, live, the level's period, um (nil: none), uc, up.
 local function tok_load(key, now, cap, period)
-  local v = redis.call('HMGET', key, 'l', 't', 'e', 'p', 'um', 'uc', 'up')
-  if v[1] and tonumber(v[3]) > now then
-    return tonumber(v[1]), tonumber(v[2]), true, tonumber(v[4]) or period, v
+  local v = redis.call('GET', key)
+  if v and #v == 56 then
+    local l, t, e, p, um, uc, up = struct.unpack('<ddddddd', v)
+    if um < 0 then um = nil end
+    if e > now then return l, t, true, p, um, uc, up end
+    return cap, now, false, period, um, uc, up
   end
-  return cap, now, false, period, v
+  return cap, now, false, period, nil, 0, 0
 end
 
 -- Adds `tokens` to the minute of `now` of a usage triple (minute, current,
@@ -181,25 +190,15 @@ local function usage_roll(om, c, p, now, tokens)
   return m, c + tokens, p
 end
 
--- The usage triple of a token hash as tok_load read it (`v`).
-local function usage_of(v)
-  return tonumber(v[5]), tonumber(v[6]) or 0, tonumber(v[7]) or 0
-end
-
--- Saves the token bucket, and the usage triple (m, c, p) unless c is nil.
--- The key lives as long as either part needs: the bucket to its expiry
--- (rule 6), the usage to the end of the minute after its minute m.
+-- Saves the token bucket with the usage triple (m, c, p; m nil: none). The
+-- key lives as long as either part needs: the bucket to its expiry (rule
+-- 6), the usage to the end of the minute after its minute m.
 local function tok_save(key, level, ts, now, amount, cap, period, m, c, p)
   local exp = bucket_expiry(level, now, amount, cap)
-  if c then
-    redis.call('HSET', key, 'l', level, 't', ts, 'e', exp, 'p', period,
-      'um', m, 'uc', c, 'up', p)
-  else
-    redis.call('HSET', key, 'l', level, 't', ts, 'e', exp, 'p', period)
-  end
   local keep = exp
   if m and (m + 2) * 60000 > keep then keep = (m + 2) * 60000 end
-  redis.call('PEXPIRE', key, keep - now)
+  redis.call('SET', key, struct.pack('<ddddddd', level, ts, exp, period, m or -1, c, p),
+    'PX', keep - now)
 end
 
 -- A run record is (re)touched in the user's run index (a zset: member the

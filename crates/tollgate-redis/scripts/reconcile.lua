@@ -1,7 +1,7 @@
 -- reconcile: charge what a fallback decided for one user during an outage
 -- (SPEC §6), in one step on the user's keys.
 -- KEYS[1] turn bucket string {prefix}:turn2:{user} (bucket_load in prelude.lua)
--- KEYS[2] token bucket hash  {prefix}:tok:{user}
+-- KEYS[2] token bucket and usage, packed  {prefix}:tok2:{user} (tok_load in prelude.lua)
 -- KEYS[3] run lease zset     {prefix}:lease:{user}
 -- KEYS[4] run index zset     {prefix}:invs:{user}
 -- KEYS[5] batches hash       {prefix}:rec:{user}  (replica tag -> last batch applied)
@@ -72,13 +72,12 @@ if turns > 0 then
 end
 tokens = tokens - given_back
 if tokens ~= 0 then
-  -- bucket_adjust, and the usage in the same hash (tok_load in prelude.lua).
-  local level, ts, _, old_period, v_tok = tok_load(KEYS[2], now, k_cap, k_period)
+  -- bucket_adjust, and the usage in the same key (tok_load in prelude.lua).
+  local level, ts, _, old_period, um, uc, up = tok_load(KEYS[2], now, k_cap, k_period)
   level, ts = refill(level, ts, now, k_amount, k_cap, old_period, k_period)
   level = level - tokens * k_period
   if level > k_cap then level = k_cap end
   if level < -MAX_SCALED then level = -MAX_SCALED end
-  local um, uc, up = usage_of(v_tok)
   um, uc, up = usage_roll(um, uc, up, now, tokens)
   tok_save(KEYS[2], level, ts, now, k_amount, k_cap, k_period, um, uc, up)
 end

@@ -65,9 +65,11 @@ impl Keys {
         self.user("turn2", user)
     }
 
-    /// The token bucket of a user.
+    /// The token bucket and tokens per minute of a user: a packed string
+    /// (`tok_load` in scripts/prelude.lua). Named `tok2` since it stopped
+    /// being a hash under `tok` (docs/spec.md §6).
     pub(crate) fn tokens(&self, user: &str) -> String {
-        self.user("tok", user)
+        self.user("tok2", user)
     }
 
     /// The run lease set of a user.
@@ -80,11 +82,12 @@ impl Keys {
         self.user("rec", user)
     }
 
-    /// The per-minute token usage of a user as replicas before the token
-    /// bucket hash kept it: only `user_state` reads it, so a rolling upgrade
-    /// still counts the old replicas' tokens (docs/spec.md).
-    pub(crate) fn usage(&self, user: &str) -> String {
-        self.user("use", user)
+    /// The token bucket hash of a user as replicas before the packed layout
+    /// kept it (its fields `um`, `uc`, `up` count tokens per minute): only
+    /// `user_state` reads it, so during a rolling upgrade the user view
+    /// counts the old replicas' tokens too (docs/spec.md §6).
+    pub(crate) fn tokens_hash(&self, user: &str) -> String {
+        self.user("tok", user)
     }
 
     /// A run's model-call counter and open reservations.
@@ -165,7 +168,7 @@ mod tests {
     fn user_keys_share_one_tag_and_ids_cannot_collide() {
         let k = Keys::new("tg");
         assert_eq!(k.turn("u42"), "tg:turn2:{u42}");
-        assert_eq!(k.tokens("u42"), "tg:tok:{u42}");
+        assert_eq!(k.tokens("u42"), "tg:tok2:{u42}");
         assert_eq!(k.leases("u42"), "tg:lease:{u42}");
         assert_eq!(k.invocation("u42", "inv-1"), "tg:inv:{u42}:inv-1");
         assert_eq!(k.session_claims("u42"), "tg:sess:{u42}");

@@ -648,7 +648,7 @@ fn case_keys(prefix: &str) -> Keys {
     for u in USERS {
         let u = esc(u);
         leases.push(format!("{prefix}:lease:{{{u}}}"));
-        for kind in ["turn2", "tok", "lease", "use", "invs", "sess"] {
+        for kind in ["turn2", "tok2", "lease", "invs", "sess"] {
             keys.push(format!("{prefix}:{kind}:{{{u}}}"));
         }
         for i in INVOCATIONS {

@@ -186,8 +186,9 @@ async fn top_users_of_other_replicas_arrive_by_the_flush() {
 }
 
 /// A rolling upgrade: replicas before this version kept a user's tokens per
-/// minute in a key of their own (`{prefix}:use:{user}`); this version keeps
-/// them in the token bucket hash and its user view adds both (docs/spec.md).
+/// minute in the token bucket hash (`{prefix}:tok:{user}`, fields `um`,
+/// `uc`, `up`); this version keeps them in the packed token key and its user
+/// view adds both (docs/spec.md §6).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_user_view_counts_old_replicas_tokens_too() {
     let prefix = unique_prefix();
@@ -204,9 +205,9 @@ async fn the_user_view_counts_old_replicas_tokens_too() {
     // What an old replica wrote: 400 this minute, 600 the minute before.
     let client = redis::Client::open(shared_url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let old = format!("{prefix}:use:{{u1}}");
+    let old = format!("{prefix}:tok:{{u1}}");
     let _: () = redis::pipe()
-        .hset_multiple(&old, &[("m", minute), ("c", 400), ("p", 0)])
+        .hset_multiple(&old, &[("um", minute), ("uc", 400), ("up", 0)])
         .pexpire(&old, 120_000)
         .query_async(&mut conn)
         .await

@@ -682,20 +682,11 @@ impl Direct<'_> {
         }
     }
 
-    /// A bucket's whole units: `floor(l / p)` of its hash, or `full` when
-    /// the hash is gone (a missing bucket is full, SPEC §2).
+    /// A bucket's whole units from its packed string (the turn bucket and
+    /// the token bucket: `bucket_load` and `tok_load` in
+    /// scripts/prelude.lua, the level and its period first), unpacked by a
+    /// script that answers the scaled level and period as integers.
     fn level(node: &RedisServer, key: &str, full: u64) -> Result<i64, String> {
-        let v = node
-            .command(&["HMGET", key, "l", "p"])
-            .map_err(|e| format!("HMGET {key}: {e}"))?;
-        let mut it = v.lines();
-        Self::units(key, it.next(), it.next(), full)
-    }
-
-    /// A turn bucket's whole units, as `level` but from its packed
-    /// string (`bucket_load` in scripts/prelude.lua), unpacked by a script
-    /// that answers the scaled level and period as integers.
-    fn turn_level(node: &RedisServer, key: &str, full: u64) -> Result<i64, String> {
         const UNPACK: &str = "local v = redis.call('GET', KEYS[1]) \
             if not v then return {} end \
             local l, _, _, p = struct.unpack('<dddd', v) return {l, p}";
@@ -759,7 +750,7 @@ impl Direct<'_> {
     fn tokens(&self, prefix: &str, user: &str) -> Result<i64, String> {
         Self::level(
             self.node(user)?,
-            &format!("{prefix}:tok:{{{user}}}"),
+            &format!("{prefix}:tok2:{{{user}}}"),
             TOKEN_BURST,
         )
     }
@@ -786,8 +777,8 @@ impl Direct<'_> {
             .map(|c| c[0].to_owned())
             .collect();
         let mut s = InStore {
-            tokens: Self::level(node, &format!("{prefix}:tok:{{{user}}}"), TOKEN_BURST)?,
-            turns: Self::turn_level(node, &format!("{prefix}:turn2:{{{user}}}"), TURN_BURST)?,
+            tokens: Self::level(node, &format!("{prefix}:tok2:{{{user}}}"), TOKEN_BURST)?,
+            turns: Self::level(node, &format!("{prefix}:turn2:{{{user}}}"), TURN_BURST)?,
             leases,
             ..InStore::default()
         };

@@ -7,14 +7,14 @@ impl Store for RedisStore {
         let k = &self.inner.keys;
         let p = &req.params;
         let mut inv = self.inner.scripts.admit_turn.prepare_invoke();
-        inv.key(k.turn(req.user))
-            .key(k.leases(req.user))
-            .arg(self.now_arg());
-        Self::spec_args(&mut inv, &p.turns)
-            .arg(req.invocation_id)
-            .arg(clamp_ttl(p.lease_ttl_ms))
-            .arg(p.max_runs)
-            .arg(lua_count(p.concurrency_retry_ms));
+        inv.key(k.turn(req.user)).key(k.leases(req.user));
+        let mut args = Packed::default();
+        args.push(self.now_arg())
+            .spec(&p.turns)
+            .push(clamp_ttl(p.lease_ttl_ms))
+            .push(u64::from(p.max_runs))
+            .push(p.concurrency_retry_ms);
+        inv.arg(args.0).arg(req.invocation_id);
         let r: Vec<u8> = self.run("admit_turn", &inv).await?;
         let Some([ok, a, b, reclaimed]) = unpacked::<4>(&r) else {
             return Err(bad_reply("admit_turn", format!("{r:?}")));
@@ -75,24 +75,29 @@ impl Store for RedisStore {
         let mut inv = self.inner.scripts.reserve_tokens.prepare_invoke();
         inv.key(k.tokens(req.user))
             .key(k.invocation(req.user, req.invocation_id))
-            .key(k.runs(req.user))
-            .arg(self.now_arg());
-        Self::spec_args(&mut inv, &req.tokens)
-            .arg(if too_big { 0 } else { req.estimate })
-            .arg(max_wait)
-            .arg(lua_count(req.max_llm_calls))
-            .arg(u8::from(req.shadow))
-            .arg(u8::from(too_big))
-            .arg(RESERVATION_RETENTION_MS)
-            .arg(MAX_TRACKED_RUNS)
+            .key(k.runs(req.user));
+        let mut args = Packed::default();
+        args.push(self.now_arg())
+            .spec(&req.tokens)
+            .push(if too_big { 0 } else { req.estimate })
+            .push(max_wait)
+            .push(req.max_llm_calls)
+            .push(u64::from(req.shadow))
+            .push(u64::from(too_big))
+            .push(RESERVATION_RETENTION_MS)
+            .push(MAX_TRACKED_RUNS as u64);
+        inv.arg(args.0)
             .arg(crate::keys::esc(req.invocation_id).as_ref())
             .arg(k.invocation_prefix(req.user))
             .arg(req.request_id.unwrap_or(""));
-        let r: Vec<i64> = self.run("reserve_tokens", &inv).await?;
+        let r: Vec<u8> = self.run("reserve_tokens", &inv).await?;
+        let Some(r) = unpacked::<4>(&r) else {
+            return Err(bad_reply("reserve_tokens", format!("{r:?}")));
+        };
         let reservation = |call: i64| ReservationId::new(req.invocation_id, u(call));
-        match r[..] {
-            [2] => Ok(ReserveOutcome::Superseded),
-            [3, call, wait] => Ok(ReserveOutcome::Granted {
+        match r {
+            [2, ..] => Ok(ReserveOutcome::Superseded),
+            [3, call, wait, _] => Ok(ReserveOutcome::Granted {
                 reservation: reservation(call),
                 wait_ms: u(wait),
             }),
@@ -137,20 +142,22 @@ impl Store for RedisStore {
         }
         let mut inv = self.inner.scripts.settle.prepare_invoke();
         inv.key(k.tokens(req.user))
-            .key(k.invocation(req.user, &rid.invocation_id))
-            .arg(self.now_arg());
-        Self::spec_args(&mut inv, &req.tokens)
-            .arg(rid.call)
-            .arg(req.actual.map_or(-1, |a| lua_count(a) as i64))
-            .arg(RESERVATION_RETENTION_MS);
-        let r: Vec<i64> = self.run("settle", &inv).await?;
-        match r[..] {
-            [1, balance, delta, now] => {
+            .key(k.invocation(req.user, &rid.invocation_id));
+        let mut args = Packed::default();
+        args.push(self.now_arg())
+            .spec(&req.tokens)
+            .push(rid.call)
+            .push_signed(req.actual.map_or(-1, |a| lua_count(a) as i64))
+            .push(RESERVATION_RETENTION_MS);
+        inv.arg(args.0);
+        let r: Vec<u8> = self.run("settle", &inv).await?;
+        match unpacked::<4>(&r) {
+            Some([1, balance, delta, now]) => {
                 self.count_top(req.user, u(now), delta);
                 Ok(SettleOutcome::Applied { balance })
             }
-            [2, balance, _] => Ok(SettleOutcome::AlreadyClosed { balance }),
-            [0] => Ok(SettleOutcome::Unknown),
+            Some([2, balance, ..]) => Ok(SettleOutcome::AlreadyClosed { balance }),
+            Some([0, ..]) => Ok(SettleOutcome::Unknown),
             _ => Err(bad_reply("settle", format!("{r:?}"))),
         }
     }
@@ -425,7 +432,7 @@ impl Store for RedisStore {
         inv.key(k.turn(user))
             .key(k.tokens(user))
             .key(k.leases(user))
-            .key(k.usage(user))
+            .key(k.tokens_hash(user))
             .arg(self.now_arg());
         Self::spec_args(&mut inv, &turns);
         Self::spec_args(&mut inv, &tokens);
