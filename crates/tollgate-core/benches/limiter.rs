@@ -122,6 +122,7 @@ fn reserve_req<'a>(user: &'a str, invocation_id: &'a str) -> ReserveRequest<'a> 
         max_llm_calls: u64::MAX,
         shadow: false,
         request_id: None,
+        budget: None,
     }
 }
 
@@ -152,6 +153,7 @@ fn admit_release(store: &MemoryStore, thread: usize, user: &str) -> (Admit, bool
         user,
         invocation_id: inv,
         params: turn_params(),
+        budgets: &[],
     }))
     .expect("memory store");
     let released = now(store.release_run(user, inv)).expect("memory store");
@@ -172,6 +174,7 @@ fn reserve_settle(store: &MemoryStore, thread: usize, user: &str) -> SettleOutco
         tokens: req.tokens,
         reservation: &reservation,
         actual: Some(req.estimate),
+        budget: None,
     }))
     .expect("memory store")
 }

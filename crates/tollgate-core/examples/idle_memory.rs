@@ -60,6 +60,7 @@ fn main() {
                 user: u,
                 invocation_id: "inv-0001",
                 params,
+                budgets: &[],
             };
             let _ = ready(store.admit_turn(req)).expect("memory store");
             if with_call {
@@ -72,6 +73,7 @@ fn main() {
                     max_llm_calls: 500,
                     shadow: false,
                     request_id: None,
+                    budget: None,
                 }))
                 .expect("memory store");
                 if let tollgate_core::store::ReserveOutcome::Granted { reservation, .. } = r {
@@ -80,6 +82,7 @@ fn main() {
                         tokens,
                         reservation: &reservation,
                         actual: Some(5_000),
+                        budget: None,
                     }))
                     .expect("memory store");
                 }

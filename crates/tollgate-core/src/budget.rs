@@ -3,9 +3,9 @@
 //!
 //! This module holds the config (`[plans.<name>.budgets]`, the top-level
 //! `[budgets]`) and its validation into [`Budgets`]; prices are in
-//! [`crate::money`], windows in [`crate::calendar`].
-//! **No store enforces budgets yet**: the server refuses a config that
-//! sets one (docs/spec.md §6).
+//! [`crate::money`], windows in [`crate::calendar`], what a store does
+//! with a budget in [`crate::spend`]. **The server does not pass budgets to
+//! the stores yet**: it refuses a config that sets one (docs/spec.md §6).
 //!
 //! ```toml
 //! currency = "USD"
@@ -211,6 +211,13 @@ impl BudgetsConfig {
                     );
                     None
                 }
+                (Some(t), None) if t as u64 > money::MAX_PRICED => {
+                    err(
+                        format!("{p}.tokens"),
+                        format!("must be at most {} (got {t})", money::MAX_PRICED),
+                    );
+                    None
+                }
                 (Some(t), None) => Some(BudgetAmount::Tokens(t as u64)),
                 (None, Some(text)) => {
                     let p = format!("{p}.cost");
@@ -225,6 +232,16 @@ impl BudgetsConfig {
                     match money::parse_micros(text) {
                         Ok(0) => {
                             err(p, format!("must be more than 0 (got {text:?})"));
+                            None
+                        }
+                        Ok(m) if m > money::MAX_PRICED => {
+                            err(
+                                p,
+                                format!(
+                                    "must be at most {} (got {text:?})",
+                                    money::format_micros(money::MAX_PRICED)
+                                ),
+                            );
                             None
                         }
                         Ok(m) => Some(BudgetAmount::Cost(m)),

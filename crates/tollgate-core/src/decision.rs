@@ -23,6 +23,12 @@ pub enum Limit {
     Cooldown,
     /// Live sessions per user (`max_sessions`, SPEC §4).
     Sessions,
+    /// A user's spend budget of the local day.
+    BudgetDaily,
+    /// A user's spend budget of the week (from Monday).
+    BudgetWeekly,
+    /// A user's spend budget of the calendar month.
+    BudgetMonthly,
 }
 
 impl Limit {
@@ -36,6 +42,9 @@ impl Limit {
             Limit::Bucket => "bucket",
             Limit::Cooldown => "cooldown",
             Limit::Sessions => "sessions",
+            Limit::BudgetDaily => "budget_daily",
+            Limit::BudgetWeekly => "budget_weekly",
+            Limit::BudgetMonthly => "budget_monthly",
         }
     }
 }

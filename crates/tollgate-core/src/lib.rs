@@ -57,6 +57,7 @@ pub mod money;
 pub mod plan;
 pub mod reserve;
 pub mod session;
+pub mod spend;
 pub mod store;
 pub mod take;
 

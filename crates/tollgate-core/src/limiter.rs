@@ -227,6 +227,7 @@ impl<S: Store> Limiter<S> {
                     lease_ttl_ms: plan.lease_ttl_ms,
                     concurrency_retry_ms: plan.concurrency_retry_ms,
                 },
+                budgets: &[],
             })
             .await?;
         if out.reclaimed > 0 {
@@ -495,6 +496,7 @@ impl<S: Store> Limiter<S> {
                 max_llm_calls: plan.max_llm_calls,
                 shadow: plan.shadow,
                 request_id: call.request_id,
+                budget: None,
             })
             .await?;
         Ok(match out {
@@ -662,6 +664,7 @@ impl<S: Store> Limiter<S> {
                 tokens: plan.tokens,
                 reservation,
                 actual,
+                budget: None,
             })
             .await?;
         match out {
@@ -719,6 +722,7 @@ impl<S: Store + Clone> Drop for RefundOnDrop<'_, S> {
                         tokens,
                         reservation: &id,
                         actual: None,
+                        budget: None,
                     };
                     if let Err(e) = store.settle(req).await {
                         tracing::warn!(user, reservation = %id, error = %e, "refund of an abandoned wait failed");

@@ -42,6 +42,10 @@ pub const MICROS_PER_UNIT: u64 = 1_000_000;
 pub const TOKENS_PER_PRICE: u64 = 1_000_000;
 /// Most decimal places a money amount or price may have (micro-units).
 pub const MAX_DECIMALS: usize = 6;
+/// The largest price or cost budget a config may set, in micro-units
+/// (2^53, about 9 billion units of the currency): what stores count
+/// exactly (the Redis scripts' numbers).
+pub const MAX_PRICED: u64 = 1 << 53;
 
 /// A cost that does not fit in a `u64` of micro-units (more than about
 /// 18.4 trillion units of the currency): no decision can be made on it.
@@ -143,6 +147,16 @@ impl PriceConfig {
     /// Answers the price, or `None` if anything was wrong.
     pub fn validate(&self, path: &str, errors: &mut Vec<FieldError>) -> Option<Price> {
         let mut field = |name: &str, text: &str| match parse_micros(text) {
+            Ok(m) if m > MAX_PRICED => {
+                errors.push(FieldError {
+                    path: format!("{path}.{name}"),
+                    reason: format!(
+                        "must be at most {} (got {text:?})",
+                        format_micros(MAX_PRICED)
+                    ),
+                });
+                None
+            }
             Ok(m) => Some(m),
             Err(e) => {
                 errors.push(FieldError {

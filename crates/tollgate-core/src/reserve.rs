@@ -11,8 +11,9 @@
 //! `reserve_tokens.lua` and `settle.lua` restate them (checked by
 //! `crates/tollgate-redis/tests/differential.rs`).
 
-use crate::bucket::{self, BucketSpec, BucketState, MAX_SCALED, Take};
+use crate::bucket::{self, BucketSpec, BucketState, EXPIRY_GRACE_MS, MAX_SCALED, Take};
 use crate::decision::{Denial, Limit};
+use crate::spend::{Charged, Spend};
 use crate::store::MAX_TRACKED_RUNS;
 use crate::store::{
     RESERVATION_RETENTION_MS, ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome,
@@ -39,6 +40,20 @@ pub struct CallState {
     /// batch), at most [`MAX_RECONCILING_REPLICAS`], the least recent
     /// forgotten first.
     pub reconciled: Vec<(u32, u64)>,
+    /// Spend per budget window (issue #21), for a user whose plan has
+    /// budgets.
+    pub spend: Option<Box<Spend>>,
+}
+
+/// An open reservation of a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Open {
+    /// Its call number.
+    pub call: u64,
+    /// The tokens it charged the token bucket.
+    pub charged: u64,
+    /// What it charged the user's budgets, and at what price.
+    pub budget: Option<Box<Charged>>,
 }
 
 /// One run's record: its call counter (the `max_llm_calls` cap), its open
@@ -49,9 +64,9 @@ pub struct RunRecord {
     pub id: Box<str>,
     /// Model calls counted so far; reservation numbers are `1..=calls`.
     pub calls: u64,
-    /// Open reservations: (call, estimate charged). Closed ones are the
-    /// numbers up to `calls` that are not here.
-    pub open: Vec<(u64, u64)>,
+    /// Open reservations. Closed ones are the numbers up to `calls` that
+    /// are not here.
+    pub open: Vec<Open>,
     /// Request ids of granted reserves: (id, call, when its wait ends).
     /// Call 0 marks an id superseded by reconciliation.
     pub requests: Vec<(Box<str>, u64, u64)>,
@@ -124,6 +139,16 @@ impl CallState {
             .map_or(0, |(_, e)| e)
             .max(self.runs.iter().map(|r| r.expires_at).max().unwrap_or(0))
             .max(self.usage.expires_at())
+            .max(
+                self.spend
+                    .as_ref()
+                    .map_or(0, |s| s.expires_at().saturating_add(EXPIRY_GRACE_MS)),
+            )
+    }
+
+    /// The spend state, made on first use.
+    pub fn spend(&mut self) -> &mut Spend {
+        self.spend.get_or_insert_with(Box::default)
     }
 
     /// What a repeat of reserve request `request_id` of run
@@ -220,13 +245,23 @@ impl CallState {
     /// open with the estimate it charged (0 for a shadow reservation, which
     /// took nothing: its settle charges the actual usage, its refund changes
     /// nothing). Answers the call's number.
-    fn record_call(&mut self, now: u64, invocation_id: &str, charged: u64) -> u64 {
+    fn record_call(
+        &mut self,
+        now: u64,
+        invocation_id: &str,
+        charged: u64,
+        budget: Option<Charged>,
+    ) -> u64 {
         let run = self.run_record(now, invocation_id);
         run.calls += 1;
         if run.open.capacity() == 0 {
             run.open.reserve_exact(1);
         }
-        run.open.push((run.calls, charged));
+        run.open.push(Open {
+            call: run.calls,
+            charged,
+            budget: budget.map(Box::new),
+        });
         run.calls
     }
 }
@@ -277,8 +312,7 @@ pub fn reserve(state: &mut CallState, now: u64, req: &ReserveRequest<'_>) -> Res
         req.estimate,
         req.max_wait_ms,
     );
-    let denial = match t.outcome {
-        _ if calls >= req.max_llm_calls => Some(cap),
+    let token_denial = match t.outcome {
         Take::Granted { .. } => None,
         Take::Refused { retry_after_ms } => Some(Denial::Limited {
             limit: Limit::TokenRate,
@@ -290,17 +324,32 @@ pub fn reserve(state: &mut CallState, now: u64, req: &ReserveRequest<'_>) -> Res
             max_cost: req.tokens.max_cost(req.max_wait_ms),
         }),
     };
-    let reservation = |c: &mut CallState, charged| {
-        ReservationId::new(
-            req.invocation_id,
-            c.record_call(now, req.invocation_id, charged),
+    let budget = req.budget.as_ref().filter(|b| !b.checks.is_empty());
+    let decided = budget.map(|b| {
+        state.spend.as_deref().map_or_else(
+            || Spend::default().decide(b, now, req.estimate),
+            |s| s.decide(b, now, req.estimate),
         )
+    });
+    let budget_denial = decided.as_ref().and_then(|d| d.as_ref().err().copied());
+    let denial = if calls >= req.max_llm_calls {
+        Some(cap)
+    } else {
+        first_denial(token_denial, budget_denial)
     };
     match (denial, t.outcome) {
         (None, Take::Granted { wait_ms }) => {
             state.tokens = Some((t.state, t.expires_at));
             state.usage.add(now, req.estimate as i64);
-            let reservation = reservation(state, req.estimate);
+            let charged = match (budget, decided) {
+                (Some(b), Some(Ok(charged))) => {
+                    state.spend().charge(b.checks, &charged, now);
+                    Some(charged)
+                }
+                _ => None,
+            };
+            let call = state.record_call(now, req.invocation_id, req.estimate, charged);
+            let reservation = ReservationId::new(req.invocation_id, call);
             if let Some(rid) = req.request_id
                 && let Some(run) = state.run(now, req.invocation_id)
             {
@@ -318,9 +367,29 @@ pub fn reserve(state: &mut CallState, now: u64, req: &ReserveRequest<'_>) -> Res
             state.tokens = Some((r.state, r.expires_at));
             ReserveOutcome::Denied {
                 denial: denial.unwrap_or(cap),
-                shadow_reservation: req.shadow.then(|| reservation(state, 0)),
+                shadow_reservation: req.shadow.then(|| {
+                    let nothing = budget.map(|b| Charged::nothing(b, now));
+                    ReservationId::new(
+                        req.invocation_id,
+                        state.record_call(now, req.invocation_id, 0, nothing),
+                    )
+                }),
             }
         }
+    }
+}
+
+/// The refusal reported when both the token bucket and a budget refuse: a
+/// request that can never fit first (the token bucket's before a
+/// budget's), else the one with the later retry hint (a tie: the
+/// budget's).
+fn first_denial(token: Option<Denial>, budget: Option<Denial>) -> Option<Denial> {
+    match (token, budget) {
+        (None, d) | (d, None) => d,
+        (Some(t @ Denial::ExceedsCapacity { .. }), _) => Some(t),
+        (_, Some(b @ Denial::ExceedsCapacity { .. })) => Some(b),
+        (Some(t), Some(b)) if t.retry_after_ms() > b.retry_after_ms() => Some(t),
+        (_, b) => b,
     }
 }
 
@@ -338,17 +407,24 @@ pub fn settle(state: &mut CallState, now: u64, req: &SettleRequest<'_>) -> Settl
     if r.call == 0 || r.call > run.calls {
         return SettleOutcome::Unknown;
     }
-    let Some(pos) = run.open.iter().position(|(n, _)| *n == r.call) else {
+    let Some(pos) = run.open.iter().position(|o| o.call == r.call) else {
         return SettleOutcome::AlreadyClosed {
             balance: spec
                 .unscale(bucket::refill(&spec, bucket::live(state.tokens, now), now).level),
         };
     };
-    let (_, estimate) = run.open.swap_remove(pos);
+    let Open {
+        charged: estimate,
+        budget: charged,
+        ..
+    } = run.open.swap_remove(pos);
     if run.open.is_empty() {
         run.open = Vec::new();
     }
     run.expires_at = now.saturating_add(RESERVATION_RETENTION_MS);
+    if let (Some(charged), Some(b)) = (charged, &req.budget) {
+        state.spend().close(&charged, b, now, req.actual);
+    }
     let delta = match req.actual {
         // Counts past 2^53 cannot be kept exactly (see SettleRequest).
         Some(actual) => i128::from(actual.min(MAX_SCALED as u64)) - i128::from(estimate),
@@ -378,8 +454,8 @@ pub fn close_ambiguous(state: &mut CallState, now: u64, reserves: &[(&str, &str)
         match run.requests.iter().position(|(r, _, _)| &**r == rid) {
             Some(i) => {
                 let call = run.requests[i].1;
-                if let Some(pos) = run.open.iter().position(|(n, _)| *n == call) {
-                    let (_, charged) = run.open.swap_remove(pos);
+                if let Some(pos) = run.open.iter().position(|o| o.call == call) {
+                    let charged = run.open.swap_remove(pos).charged;
                     given_back = given_back.saturating_add(charged as i64);
                     closed += 1;
                 }

@@ -18,6 +18,7 @@ use crate::bucket::{BucketSpec, Take};
 use crate::decision::Denial;
 use crate::error::StoreError;
 use crate::lease::{Admit, SessionAcquire, SessionGrant, TurnParams};
+use crate::spend::{BudgetCheck, BudgetRequest};
 
 pub mod grouped;
 pub mod memory;
@@ -149,6 +150,11 @@ pub struct TurnRequest<'a> {
     pub invocation_id: &'a str,
     /// Bucket, cap and lease settings from the user's plan.
     pub params: TurnParams,
+    /// Budgets whose exhaustion refuses the turn (a plan with
+    /// `on_exhausted = "deny_turns"`, issue #21): a spent one refuses it
+    /// before the turn bucket and the lease are looked at, taking nothing.
+    /// Empty: none.
+    pub budgets: &'a [BudgetCheck],
 }
 
 /// The answer to a turn admission.
@@ -186,6 +192,10 @@ pub struct ReserveRequest<'a> {
     /// denial is not remembered: its repeat is decided anew. Stores keep
     /// at most one id per model call of the run.
     pub request_id: Option<&'a str>,
+    /// The user's spend budgets (issue #21), checked and charged in the
+    /// same step as the token take (all or nothing); `None` or no checks:
+    /// none.
+    pub budget: Option<BudgetRequest<'a>>,
 }
 
 /// The answer to a token reservation.
@@ -227,6 +237,10 @@ pub struct SettleRequest<'a> {
     /// to 2^53: a larger `actual` is taken as 2^53 (the `Limiter` refuses
     /// anything past 2^53 / period as invalid before it gets here).
     pub actual: Option<u64>,
+    /// The user's budgets now, and the usage split: the reservation's
+    /// budget charges move by its actual cost (at the price it was made
+    /// at), or are given back by a refund. `None`: budgets are left alone.
+    pub budget: Option<BudgetRequest<'a>>,
 }
 
 /// The answer to a settle or refund.

@@ -540,7 +540,7 @@ proptest! {
                     let (mut admitted, mut denied) = (0usize, 0usize);
                     for round in 0..ROUNDS {
                         let inv = format!("inv-{task}-{round}");
-                        let req = TurnRequest { user: "u", invocation_id: &inv, params };
+                        let req = TurnRequest { user: "u", invocation_id: &inv, params, budgets: &[]  };
                         let out = store.admit_turn(req).await.expect("memory store");
                         match out.admit {
                             Admit::Admitted { refreshed, .. } => {
@@ -655,6 +655,7 @@ proptest! {
                         max_llm_calls,
                         shadow,
                         request_id: rid.as_deref(),
+                        budget: None,
                     };
                     let out = reserve::reserve(&mut state, now, &req);
                     if let Some(first) = request.and_then(|r| grants.get(&(run, r))) {
@@ -698,7 +699,7 @@ proptest! {
                     let id = named.get(pick).map_or(made_up, |(id, _)| id.clone());
                     let balance_before =
                         spec.unscale(bucket::refill(&spec, bucket::live(state.tokens, now), now).level);
-                    let req = SettleRequest { user: "u", tokens: spec, reservation: &id, actual };
+                    let req = SettleRequest { user: "u", tokens: spec, reservation: &id, actual, budget: None  };
                     let out = reserve::settle(&mut state, now, &req);
                     match named.get_mut(pick) {
                         Some((_, open @ true)) => {

@@ -117,6 +117,7 @@ async fn step(store: &RedisStore, mode: &str, user: &str, inv: &str, calls: &Ato
                     user,
                     invocation_id: inv,
                     params: turn_params(),
+                    budgets: &[],
                 })
                 .await;
             calls.fetch_add(1, Ordering::Relaxed);
@@ -133,6 +134,7 @@ async fn step(store: &RedisStore, mode: &str, user: &str, inv: &str, calls: &Ato
                     max_llm_calls: 1_000_000,
                     shadow: false,
                     request_id: None,
+                    budget: None,
                 })
                 .await;
             calls.fetch_add(1, Ordering::Relaxed);
@@ -148,6 +150,7 @@ async fn step(store: &RedisStore, mode: &str, user: &str, inv: &str, calls: &Ato
                     tokens: tokens(),
                     reservation: &reservation,
                     actual: Some(500),
+                    budget: None,
                 })
                 .await;
             calls.fetch_add(1, Ordering::Relaxed);

@@ -357,6 +357,7 @@ impl Driver {
                         user: &users[user],
                         invocation_id: inv,
                         params,
+                        budgets: &[],
                     })
                     .await
                     .map_err(|e| e.to_string())?;

@@ -1,18 +1,41 @@
 -- admit_turn: turn bucket and run lease, all or nothing (SPEC §3).
 -- KEYS[1] turn bucket (packed string: bucket_load in prelude.lua)   {prefix}:turn2:{user}
 -- KEYS[2] run lease zset     {prefix}:lease:{user}  (member invocation, score expiry)
+-- KEYS[3] spend, packed      {prefix}:bud:{user}  (spend_load in prelude.lua)
 -- ARGV[1] seven little-endian doubles (struct 'd', each an integer within
 --   2^53, so exact; no text to parse): now override (0: Redis TIME),
 --   amount, period_ms, capacity scaled (capacity * period_ms), lease ttl
 --   ms, max runs, concurrency retry cap ms
 -- ARGV[2] invocation id
+-- ARGV[3] budgets whose exhaustion refuses the turn ('' for none),
+--   little-endian doubles: n, then per budget: period (0 daily, 1 weekly,
+--   2 monthly), unit, limit, current window start, end, next window start,
+--   end. A spent one refuses before anything else is looked at.
 -- Returns four little-endian doubles (struct '<dddd': a string is far
 -- cheaper for Redis to answer than a table):
 --         1, lease_expires_at, refreshed (0/1), reclaimed
---      or 0, limit (1 turn_rate, 2 concurrency), retry_after_ms, reclaimed
+--      or 0, limit (1 turn_rate, 2 concurrency, 3 + period a budget),
+--         retry_after_ms, reclaimed
 local o, amount, period, cap, ttl, max_runs, retry_cap = struct.unpack('<ddddddd', ARGV[1])
 local now = now_ms(o)
 local inv = ARGV[2]
+
+if ARGV[3] ~= '' then
+  local n = struct.unpack('<d', ARGV[3])
+  local b = {struct.unpack('<' .. string.rep('d', 1 + 7 * n), ARGV[3])}
+  local spend = spend_load(KEYS[3])
+  local code, hint = 0, 0
+  for i = 0, n - 1 do
+    local o = 2 + 7 * i
+    local ws, we = spend_window(now, b[o + 3], b[o + 4], b[o + 5], b[o + 6])
+    if spend_of(spend, b[o], ws, b[o + 1]) >= b[o + 2] then
+      local h = we - now
+      if h < 1 then h = 1 end
+      if code == 0 or h > hint then code, hint = 3 + b[o], h end
+    end
+  end
+  if code ~= 0 then return struct.pack('<dddd', 0, code, hint, 0) end
+end
 
 local reclaimed = redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local exp = now + ttl

@@ -48,7 +48,7 @@ for _ = 1, n do
     if call > 0 then
       local charged = redis.call('HGET', key, 'o' .. call)
       if charged then
-        redis.call('HDEL', key, 'o' .. call)
+        redis.call('HDEL', key, 'o' .. call, 'b' .. call)
         given_back = given_back + tonumber(charged)
         refunded = refunded + 1
       end

@@ -5,6 +5,7 @@
 --         {c = calls, e = logical expiry, o<n> = tokens charged by open reservation n}
 -- KEYS[3] run index zset     {prefix}:invs:{user}  (member invocation, score expiry;
 --         a dropped run's key is built from ARGV[3]: it is in the same slot)
+-- KEYS[4] spend, packed      {prefix}:bud:{user}  (spend_load in prelude.lua)
 -- ARGV[1] eleven little-endian doubles (struct 'd', each an integer within
 --   2^53, so exact; no text to parse): now override (0: Redis TIME),
 --   amount, period_ms, capacity scaled, estimate (tokens), max wait ms, max
@@ -16,11 +17,21 @@
 -- ARGV[4] the request id ('' for none): the invocation hash keeps
 --         r<id> = "<call>:<ready_at>" for each granted reserve that named one
 --         ("0:0": superseded by reconcile)
+-- ARGV[5] the budgets ('' for none), little-endian doubles: n, the price
+--         (input, output, cached input per million tokens; -1: none), then
+--         per budget: period (0 daily, 1 weekly, 2 monthly), unit (0 tokens,
+--         1 micro-units), limit, current window start, end, next window
+--         start, end, this reserve's charge. A grant charges each budget in
+--         the window the store clock picks and keeps b<call> = n, the price,
+--         then per budget period, unit, window start, charge in the
+--         invocation hash (zero charges for a shadow reservation).
 -- Returns four little-endian doubles (struct '<dddd': a string is far
 -- cheaper for Redis to answer than a table):
 --         1, call, wait_ms, now   granted
 --      or 0, code, retry_after_ms, shadow call (0: none)   denied:
---         code 3 max_llm_calls, 4 token_rate (retryable), 5 exceeds capacity
+--         code 3 max_llm_calls, 4 token_rate (retryable), 5 exceeds capacity,
+--         6 + period a budget spent (retryable at its window's end), 9 +
+--         period a charge past a budget's whole limit
 --      or 2, 0, 0, 0   the request id was superseded
 --      or 3, call, wait_ms, 0   a repeat of the request id's grant
 local o, amount, period, cap, estimate, max_wait, max_calls, shadow, exceeds, retention,
@@ -50,7 +61,7 @@ if calls >= max_calls and shadow == 0 then
   return struct.pack('<dddd', 0, 3, 0, 0)
 end
 
-local function record_call(charged, wait)
+local function record_call(charged, wait, brec)
   local exp = now + retention
   track_run(KEYS[3], ARGV[3], inv_id, not live, now, retention, max_runs)
   live = true
@@ -61,6 +72,7 @@ local function record_call(charged, wait)
   else
     redis.call('HSET', KEYS[2], 'c', calls, 'e', exp, 'o' .. calls, charged)
   end
+  if brec then redis.call('HSET', KEYS[2], 'b' .. calls, brec) end
   redis.call('PEXPIRE', KEYS[2], retention)
   return calls
 end
@@ -68,20 +80,75 @@ end
 local level, ts, _, old_period, um, uc, up = tok_load(KEYS[1], now, cap, period)
 level, ts = refill(level, ts, now, amount, cap, old_period, period)
 local outcome, x, after = take(level, estimate * period, max_wait, amount, exceeds)
-local code = 0
+
+-- Budgets (tollgate-core/src/spend.rs, Spend::decide): a charge past a
+-- whole limit refuses for good (the first such budget); one past what is
+-- left refuses until its window ends (the latest end of several).
+local bud, spend, b_code, b_hint = nil, nil, 0, 0
+if ARGV[5] ~= '' then
+  local n = struct.unpack('<d', ARGV[5])
+  bud = {struct.unpack('<' .. string.rep('d', 4 + 8 * n), ARGV[5])}
+  spend = spend_load(KEYS[4])
+  for i = 0, n - 1 do
+    local o = 5 + 8 * i
+    local p, u, limit, ch = bud[o], bud[o + 1], bud[o + 2], bud[o + 7]
+    local ws, we = spend_window(now, bud[o + 3], bud[o + 4], bud[o + 5], bud[o + 6])
+    if ch > limit then
+      b_code, b_hint = 9 + p, 0
+      break
+    end
+    if spend_of(spend, p, ws, u) + ch > limit then
+      local h = we - now
+      if h < 1 then h = 1 end
+      if b_code == 0 or h > b_hint then b_code, b_hint = 6 + p, h end
+    end
+  end
+end
+
+-- The budget record of a reservation (its charges, or zero ones).
+local function bud_record(zero)
+  local out = {bud[1], bud[2], bud[3], bud[4]}
+  for i = 0, bud[1] - 1 do
+    local o = 5 + 8 * i
+    local ws = spend_window(now, bud[o + 3], bud[o + 4], bud[o + 5], bud[o + 6])
+    local ch = bud[o + 7]
+    if zero then ch = 0 end
+    out[#out + 1], out[#out + 2], out[#out + 3], out[#out + 4] = bud[o], bud[o + 1], ws, ch
+  end
+  return struct.pack('<' .. string.rep('d', #out), unpack(out))
+end
+
+-- Which refusal is reported (reserve.rs, first_denial): the run's cap,
+-- then a charge that can never fit (the token bucket's first), then the
+-- later retry hint of the token bucket and the budgets (a tie: budget).
+local code, hint = 0, 0
 if calls >= max_calls then code = 3
-elseif outcome == 2 then code = 4
-elseif outcome == 3 then code = 5 end
+elseif outcome == 3 then code = 5
+elseif b_code >= 9 then code = b_code
+elseif outcome == 2 and (b_code == 0 or x > b_hint) then code, hint = 4, x
+elseif b_code ~= 0 then code, hint = b_code, b_hint end
 
 if code == 0 then
   um, uc, up = usage_roll(um, uc, up, now, estimate)
   tok_save(KEYS[1], after, ts, now, amount, cap, period, um, uc, up)
-  return struct.pack('<dddd', 1, record_call(estimate, x), x, now)
+  local brec = nil
+  if bud then
+    for i = 0, bud[1] - 1 do
+      local o = 5 + 8 * i
+      local ws, we = spend_window(now, bud[o + 3], bud[o + 4], bud[o + 5], bud[o + 6])
+      spend_add(spend, bud[o], ws, we, bud[o + 1], bud[o + 7])
+    end
+    spend_save(KEYS[4], spend, now)
+    brec = bud_record(false)
+  end
+  return struct.pack('<dddd', 1, record_call(estimate, x, brec), x, now)
 end
 -- Denied: take nothing; keep the refilled level.
 tok_save(KEYS[1], level, ts, now, amount, cap, period, um, uc, up)
-local hint = 0
-if code == 4 then hint = x end
 local call = 0
-if shadow == 1 then call = record_call(0, nil) end
+if shadow == 1 then
+  local brec = nil
+  if bud then brec = bud_record(true) end
+  call = record_call(0, nil, brec)
+end
 return struct.pack('<dddd', 0, code, hint, call)

@@ -2,16 +2,26 @@
 -- actual - estimate (settle) or -estimate (refund) (SPEC §2).
 -- KEYS[1] token bucket and usage, packed  {prefix}:tok2:{user} (tok_load in prelude.lua)
 -- KEYS[2] invocation hash    {prefix}:inv:{user}:<invocation>
+-- KEYS[3] spend, packed      {prefix}:bud:{user}  (spend_load in prelude.lua)
 -- ARGV[1] seven little-endian doubles (struct 'd', each an integer within
 --   2^53, so exact): now override (0: Redis TIME), amount, period_ms,
 --   capacity scaled, call number, actual tokens (-1 for a refund),
 --   reservation retention ms
+-- ARGV[2] the budgets now ('' for none: a budget record is dropped
+--   unread), little-endian doubles: n, split given (0/1), input, output,
+--   cached input tokens, then per budget: period, unit, current window
+--   start, end, next window start, end. The reservation's record b<call>
+--   (reserve_tokens.lua) says what it charged where, at what price: each
+--   budget still named moves by actual - charged in that window if the
+--   store clock is still in it, else the actual amount goes to the current
+--   window; a refund gives the charge back in its window only
+--   (tollgate-core/src/spend.rs, Spend::close).
 -- Returns four little-endian doubles (struct '<dddd'): 1, balance, delta,
 -- now applied | 2, balance, 0, 0 already closed | 0, 0, 0, 0 unknown.
 local o, amount, period, cap, call, actual, retention = struct.unpack('<ddddddd', ARGV[1])
 local now = now_ms(o)
 
-local v = redis.call('HMGET', KEYS[2], 'c', 'e', 'o' .. call)
+local v = redis.call('HMGET', KEYS[2], 'c', 'e', 'o' .. call, 'b' .. call)
 if not v[1] or tonumber(v[2]) <= now or call < 1 or call > tonumber(v[1]) then
   return struct.pack('<dddd', 0, 0, 0, 0)
 end
@@ -20,7 +30,7 @@ level, ts = refill(level, ts, now, amount, cap, old_period, period)
 if not v[3] then return struct.pack('<dddd', 2, floor_div(level, period), 0, 0) end
 
 local charged = tonumber(v[3])
-redis.call('HDEL', KEYS[2], 'o' .. call)
+redis.call('HDEL', KEYS[2], 'o' .. call, 'b' .. call)
 redis.call('HSET', KEYS[2], 'e', now + retention)
 redis.call('PEXPIRE', KEYS[2], retention)
 local delta = -charged
@@ -30,4 +40,42 @@ if level > cap then level = cap end
 if level < -MAX_SCALED then level = -MAX_SCALED end
 um, uc, up = usage_roll(um, uc, up, now, delta)
 tok_save(KEYS[1], level, ts, now, amount, cap, period, um, uc, up)
+if v[4] and ARGV[2] ~= '' then
+  local rn = struct.unpack('<d', v[4])
+  local r = {struct.unpack('<' .. string.rep('d', 4 + 4 * rn), v[4])}
+  local qn = struct.unpack('<d', ARGV[2])
+  local q = {struct.unpack('<' .. string.rep('d', 5 + 6 * qn), ARGV[2])}
+  local pin, pout, pc = r[2], r[3], r[4]
+  local split, si, so, sc = q[2], q[3], q[4], q[5]
+  local spend = spend_load(KEYS[3])
+  for j = 0, rn - 1 do
+    local p, u, ws0, charged_b = r[5 + 4 * j], r[6 + 4 * j], r[7 + 4 * j], r[8 + 4 * j]
+    for i = 0, qn - 1 do
+      local o = 6 + 6 * i
+      if q[o] == p and q[o + 1] == u then
+        local ws, we = spend_window(now, q[o + 2], q[o + 3], q[o + 4], q[o + 5])
+        if actual < 0 then
+          if ws == ws0 then spend_add(spend, p, ws, we, u, -charged_b) end
+        else
+          local real
+          if u == 0 then
+            real = actual
+            if split == 1 then real = si + so + sc end
+            if real > MAX_SCALED then real = MAX_SCALED end
+          elseif pin < 0 then
+            real = MAX_SCALED
+          elseif split == 1 then
+            real = price_cost(si, pin, so, pout, sc, pc)
+          else
+            real = price_cost(actual, math.max(pin, pout), 0, 0, 0, 0)
+          end
+          if ws == ws0 then real = real - charged_b end
+          spend_add(spend, p, ws, we, u, real)
+        end
+        break
+      end
+    end
+  end
+  spend_save(KEYS[3], spend, now)
+end
 return struct.pack('<dddd', 1, floor_div(level, period), delta, now)

@@ -72,6 +72,12 @@ impl Keys {
         self.user("tok2", user)
     }
 
+    /// The spend per budget window of a user: a packed string
+    /// (`spend_load` in scripts/prelude.lua).
+    pub(crate) fn spend(&self, user: &str) -> String {
+        self.user("bud", user)
+    }
+
     /// The run lease set of a user.
     pub(crate) fn leases(&self, user: &str) -> String {
         self.user("lease", user)

@@ -71,7 +71,10 @@ use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use tollgate_core::aimd::AimdParams;
 use tollgate_core::bucket::BucketSpec;
+use tollgate_core::calendar::{Period, Window};
 use tollgate_core::lease::TurnParams;
+use tollgate_core::money::{Price, TokenSplit};
+use tollgate_core::spend::{BudgetCheck, BudgetRequest, BudgetUnit};
 use tollgate_core::store::memory::MemoryConfig;
 use tollgate_core::store::{
     BucketRef, BucketTake, ClaimRequest, CooldownCheck, ReservationId, ReserveOutcome,
@@ -184,6 +187,8 @@ enum Op {
     Admit {
         user: usize,
         invocation: usize,
+        /// The budgets refuse the turn when spent (`deny_turns`).
+        budget: Option<BudgetUse>,
     },
     Release {
         user: usize,
@@ -202,12 +207,14 @@ enum Op {
         max_wait: Qty,
         max_calls: u64,
         shadow: bool,
+        budget: Option<BudgetUse>,
     },
     Settle {
         rid: Rid,
         plan: usize,
         /// `None`: a refund.
         actual: Option<Qty>,
+        budget: Option<BudgetUse>,
     },
     TakeMany {
         takes: Vec<TakeOp>,
@@ -304,6 +311,9 @@ enum Op {
 #[derive(Debug, Clone)]
 struct Case {
     turns: TurnParams,
+    /// The user's budgets (no two of one period) and the call's price.
+    budgets: Vec<BudgetSpec>,
+    price: Option<Price>,
     /// Token bucket specs: `[0]` the plan, `[1]` a reloaded plan.
     tokens: [BucketSpec; 2],
     /// Per named bucket: its spec and an alternative one.
@@ -443,7 +453,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (60_000u64..=700_000).prop_map(Op::Advance),
         1 => (700_000u64..=4_000_000).prop_map(Op::Advance),
         1 => (1u64..=5_000).prop_map(Op::StepBack),
-        10 => (user(), invocation()).prop_map(|(user, invocation)| Op::Admit { user, invocation }),
+        10 => (user(), invocation(), budget_use())
+            .prop_map(|(user, invocation, budget)| Op::Admit { user, invocation, budget }),
         4 => (user(), invocation()).prop_map(|(user, invocation)| Op::Release { user, invocation }),
         4 => (user(), invocation(), ttl())
             .prop_map(|(user, invocation, ttl)| Op::Renew { user, invocation, ttl }),
@@ -453,20 +464,34 @@ fn op() -> impl Strategy<Value = Op> {
             qty(),
             prop_oneof![3 => Just(500u64), 1 => 0u64..=3],
             prop::bool::weighted(0.2),
+            budget_use(),
         )
-            .prop_map(|((user, invocation, plan), estimate, max_wait, max_calls, shadow)| {
-                Op::Reserve {
-                    user,
-                    invocation,
-                    plan,
-                    estimate,
-                    max_wait,
-                    max_calls,
-                    shadow,
-                }
+            .prop_map(
+                |((user, invocation, plan), estimate, max_wait, max_calls, shadow, budget)| {
+                    Op::Reserve {
+                        user,
+                        invocation,
+                        plan,
+                        estimate,
+                        max_wait,
+                        max_calls,
+                        shadow,
+                        budget,
+                    }
+                },
+            ),
+        8 => (
+            rid(),
+            plan(),
+            prop_oneof![3 => qty().prop_map(Some), 1 => Just(None)],
+            budget_use(),
+        )
+            .prop_map(|(rid, plan, actual, budget)| Op::Settle {
+                rid,
+                plan,
+                actual,
+                budget,
             }),
-        8 => (rid(), plan(), prop_oneof![3 => qty().prop_map(Some), 1 => Just(None)])
-            .prop_map(|(rid, plan, actual)| Op::Settle { rid, plan, actual }),
         8 => (
             prop_oneof![
                 1 => prop::collection::vec(take_op(), 0..=0),
@@ -555,16 +580,140 @@ fn case() -> impl Strategy<Value = Case> {
         token_specs(),
         [[spec(), spec()], [spec(), spec()]],
         prop::collection::vec(op(), 20..=40),
+        budget_specs(),
+        prop_oneof![8 => price().prop_map(Some), 1 => Just(None)],
     )
-        .prop_map(|(turns, tokens, named, ops)| Case {
-            turns,
-            tokens,
-            named,
-            ops,
+        .prop_map(|(turns, tokens, named, ops, mut budgets, price)| {
+            // A limit of a few calls' worth, so reserves run a budget dry:
+            // `limit` is drawn as eighths of the token capacity (of its
+            // cost at the higher price, for money), or as itself when huge.
+            for b in &mut budgets {
+                if b.limit <= 64 {
+                    let cap = tokens[0].capacity();
+                    let per = match (b.unit, price) {
+                        (BudgetUnit::Tokens, _) => cap,
+                        (BudgetUnit::Cost, Some(p)) => {
+                            (cap.saturating_mul(p.input.max(p.output)) / 1_000_000).max(1)
+                        }
+                        (BudgetUnit::Cost, None) => 1,
+                    };
+                    b.limit = (per.saturating_mul(b.limit) / 8).clamp(1, 1 << 53);
+                }
+            }
+            Case {
+                turns,
+                budgets,
+                price,
+                tokens,
+                named,
+                ops,
+            }
         })
 }
 
+/// A budget of a case: windows of `len_ms` (short, so clock moves cross
+/// them) cut from the epoch, as a calendar would cut days.
+#[derive(Debug, Clone, Copy)]
+struct BudgetSpec {
+    period: Period,
+    unit: BudgetUnit,
+    limit: u64,
+    len_ms: u64,
+}
+
+/// How an operation names the budgets: the caller's clock `skew` ms behind
+/// the store's (so the store sometimes picks the next window), and a token
+/// split.
+#[derive(Debug, Clone, Copy)]
+struct BudgetUse {
+    skew: u64,
+    split: Option<(u32, u32, u32)>,
+}
+
+fn budget_specs() -> impl Strategy<Value = Vec<BudgetSpec>> {
+    let one = |period| {
+        (
+            prop::bool::ANY,
+            prop_oneof![6 => 1u64..=64, 1 => 65u64..=(1 << 53)],
+            prop_oneof![1 => 1_000u64..=10_000, 3 => 60_000u64..=3_600_000],
+        )
+            .prop_map(move |(cost, limit, len_ms)| BudgetSpec {
+                period,
+                unit: if cost {
+                    BudgetUnit::Cost
+                } else {
+                    BudgetUnit::Tokens
+                },
+                limit,
+                len_ms,
+            })
+    };
+    (
+        prop::option::weighted(0.6, one(Period::Daily)),
+        prop::option::weighted(0.3, one(Period::Weekly)),
+        prop::option::weighted(0.3, one(Period::Monthly)),
+    )
+        .prop_map(|(d, w, m)| [d, w, m].into_iter().flatten().collect())
+}
+
+fn price() -> impl Strategy<Value = Price> {
+    let micros = prop_oneof![8 => 0u64..=2_000_000, 1 => 0u64..=(1 << 53)];
+    (micros.clone(), micros.clone(), micros).prop_map(|(input, output, cached_input)| Price {
+        input,
+        output,
+        cached_input,
+    })
+}
+
+fn budget_use() -> impl Strategy<Value = Option<BudgetUse>> {
+    prop_oneof![
+        1 => Just(None),
+        3 => (
+            prop_oneof![4 => Just(0u64), 1 => 0u64..=20_000],
+            prop_oneof![
+                2 => Just(None),
+                3 => (0u32..=5_000, 0u32..=5_000, 0u32..=5_000).prop_map(Some),
+                1 => (any::<u32>(), any::<u32>(), any::<u32>()).prop_map(Some),
+            ],
+        )
+            .prop_map(|(skew, split)| Some(BudgetUse { skew, split })),
+    ]
+}
+
 // ----- running a case -----------------------------------------------------------
+
+/// The case's budgets as a caller whose clock is `skew` ms behind `now`
+/// names them (none without `budget`).
+fn checks(case: &Case, now: u64, budget: Option<BudgetUse>) -> Vec<BudgetCheck> {
+    let Some(b) = budget else {
+        return Vec::new();
+    };
+    let at = now.saturating_sub(b.skew);
+    case.budgets
+        .iter()
+        .map(|s| {
+            let start = at - at % s.len_ms;
+            BudgetCheck {
+                period: s.period,
+                unit: s.unit,
+                limit: s.limit,
+                current: Window {
+                    start_ms: start,
+                    end_ms: start + s.len_ms,
+                },
+                next: Window {
+                    start_ms: start + s.len_ms,
+                    end_ms: start + 2 * s.len_ms,
+                },
+            }
+        })
+        .collect()
+}
+
+fn split(budget: Option<BudgetUse>) -> Option<TokenSplit> {
+    let (i, o, c) = budget?.split?;
+    Some(TokenSplit::new(i.into(), o.into(), c.into()))
+}
 
 /// Both stores on one clock, and the trace so far.
 struct Run<'a> {
@@ -648,7 +797,7 @@ fn case_keys(prefix: &str) -> Keys {
     for u in USERS {
         let u = esc(u);
         leases.push(format!("{prefix}:lease:{{{u}}}"));
-        for kind in ["turn2", "tok2", "lease", "invs", "sess"] {
+        for kind in ["turn2", "tok2", "lease", "invs", "sess", "bud"] {
             keys.push(format!("{prefix}:{kind}:{{{u}}}"));
         }
         for i in INVOCATIONS {
@@ -788,11 +937,17 @@ impl Run<'_> {
                     self.top_users_from_minute = self.top_users_from_minute.max(latest_minute + 2);
                 }
             }
-            Op::Admit { user, invocation } => {
+            Op::Admit {
+                user,
+                invocation,
+                budget,
+            } => {
+                let checks = checks(case, now, budget);
                 let req = TurnRequest {
                     user: USERS[user],
                     invocation_id: INVOCATIONS[invocation],
                     params: case.turns,
+                    budgets: &checks,
                 };
                 let m = self.mem.admit_turn(req).await;
                 let r = self.redis.admit_turn(req).await;
@@ -831,8 +986,11 @@ impl Run<'_> {
                 max_wait,
                 max_calls,
                 shadow,
+                budget,
             } => {
                 self.run_ends.push(now + RESERVATION_RETENTION_MS);
+                let checks = checks(case, now, budget);
+                let estimate_split = split(budget);
                 let tokens = case.tokens[plan];
                 let req = ReserveRequest {
                     user: USERS[user],
@@ -843,12 +1001,17 @@ impl Run<'_> {
                     max_llm_calls: max_calls,
                     shadow,
                     request_id: None,
+                    budget: budget.map(|_| BudgetRequest {
+                        checks: &checks,
+                        price: case.price,
+                        split: estimate_split,
+                    }),
                 };
                 let m = self.mem.reserve_tokens(req).await;
                 let r = self.redis.reserve_tokens(req).await;
                 let what = format!(
                     "reserve_tokens({user}, {invocation}, plan {plan}, estimate {}, \
-                     max_wait {}, max_calls {max_calls}, shadow {shadow})",
+                     max_wait {}, max_calls {max_calls}, shadow {shadow}, budgets {budget:?})",
                     req.estimate, req.max_wait_ms
                 );
                 match self.same(what, m, r)? {
@@ -860,8 +1023,14 @@ impl Run<'_> {
                     ReserveOutcome::Denied { .. } | ReserveOutcome::Superseded => {}
                 }
             }
-            Op::Settle { rid, plan, actual } => {
+            Op::Settle {
+                rid,
+                plan,
+                actual,
+                budget,
+            } => {
                 self.run_ends.push(now + RESERVATION_RETENTION_MS);
+                let checks = checks(case, now, budget);
                 let (user, reservation) = match rid {
                     Rid::Granted { pick, user } if !self.granted.is_empty() => {
                         let (owner, r) = self.granted[pick % self.granted.len()].clone();
@@ -888,12 +1057,21 @@ impl Run<'_> {
                     reservation: &reservation,
                     actual: actual
                         .map(|a| a.resolve(2 * tokens.capacity(), case.huge_actual(plan))),
+                    budget: budget.map(|_| BudgetRequest {
+                        checks: &checks,
+                        price: case.price,
+                        split: split(budget),
+                    }),
                 };
                 let m = self.mem.settle(req).await;
                 let r = self.redis.settle(req).await;
                 let what = match req.actual {
-                    Some(a) => format!("settle({user}, {reservation}, plan {plan}, actual {a})"),
-                    None => format!("refund({user}, {reservation}, plan {plan})"),
+                    Some(a) => format!(
+                        "settle({user}, {reservation}, plan {plan}, actual {a}, budgets {budget:?})"
+                    ),
+                    None => {
+                        format!("refund({user}, {reservation}, plan {plan}, budgets {budget:?})")
+                    }
                 };
                 let _ = self.same(what, m, r)?;
             }
@@ -1315,6 +1493,8 @@ fn refused_take_of_a_missing_key_named_twice() {
         max_wait: Qty::Rel(0),
     };
     let case = Case {
+        budgets: Vec::new(),
+        price: None,
         turns: TurnParams {
             turns: small,
             max_runs: 1,

@@ -67,6 +67,7 @@ async fn four_replicas_share_one_truth() {
                             max_llm_calls: 500,
                             shadow: false,
                             request_id: None,
+                            budget: None,
                         })
                         .await
                         .expect("reserve");
@@ -99,6 +100,7 @@ async fn four_replicas_share_one_truth() {
                             user: "hot",
                             invocation_id: &inv,
                             params,
+                            budgets: &[],
                         })
                         .await
                         .expect("admit");
@@ -170,6 +172,7 @@ async fn top_users_of_other_replicas_arrive_by_the_flush() {
                 max_llm_calls: 10,
                 shadow: false,
                 request_id: None,
+                budget: None,
             })
             .await
             .unwrap();
@@ -223,6 +226,7 @@ async fn the_user_view_counts_old_replicas_tokens_too() {
             max_llm_calls: 10,
             shadow: false,
             request_id: None,
+            budget: None,
         })
         .await
         .unwrap();

@@ -83,6 +83,7 @@ fn admit(user: &str) -> TurnRequest<'_> {
             lease_ttl_ms: 60_000,
             concurrency_retry_ms: 1_000,
         },
+        budgets: &[],
     }
 }
 

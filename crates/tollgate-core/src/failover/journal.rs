@@ -86,6 +86,7 @@ impl<S: Store + Clone> Failover<S> {
                         tokens: *tokens,
                         reservation,
                         actual: *actual,
+                        budget: None,
                     };
                     match self.attempt("settle", self.primary.settle(req)).await {
                         Attempt::Done(r) => {

@@ -13,6 +13,8 @@ use redis::{
 use tollgate_core::aimd::{self, AimdParams};
 use tollgate_core::bucket::{Take, clamp_ttl};
 use tollgate_core::lease::{Admit, SessionAcquire, SessionGrant};
+use tollgate_core::money::Price;
+use tollgate_core::spend::{self, BudgetCheck, BudgetRequest, BudgetUnit, Spend};
 use tollgate_core::store::{
     AppendOutcome, BucketRef, BucketTake, CLAIM_SLACK_MS, Claim, ClaimRequest, CooldownCheck,
     FenceCheck, MAX_TRACKED_RUNS, MultiTake, ProviderCleared, RESERVATION_RETENTION_MS,
@@ -204,6 +206,85 @@ impl Packed {
             .push(spec.period_ms())
             .push_signed(spec.capacity_scaled())
     }
+}
+
+impl Packed {
+    /// A budget check's period, unit, limit and windows (as the scripts'
+    /// budget blocks read them).
+    fn check(&mut self, c: &BudgetCheck, limit: bool) -> &mut Self {
+        self.push(Spend::index(c.period) as u64)
+            .push(u64::from(c.unit == BudgetUnit::Cost));
+        if limit {
+            self.push(c.limit);
+        }
+        self.push(c.current.start_ms)
+            .push(c.current.end_ms)
+            .push(c.next.start_ms)
+            .push(c.next.end_ms)
+    }
+
+    /// The turn-admission budget block of admit_turn.lua (empty: none).
+    fn turn_budgets(checks: &[BudgetCheck]) -> Vec<u8> {
+        let mut p = Packed::default();
+        if !checks.is_empty() {
+            p.push(checks.len() as u64);
+            for c in checks {
+                p.check(c, true);
+            }
+        }
+        p.0
+    }
+
+    /// The budget block of reserve_tokens.lua (empty: none).
+    fn reserve_budgets(b: Option<&BudgetRequest<'_>>, estimate: u64) -> Vec<u8> {
+        let mut p = Packed::default();
+        let Some(b) = b.filter(|b| !b.checks.is_empty()) else {
+            return p.0;
+        };
+        p.push(b.checks.len() as u64);
+        p.price(b.price.as_ref());
+        for c in b.checks {
+            p.check(c, true)
+                .push(spend::amount(c.unit, b.price.as_ref(), estimate, b.split));
+        }
+        p.0
+    }
+
+    /// The budget block of settle.lua (empty: none).
+    fn settle_budgets(b: Option<&BudgetRequest<'_>>) -> Vec<u8> {
+        let mut p = Packed::default();
+        let Some(b) = b.filter(|b| !b.checks.is_empty()) else {
+            return p.0;
+        };
+        p.push(b.checks.len() as u64);
+        let s = b.split.unwrap_or_default();
+        p.push(u64::from(b.split.is_some()))
+            .push(s.input)
+            .push(s.output)
+            .push(s.cached_input);
+        for c in b.checks {
+            p.check(c, false);
+        }
+        p.0
+    }
+
+    /// A price (-1 three times: none).
+    fn price(&mut self, price: Option<&Price>) -> &mut Self {
+        match price {
+            Some(pr) => self.push(pr.input).push(pr.output).push(pr.cached_input),
+            None => self.push_signed(-1).push_signed(-1).push_signed(-1),
+        }
+    }
+}
+
+/// The budget limit a script's period number names.
+fn budget_limit(period: i64) -> Option<Limit> {
+    Some(match period {
+        0 => Limit::BudgetDaily,
+        1 => Limit::BudgetWeekly,
+        2 => Limit::BudgetMonthly,
+        _ => return None,
+    })
 }
 
 /// A reply of little-endian doubles (`struct.pack('<d…')`), each an integer

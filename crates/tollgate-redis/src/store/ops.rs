@@ -7,14 +7,18 @@ impl Store for RedisStore {
         let k = &self.inner.keys;
         let p = &req.params;
         let mut inv = self.inner.scripts.admit_turn.prepare_invoke();
-        inv.key(k.turn(req.user)).key(k.leases(req.user));
+        inv.key(k.turn(req.user))
+            .key(k.leases(req.user))
+            .key(k.spend(req.user));
         let mut args = Packed::default();
         args.push(self.now_arg())
             .spec(&p.turns)
             .push(clamp_ttl(p.lease_ttl_ms))
             .push(u64::from(p.max_runs))
             .push(p.concurrency_retry_ms);
-        inv.arg(args.0).arg(req.invocation_id);
+        inv.arg(args.0)
+            .arg(req.invocation_id)
+            .arg(Packed::turn_budgets(req.budgets));
         let r: Vec<u8> = self.run("admit_turn", &inv).await?;
         let Some([ok, a, b, reclaimed]) = unpacked::<4>(&r) else {
             return Err(bad_reply("admit_turn", format!("{r:?}")));
@@ -30,6 +34,10 @@ impl Store for RedisStore {
             }),
             (0, 2) => Admit::Denied(Denial::Limited {
                 limit: Limit::Concurrency,
+                retry_after_ms: u(b),
+            }),
+            (0, code @ 3..=5) => Admit::Denied(Denial::Limited {
+                limit: budget_limit(code - 3).unwrap_or(Limit::BudgetDaily),
                 retry_after_ms: u(b),
             }),
             _ => return Err(bad_reply("admit_turn", format!("{r:?}"))),
@@ -75,7 +83,8 @@ impl Store for RedisStore {
         let mut inv = self.inner.scripts.reserve_tokens.prepare_invoke();
         inv.key(k.tokens(req.user))
             .key(k.invocation(req.user, req.invocation_id))
-            .key(k.runs(req.user));
+            .key(k.runs(req.user))
+            .key(k.spend(req.user));
         let mut args = Packed::default();
         args.push(self.now_arg())
             .spec(&req.tokens)
@@ -89,7 +98,8 @@ impl Store for RedisStore {
         inv.arg(args.0)
             .arg(crate::keys::esc(req.invocation_id).as_ref())
             .arg(k.invocation_prefix(req.user))
-            .arg(req.request_id.unwrap_or(""));
+            .arg(req.request_id.unwrap_or(""))
+            .arg(Packed::reserve_budgets(req.budget.as_ref(), req.estimate));
         let r: Vec<u8> = self.run("reserve_tokens", &inv).await?;
         let Some(r) = unpacked::<4>(&r) else {
             return Err(bad_reply("reserve_tokens", format!("{r:?}")));
@@ -123,6 +133,28 @@ impl Store for RedisStore {
                         cost: req.estimate,
                         max_cost: req.tokens.max_cost(req.max_wait_ms),
                     },
+                    6..=8 => Denial::Limited {
+                        limit: budget_limit(code - 6)
+                            .ok_or_else(|| bad_reply("reserve_tokens", format!("{r:?}")))?,
+                        retry_after_ms: u(hint),
+                    },
+                    9..=11 => {
+                        let limit = budget_limit(code - 9);
+                        let b = req.budget.as_ref().and_then(|b| {
+                            let c = b.checks.iter().find(|c| Some(c.limit_name()) == limit)?;
+                            Some(Denial::ExceedsCapacity {
+                                limit: c.limit_name(),
+                                cost: spend::amount(
+                                    c.unit,
+                                    b.price.as_ref(),
+                                    req.estimate,
+                                    b.split,
+                                ),
+                                max_cost: c.limit,
+                            })
+                        });
+                        b.ok_or_else(|| bad_reply("reserve_tokens", format!("{r:?}")))?
+                    }
                     _ => return Err(bad_reply("reserve_tokens", format!("{r:?}"))),
                 };
                 Ok(ReserveOutcome::Denied {
@@ -142,14 +174,16 @@ impl Store for RedisStore {
         }
         let mut inv = self.inner.scripts.settle.prepare_invoke();
         inv.key(k.tokens(req.user))
-            .key(k.invocation(req.user, &rid.invocation_id));
+            .key(k.invocation(req.user, &rid.invocation_id))
+            .key(k.spend(req.user));
         let mut args = Packed::default();
         args.push(self.now_arg())
             .spec(&req.tokens)
             .push(rid.call)
             .push_signed(req.actual.map_or(-1, |a| lua_count(a) as i64))
             .push(RESERVATION_RETENTION_MS);
-        inv.arg(args.0);
+        inv.arg(args.0)
+            .arg(Packed::settle_budgets(req.budget.as_ref()));
         let r: Vec<u8> = self.run("settle", &inv).await?;
         match unpacked::<4>(&r) {
             Some([1, balance, delta, now]) => {

@@ -91,6 +91,7 @@ pub async fn renew_never_shortens<S: Store + Clone>(store: S, clock: FakeClock) 
         user: "u1",
         invocation_id: "r1",
         params,
+        budgets: &[],
     };
     let _ = s.admit_turn(req).await.unwrap();
     assert_eq!(
@@ -135,6 +136,7 @@ pub async fn reclaimed_leases_are_counted<S: Store + Clone>(store: S, clock: Fak
         user: "u1",
         invocation_id: inv,
         params,
+        budgets: &[],
     };
     assert_eq!(store.admit_turn(admit("r1")).await.unwrap().reclaimed, 0);
     assert_eq!(store.admit_turn(admit("r2")).await.unwrap().reclaimed, 0);

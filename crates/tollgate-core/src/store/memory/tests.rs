@@ -19,6 +19,7 @@ fn admit(store: &MemoryStore, user: &str, inv: &str) -> Admit {
             user,
             invocation_id: inv,
             params: params(),
+            budgets: &[],
         })
         .expect("room")
         .admit
@@ -76,6 +77,7 @@ fn live_entries_survive_a_shrinking_sweep() {
             user: &format!("busy{i}"),
             invocation_id: "r",
             params: p,
+            budgets: &[],
         };
         assert!(matches!(
             store.admit(req).expect("room").admit,
@@ -92,6 +94,7 @@ fn live_entries_survive_a_shrinking_sweep() {
             user: &format!("busy{i}"),
             invocation_id: "other",
             params: p,
+            budgets: &[],
         };
         assert!(
             matches!(store.admit(req).expect("room").admit, Admit::Denied(_)),
@@ -167,6 +170,7 @@ fn turn(store: &MemoryStore, user: &str, inv: &str) -> Result<Admit, StoreError>
             user,
             invocation_id: inv,
             params: params(),
+            budgets: &[],
         })
         .into_result_ready()
         .map(|o| o.admit)

@@ -6,7 +6,7 @@
 use super::MemoryStore;
 use super::shards::{Expiring, Full};
 use crate::bucket::{self, BucketSpec, BucketState};
-use crate::lease::{self, LeaseSet};
+use crate::lease::{self, Admit, LeaseSet};
 use crate::reserve::{self, CallState};
 use crate::store::{
     CLAIM_SLACK_MS, Claim, ClaimRequest, ReconcileRequest, Reconciled, Release, ReserveOutcome,
@@ -100,6 +100,17 @@ impl MemoryStore {
     pub(super) fn admit(&self, req: TurnRequest<'_>) -> Result<TurnOutcome, Full> {
         let now = self.now();
         self.inner.users.with(req.user, now, |u| {
+            if let Some(denial) = u
+                .calls
+                .as_ref()
+                .and_then(|c| c.spend.as_ref())
+                .and_then(|s| s.exhausted(req.budgets, now))
+            {
+                return TurnOutcome {
+                    admit: Admit::Denied(denial),
+                    reclaimed: 0,
+                };
+            }
             let t = lease::admit_turn(
                 &req.params,
                 bucket::live(u.turns, now),

@@ -1,0 +1,353 @@
+//! Spend budgets in a store (issue #21): a user's spend per calendar
+//! window, checked and charged by a reserve in the same step as its token
+//! take, adjusted by the settle with the real usage, given back by a
+//! refund. Pure transitions like [`crate::reserve`]: given `now` and the
+//! state, they answer the decision and leave the new state in the value
+//! given.
+//!
+//! The caller (who knows the plan, the prices and the time zone) passes one
+//! [`BudgetCheck`] per budget: its unit, its limit and the boundaries of the
+//! current and the next window as computed from the zone rules at the
+//! caller's clock. The store picks the window by its own clock
+//! ([`BudgetCheck::window`]), so replicas whose clocks differ near midnight
+//! still charge one window.
+
+use crate::calendar::{Period, Window};
+use crate::decision::{Denial, Limit};
+use crate::money::{CostOverflow, Price, TokenSplit};
+
+/// The largest amount a budget counts exactly (2^53: what the Redis
+/// scripts' numbers hold). A charge past it counts as this much.
+pub const MAX_AMOUNT: u64 = 1 << 53;
+
+/// What a budget counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BudgetUnit {
+    /// Tokens (input, output and cached alike).
+    Tokens,
+    /// Micro-units of the config's currency, at the call's price.
+    Cost,
+}
+
+/// One budget a store checks and charges: a window length, its unit and
+/// limit, and the windows around the caller's now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BudgetCheck {
+    /// The window length.
+    pub period: Period,
+    /// What it counts.
+    pub unit: BudgetUnit,
+    /// The most it lets a user spend per window (tokens or micro-units).
+    pub limit: u64,
+    /// The window containing the caller's now.
+    pub current: Window,
+    /// The window after it.
+    pub next: Window,
+}
+
+impl BudgetCheck {
+    /// The window a store whose clock reads `now` charges: `current`
+    /// until its end, then `next`.
+    pub fn window(&self, now: u64) -> Window {
+        if now >= self.current.end_ms {
+            self.next
+        } else {
+            self.current
+        }
+    }
+
+    /// The limit a refusal names: `budget_daily`, `budget_weekly` or
+    /// `budget_monthly`.
+    pub fn limit_name(&self) -> Limit {
+        match self.period {
+            Period::Daily => Limit::BudgetDaily,
+            Period::Weekly => Limit::BudgetWeekly,
+            Period::Monthly => Limit::BudgetMonthly,
+        }
+    }
+}
+
+/// The budgets of one reserve or settle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BudgetRequest<'a> {
+    /// One per budget of the user's plan (at most one per period).
+    pub checks: &'a [BudgetCheck],
+    /// The price of the call's model, kept with the reservation (a settle
+    /// prices its usage at the reservation's price, not this one). Needed
+    /// when a check counts cost.
+    pub price: Option<Price>,
+    /// The tokens split by how they are priced: the estimate (reserve) or
+    /// the usage (settle). Without it, tokens are priced at the higher of
+    /// the input and output prices.
+    pub split: Option<TokenSplit>,
+}
+
+/// What a reservation charged one budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Charge {
+    /// The budget's window length.
+    pub period: Period,
+    /// Its unit.
+    pub unit: BudgetUnit,
+    /// The start of the window charged.
+    pub window_start: u64,
+    /// The amount charged.
+    pub amount: u64,
+}
+
+/// What a reservation charged its budgets, kept with it until it closes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Charged {
+    /// The price it was made at.
+    pub price: Option<Price>,
+    /// One per budget checked.
+    pub charges: Vec<Charge>,
+}
+
+impl Charged {
+    /// A reservation that charged nothing (a shadow one): its budgets'
+    /// windows at `now` and the request's price, so its settle charges the
+    /// actual usage.
+    pub fn nothing(req: &BudgetRequest<'_>, now: u64) -> Self {
+        Charged {
+            price: req.price,
+            charges: req
+                .checks
+                .iter()
+                .map(|c| Charge {
+                    period: c.period,
+                    unit: c.unit,
+                    window_start: c.window(now).start_ms,
+                    amount: 0,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A user's spend in one window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spent {
+    /// The window.
+    pub window: Window,
+    /// Its unit.
+    pub unit: BudgetUnit,
+    /// Spent so far in it.
+    pub amount: u64,
+}
+
+/// A user's spend, one entry per period.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Spend {
+    /// Indexed by period: daily, weekly, monthly.
+    pub windows: [Option<Spent>; 3],
+}
+
+fn index(p: Period) -> usize {
+    match p {
+        Period::Daily => 0,
+        Period::Weekly => 1,
+        Period::Monthly => 2,
+    }
+}
+
+fn clamp(c: Result<u64, CostOverflow>) -> u64 {
+    c.map_or(MAX_AMOUNT, |c| c.min(MAX_AMOUNT))
+}
+
+/// The amount `tokens` (or their `split`) count against a budget of `unit`
+/// at `price`: tokens, or their cost rounded up to the micro-unit once
+/// (unsplit: at the higher of the input and output prices), at most
+/// [`MAX_AMOUNT`]. A cost without a price counts [`MAX_AMOUNT`] (the caller
+/// refuses such a reserve before it gets here). Each token count past
+/// [`MAX_AMOUNT`] counts as [`MAX_AMOUNT`].
+pub fn amount(
+    unit: BudgetUnit,
+    price: Option<&Price>,
+    tokens: u64,
+    split: Option<TokenSplit>,
+) -> u64 {
+    // Counts past 2^53 are taken as 2^53, as the Redis scripts get them.
+    let tokens = tokens.min(MAX_AMOUNT);
+    let split = split.map(|s| {
+        TokenSplit::new(
+            s.input.min(MAX_AMOUNT),
+            s.output.min(MAX_AMOUNT),
+            s.cached_input.min(MAX_AMOUNT),
+        )
+    });
+    match (unit, split) {
+        (BudgetUnit::Tokens, Some(s)) => s.total().min(MAX_AMOUNT),
+        (BudgetUnit::Tokens, None) => tokens.min(MAX_AMOUNT),
+        (BudgetUnit::Cost, _) => match (price, split) {
+            (None, _) => MAX_AMOUNT,
+            (Some(p), Some(s)) => clamp(p.cost(s)),
+            (Some(p), None) => clamp(p.cost_unsplit(tokens)),
+        },
+    }
+}
+
+impl Spend {
+    /// Spent in `check`'s window at `now` (0 in a window not seen yet or
+    /// counted in another unit).
+    pub fn spent(&self, check: &BudgetCheck, now: u64) -> u64 {
+        let w = check.window(now);
+        match self.windows[index(check.period)] {
+            Some(s) if s.window.start_ms == w.start_ms && s.unit == check.unit => s.amount,
+            _ => 0,
+        }
+    }
+
+    /// Adds `delta` (negative gives back; never below 0, never past
+    /// [`MAX_AMOUNT`]) to the spend of `period` in `window`, counted in
+    /// `unit`; a window not seen yet starts from 0.
+    pub fn add(&mut self, period: Period, unit: BudgetUnit, window: Window, delta: i128) {
+        let slot = &mut self.windows[index(period)];
+        let before = match *slot {
+            Some(s) if s.window.start_ms == window.start_ms && s.unit == unit => s.amount,
+            _ => 0,
+        };
+        let after = (i128::from(before) + delta).clamp(0, i128::from(MAX_AMOUNT)) as u64;
+        *slot = Some(Spent {
+            window,
+            unit,
+            amount: after,
+        });
+    }
+
+    /// When the spend stops mattering, ms: the end of its latest window
+    /// (0: nothing spent).
+    pub fn expires_at(&self) -> u64 {
+        self.windows
+            .iter()
+            .flatten()
+            .map(|s| s.window.end_ms)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The first budget already spent at `now` (spent at least its limit):
+    /// a turn admission's check under `on_exhausted = "deny_turns"`. The
+    /// refusal's hint is the time until that window ends; of several, the
+    /// one that resets last.
+    pub fn exhausted(&self, checks: &[BudgetCheck], now: u64) -> Option<Denial> {
+        let mut out: Option<Denial> = None;
+        for c in checks.iter().filter(|c| self.spent(c, now) >= c.limit) {
+            let d = Denial::Limited {
+                limit: c.limit_name(),
+                retry_after_ms: c.window(now).end_ms.saturating_sub(now).max(1),
+            };
+            // Of equal hints, the first.
+            if out.is_none_or(|o| d.retry_after_ms() > o.retry_after_ms()) {
+                out = Some(d);
+            }
+        }
+        out
+    }
+
+    /// The index of `period` in [`Spend::windows`] (and in the Redis
+    /// scripts' packed spend): 0 daily, 1 weekly, 2 monthly.
+    pub fn index(period: Period) -> usize {
+        index(period)
+    }
+
+    /// What a reserve of `estimate` tokens would charge each budget of
+    /// `req`, or why it is refused: a charge larger than a budget's whole
+    /// limit can never fit ([`Denial::ExceedsCapacity`]); one past what is
+    /// left is refused until the window ends ([`Denial::Limited`], the
+    /// latest reset of several).
+    pub fn decide(
+        &self,
+        req: &BudgetRequest<'_>,
+        now: u64,
+        estimate: u64,
+    ) -> Result<Charged, Denial> {
+        let mut charges = Vec::with_capacity(req.checks.len());
+        let mut refusal: Option<Denial> = None;
+        for c in req.checks {
+            let amount = amount(c.unit, req.price.as_ref(), estimate, req.split);
+            if amount > c.limit {
+                return Err(Denial::ExceedsCapacity {
+                    limit: c.limit_name(),
+                    cost: amount,
+                    max_cost: c.limit,
+                });
+            }
+            let w = c.window(now);
+            if self.spent(c, now).saturating_add(amount) > c.limit {
+                let d = Denial::Limited {
+                    limit: c.limit_name(),
+                    retry_after_ms: w.end_ms.saturating_sub(now).max(1),
+                };
+                if refusal.is_none_or(|r| d.retry_after_ms() > r.retry_after_ms()) {
+                    refusal = Some(d);
+                }
+            }
+            charges.push(Charge {
+                period: c.period,
+                unit: c.unit,
+                window_start: w.start_ms,
+                amount,
+            });
+        }
+        match refusal {
+            Some(d) => Err(d),
+            None => Ok(Charged {
+                price: req.price,
+                charges,
+            }),
+        }
+    }
+
+    /// Applies a granted reserve's charges (their windows as `checks` pick
+    /// them at `now`).
+    pub fn charge(&mut self, checks: &[BudgetCheck], charged: &Charged, now: u64) {
+        for (c, ch) in checks.iter().zip(&charged.charges) {
+            self.add(c.period, c.unit, c.window(now), i128::from(ch.amount));
+        }
+    }
+
+    /// Closes a reservation that charged `charged`: a settle (`actual`
+    /// tokens, or their `req.split`, priced at the reservation's price)
+    /// moves each budget by actual − charged in the window it charged, if
+    /// that window is still the current one, else charges the actual
+    /// amount to the current window; a refund (`actual` `None`) gives the
+    /// charge back to a window still current and changes nothing in one
+    /// that has ended. Budgets `req` no longer names (a reload removed
+    /// them, or changed their unit) are left alone.
+    pub fn close(
+        &mut self,
+        charged: &Charged,
+        req: &BudgetRequest<'_>,
+        now: u64,
+        actual: Option<u64>,
+    ) {
+        for ch in &charged.charges {
+            let Some(c) = req
+                .checks
+                .iter()
+                .find(|c| c.period == ch.period && c.unit == ch.unit)
+            else {
+                continue;
+            };
+            let w = c.window(now);
+            let same = w.start_ms == ch.window_start;
+            match actual {
+                None if same => self.add(c.period, c.unit, w, -i128::from(ch.amount)),
+                None => {}
+                Some(tokens) => {
+                    let real = amount(ch.unit, charged.price.as_ref(), tokens, req.split);
+                    let delta = if same {
+                        i128::from(real) - i128::from(ch.amount)
+                    } else {
+                        i128::from(real)
+                    };
+                    self.add(c.period, c.unit, w, delta);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

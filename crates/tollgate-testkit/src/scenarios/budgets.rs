@@ -1,0 +1,264 @@
+//! Spend budgets in the store (issue #21): checked and charged with the
+//! token take, moved by the settle at the reservation's price, given back
+//! by a refund, refusing turns once spent, windows picked by the store's
+//! clock.
+
+use tollgate_core::calendar::{BudgetZone, Period};
+use tollgate_core::money::{Price, TokenSplit};
+use tollgate_core::spend::{BudgetCheck, BudgetRequest, BudgetUnit};
+use tollgate_core::store::{
+    ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome, SettleRequest, TurnRequest,
+};
+use tollgate_core::{BucketSpec, Clock, Denial, FakeClock, Limit, Store};
+
+use crate::T0;
+
+/// T0 is 2023-11-14 22:13:20 UTC: the day ends at 2023-11-15 00:00 UTC,
+/// the month at 2023-12-01 00:00.
+const DAY_END: u64 = 1_700_006_400_000;
+const MONTH_END: u64 = 1_701_388_800_000;
+
+/// 10,000 tokens a day and $0.10 (100,000 micro-units) a month, in UTC, as
+/// a caller at `now` names them.
+fn checks(now: u64) -> Vec<BudgetCheck> {
+    let utc = BudgetZone::new("UTC").expect("UTC");
+    let check = |period, unit, limit| {
+        let w = utc.windows(period, now).expect("in range");
+        BudgetCheck {
+            period,
+            unit,
+            limit,
+            current: w.current,
+            next: w.next,
+        }
+    };
+    vec![
+        check(Period::Daily, BudgetUnit::Tokens, 10_000),
+        check(Period::Monthly, BudgetUnit::Cost, 100_000),
+    ]
+}
+
+/// $3 per million input tokens, $15 per million output.
+const PRICE: Price = Price {
+    input: 3_000_000,
+    output: 15_000_000,
+    cached_input: 300_000,
+};
+
+fn tokens() -> BucketSpec {
+    BucketSpec::new(1_000_000, 60_000, 1_000_000).expect("valid")
+}
+
+async fn reserve<S: Store>(
+    store: &S,
+    now: u64,
+    estimate: u64,
+    split: Option<TokenSplit>,
+) -> ReserveOutcome {
+    let checks = checks(now);
+    store
+        .reserve_tokens(ReserveRequest {
+            user: "u1",
+            invocation_id: "run",
+            tokens: tokens(),
+            estimate,
+            max_wait_ms: 0,
+            max_llm_calls: 1_000,
+            shadow: false,
+            request_id: None,
+            budget: Some(BudgetRequest {
+                checks: &checks,
+                price: Some(PRICE),
+                split,
+            }),
+        })
+        .await
+        .expect("reserve")
+}
+
+async fn close<S: Store>(
+    store: &S,
+    now: u64,
+    r: &ReservationId,
+    actual: Option<u64>,
+    split: Option<TokenSplit>,
+) -> SettleOutcome {
+    let checks = checks(now);
+    store
+        .settle(SettleRequest {
+            user: "u1",
+            tokens: tokens(),
+            reservation: r,
+            actual,
+            budget: Some(BudgetRequest {
+                checks: &checks,
+                price: Some(PRICE),
+                split,
+            }),
+        })
+        .await
+        .expect("settle")
+}
+
+async fn admit<S: Store>(store: &S, now: u64, invocation: &str) -> Option<Denial> {
+    let checks = checks(now);
+    let out = store
+        .admit_turn(TurnRequest {
+            user: "u1",
+            invocation_id: invocation,
+            params: tollgate_core::lease::TurnParams {
+                turns: BucketSpec::new(100, 60_000, 100).expect("valid"),
+                max_runs: 100,
+                lease_ttl_ms: 60_000,
+                concurrency_retry_ms: 1_000,
+            },
+            budgets: &checks,
+        })
+        .await
+        .expect("admit");
+    match out.admit {
+        tollgate_core::lease::Admit::Admitted { .. } => None,
+        tollgate_core::lease::Admit::Denied(d) => Some(d),
+    }
+}
+
+fn granted(o: ReserveOutcome) -> ReservationId {
+    match o {
+        ReserveOutcome::Granted { reservation, .. } => reservation,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+fn limited(limit: Limit, retry_after_ms: u64) -> Denial {
+    Denial::Limited {
+        limit,
+        retry_after_ms,
+    }
+}
+
+/// The day's tokens and the month's money, to the unit: a reserve charges
+/// both (unsplit tokens at the output price), is refused whole when either
+/// would go over (nothing charged), a settle moves both by the real usage
+/// at the reservation's price, a refund gives back, a spent budget refuses
+/// turns until its window ends, and the store's clock picks the window.
+pub async fn budgets_charge_and_refuse<S: Store + Clone>(store: S, clock: FakeClock) {
+    assert_eq!(clock.now_ms(), T0);
+    // Ten minutes before midnight (run records live an hour).
+    let now = DAY_END - 600_000;
+    clock.set(now);
+    // 4,000 tokens unsplit: 4,000 of the day, 4,000 × $15/M = 60,000 µ.
+    let a = granted(reserve(&store, now, 4_000, None).await);
+    // 3,000 more: 7,000 tokens fit the day, but 105,000 µ > 100,000 for
+    // the month, so nothing is taken; the month resets latest.
+    assert_eq!(
+        reserve(&store, now, 3_000, None).await,
+        ReserveOutcome::Denied {
+            denial: limited(Limit::BudgetMonthly, MONTH_END - now),
+            shadow_reservation: None,
+        }
+    );
+    // Settled with 3,000 input + 500 output: the day 3,500 tokens, the
+    // month 9,000 + 7,500 = 16,500 µ.
+    assert!(matches!(
+        close(
+            &store,
+            now,
+            &a,
+            Some(3_500),
+            Some(TokenSplit::new(3_000, 500, 0))
+        )
+        .await,
+        SettleOutcome::Applied { .. }
+    ));
+    // 2,000 input + 1,000 output: 21,000 µ (month 37,500), day 6,500;
+    // refunded: back to 16,500 and 3,500.
+    let b = granted(reserve(&store, now, 3_000, Some(TokenSplit::new(2_000, 1_000, 0))).await);
+    assert!(matches!(
+        close(&store, now, &b, None, None).await,
+        SettleOutcome::Applied { .. }
+    ));
+    assert_eq!(admit(&store, now, "t1").await, None, "nothing spent yet");
+    // 6,500 input tokens: the day exactly full (10,000), 19,500 µ (month
+    // 36,000).
+    let _c = granted(reserve(&store, now, 6_500, Some(TokenSplit::new(6_500, 0, 0))).await);
+    assert_eq!(
+        reserve(&store, now, 1, None).await,
+        ReserveOutcome::Denied {
+            denial: limited(Limit::BudgetDaily, DAY_END - now),
+            shadow_reservation: None,
+        },
+        "the day is spent"
+    );
+    assert_eq!(
+        admit(&store, now, "t2").await,
+        Some(limited(Limit::BudgetDaily, DAY_END - now)),
+        "a spent budget refuses the turn"
+    );
+    // More than a whole budget never fits.
+    assert_eq!(
+        reserve(&store, now, 10_001, Some(TokenSplit::new(10_001, 0, 0))).await,
+        ReserveOutcome::Denied {
+            denial: Denial::ExceedsCapacity {
+                limit: Limit::BudgetDaily,
+                cost: 10_001,
+                max_cost: 10_000,
+            },
+            shadow_reservation: None,
+        }
+    );
+
+    // A caller whose clock still reads the last ms of the day while the
+    // store's reads midnight: the store charges the new day.
+    let stale = DAY_END - 1;
+    clock.set(DAY_END);
+    let checks_then = checks(stale);
+    let _d = granted(
+        store
+            .reserve_tokens(ReserveRequest {
+                user: "u1",
+                invocation_id: "run",
+                tokens: tokens(),
+                estimate: 9_000,
+                max_wait_ms: 0,
+                max_llm_calls: 1_000,
+                shadow: false,
+                request_id: None,
+                budget: Some(BudgetRequest {
+                    checks: &checks_then,
+                    price: Some(PRICE),
+                    split: Some(TokenSplit::new(9_000, 0, 0)),
+                }),
+            })
+            .await
+            .expect("reserve"),
+    );
+    // The new day holds 9,000: 1,001 more is refused until the next
+    // midnight; 1,000 fits.
+    let now = clock.now_ms();
+    assert_eq!(
+        reserve(&store, now, 1_001, Some(TokenSplit::new(1_001, 0, 0))).await,
+        ReserveOutcome::Denied {
+            denial: limited(Limit::BudgetDaily, 86_400_000),
+            shadow_reservation: None,
+        }
+    );
+    assert_eq!(admit(&store, now, "t3").await, None);
+    // A reservation of the day before, settled today, charges today its
+    // actual usage: call 3 (6,500 input yesterday) settled at 2,000 makes
+    // today 11,000, so the day is spent again.
+    assert!(matches!(
+        close(
+            &store,
+            now,
+            &ReservationId::new("run", 3),
+            Some(2_000),
+            None
+        )
+        .await,
+        SettleOutcome::Applied { .. }
+    ));
+    assert_eq!(
+        admit(&store, now, "t4").await,
+        Some(limited(Limit::BudgetDaily, 86_400_000))
+    );
+}
