@@ -7,11 +7,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use arc_swap::ArcSwap;
 
 use crate::bucket::{BucketSpec, MAX_SCALED, Take};
+use crate::budget::{BudgetAmount, OnExhausted};
 use crate::clock::Clock;
 use crate::decision::{Decision, Denial, Limit, Waited};
 use crate::error::{LimiterError, StoreError};
 use crate::lease::{Admit, TurnParams};
+use crate::money::TokenSplit;
 use crate::plan::{Plan, PlanBook};
+use crate::spend::{BudgetCheck, BudgetRequest, BudgetUnit};
 use crate::store::{
     BucketRef, Claim, ClaimRequest, Release, ReservationId, ReserveOutcome, ReserveRequest,
     SettleOutcome, SettleRequest, Store, TakeOutcome, TakeRequest, TurnRequest,
@@ -115,6 +118,24 @@ pub struct Reserve<'a> {
     /// Wait out the grant's wait here before answering
     /// ([`Limiter::reserve_tokens_and_wait`]).
     pub wait: bool,
+    /// The model called, which prices the call for cost budgets (its
+    /// `[prices]` entry, else the plan's `default_price`). `None`: the
+    /// plan's default price.
+    pub model: Option<ModelRef<'a>>,
+    /// The estimate split into input, output and cached input tokens, each
+    /// priced at its own price (its total must be `estimate`). `None`: all
+    /// of it at the higher of the input and output prices.
+    pub split: Option<TokenSplit>,
+}
+
+/// A model a call goes to: the provider and the model, as `[prices]` keys
+/// them (`"provider:model"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelRef<'a> {
+    /// The provider (`"openai"`).
+    pub provider: &'a str,
+    /// The model (`"gpt-4o"`).
+    pub model: &'a str,
 }
 
 /// Admission decisions for users, on a [`Store`] and a [`Clock`].
@@ -138,6 +159,32 @@ impl<S> std::fmt::Debug for Limiter<S> {
 /// The one id rule ([`crate::id`]), naming `field` in the error.
 fn check_id(field: &'static str, v: &str) -> Result<(), LimiterError> {
     crate::id::check_id(v).map_err(|e| LimiterError::invalid(field, e.to_string()))
+}
+
+/// A token split (`field`) must add up to `total` (`of`).
+fn check_split(
+    field: &'static str,
+    split: Option<TokenSplit>,
+    total: u64,
+    of: &str,
+) -> Result<(), LimiterError> {
+    match split {
+        Some(s)
+            if s.input
+                .checked_add(s.output)
+                .and_then(|t| t.checked_add(s.cached_input))
+                != Some(total) =>
+        {
+            Err(LimiterError::invalid(
+                field,
+                format!(
+                    "input + output + cached_input ({} + {} + {}) must equal {of} ({total})",
+                    s.input, s.output, s.cached_input
+                ),
+            ))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn check_estimate(estimate: u64) -> Result<(), LimiterError> {
@@ -216,6 +263,10 @@ impl<S: Store> Limiter<S> {
     ) -> Result<Decision<RunLease>, LimiterError> {
         check_id("invocation_id", invocation_id)?;
         let plan = self.plan_for(user)?;
+        let checks = match &plan.budgets {
+            Some(b) if b.on_exhausted == OnExhausted::DenyTurns => self.budget_checks(&plan),
+            _ => Vec::new(),
+        };
         let out = self
             .store
             .admit_turn(TurnRequest {
@@ -227,7 +278,7 @@ impl<S: Store> Limiter<S> {
                     lease_ttl_ms: plan.lease_ttl_ms,
                     concurrency_retry_ms: plan.concurrency_retry_ms,
                 },
-                budgets: &[],
+                budgets: &checks,
             })
             .await?;
         if out.reclaimed > 0 {
@@ -438,6 +489,8 @@ impl<S: Store> Limiter<S> {
             estimate,
             request_id: None,
             wait: false,
+            model: None,
+            split: None,
         };
         let plan = self.reserve_plan(user, &call)?;
         self.reserve_with(&plan, user, call).await
@@ -450,6 +503,11 @@ impl<S: Store> Limiter<S> {
             check_id("request_id", id)?;
         }
         check_estimate(call.estimate)?;
+        check_split("split", call.split, call.estimate, "estimate")?;
+        if let Some(m) = call.model {
+            check_id("model", m.model)?;
+            check_id("provider", m.provider)?;
+        }
         self.plan_for(user)
     }
 
@@ -485,6 +543,35 @@ impl<S: Store> Limiter<S> {
         user: &str,
         call: Reserve<'_>,
     ) -> Result<Decision<Reservation>, LimiterError> {
+        let checks = self.budget_checks(plan);
+        let budget = match &plan.budgets {
+            Some(b) if !checks.is_empty() => {
+                let book = self.plans.load();
+                let price = match call.model {
+                    Some(m) => b.price(book.prices(), m.provider, m.model).copied(),
+                    None => b.default_price,
+                };
+                if price.is_none() && checks.iter().any(|c| c.unit == BudgetUnit::Cost) {
+                    let what = call.model.map_or_else(
+                        || "is needed: the plan has a cost budget and no default_price".to_owned(),
+                        |m| {
+                            format!(
+                                "{}:{} has no price in [prices] and the plan has no \
+                                 default_price, so the call cannot be charged to its cost budget",
+                                m.provider, m.model
+                            )
+                        },
+                    );
+                    return Err(LimiterError::invalid("model", what));
+                }
+                Some(BudgetRequest {
+                    checks: &checks,
+                    price,
+                    split: call.split,
+                })
+            }
+            _ => None,
+        };
         let out = self
             .store
             .reserve_tokens(ReserveRequest {
@@ -496,7 +583,7 @@ impl<S: Store> Limiter<S> {
                 max_llm_calls: plan.max_llm_calls,
                 shadow: plan.shadow,
                 request_id: call.request_id,
-                budget: None,
+                budget,
             })
             .await?;
         Ok(match out {
@@ -555,6 +642,8 @@ impl<S: Store> Limiter<S> {
             estimate,
             request_id: None,
             wait: true,
+            model: None,
+            split: None,
         };
         // `reserve` with `wait`, without its layer: a waiter's memory is
         // this future's size for as long as it waits.
@@ -625,7 +714,26 @@ impl<S: Store> Limiter<S> {
         reservation: &ReservationId,
         actual: u64,
     ) -> Result<Settled, LimiterError> {
-        self.close(user, reservation, Some(actual)).await
+        self.close(user, reservation, Some(actual), None).await
+    }
+
+    /// [`settle`](Self::settle) with the usage split into input, output
+    /// and cached input tokens (`actual` is their total), each priced at
+    /// its own price of the reservation's model for cost budgets.
+    ///
+    /// # Errors
+    ///
+    /// As [`settle`](Self::settle); also a split whose total is not
+    /// `actual` (field `split`).
+    pub async fn settle_split(
+        &self,
+        user: &str,
+        reservation: &ReservationId,
+        actual: u64,
+        split: Option<TokenSplit>,
+    ) -> Result<Settled, LimiterError> {
+        check_split("split", split, actual, "actual")?;
+        self.close(user, reservation, Some(actual), split).await
     }
 
     /// Refunds a reservation: gives its estimate back. A repeat (or a refund
@@ -635,7 +743,35 @@ impl<S: Store> Limiter<S> {
         user: &str,
         reservation: &ReservationId,
     ) -> Result<Settled, LimiterError> {
-        self.close(user, reservation, None).await
+        self.close(user, reservation, None, None).await
+    }
+
+    /// The budgets of `plan` as a store checks them now: each window's
+    /// unit and limit, and the current and next windows in the budgets'
+    /// time zone at this limiter's clock (a window the calendar cannot
+    /// represent, before 1970 or past 9999, is left out). Empty: none.
+    fn budget_checks(&self, plan: &Plan) -> Vec<BudgetCheck> {
+        let Some(b) = &plan.budgets else {
+            return Vec::new();
+        };
+        let now = self.clock.now_ms();
+        let book = self.plans.load();
+        b.iter()
+            .filter_map(|(period, amount)| {
+                let w = book.budget_zone().windows(period, now).ok()?;
+                let (unit, limit) = match amount {
+                    BudgetAmount::Tokens(t) => (BudgetUnit::Tokens, t),
+                    BudgetAmount::Cost(c) => (BudgetUnit::Cost, c),
+                };
+                Some(BudgetCheck {
+                    period,
+                    unit,
+                    limit,
+                    current: w.current,
+                    next: w.next,
+                })
+            })
+            .collect()
     }
 
     async fn close(
@@ -643,6 +779,7 @@ impl<S: Store> Limiter<S> {
         user: &str,
         reservation: &ReservationId,
         actual: Option<u64>,
+        split: Option<TokenSplit>,
     ) -> Result<Settled, LimiterError> {
         check_id("reservation_id", &reservation.invocation_id)?;
         let plan = self.plan_for(user)?;
@@ -657,6 +794,7 @@ impl<S: Store> Limiter<S> {
                 ),
             ));
         }
+        let checks = self.budget_checks(&plan);
         let out = self
             .store
             .settle(SettleRequest {
@@ -664,7 +802,11 @@ impl<S: Store> Limiter<S> {
                 tokens: plan.tokens,
                 reservation,
                 actual,
-                budget: None,
+                budget: (!checks.is_empty()).then_some(BudgetRequest {
+                    checks: &checks,
+                    price: None,
+                    split,
+                }),
             })
             .await?;
         match out {
@@ -714,6 +856,7 @@ impl<S: Store + Clone> Drop for RefundOnDrop<'_, S> {
         let user = self.user.to_owned();
         let id = self.id.clone();
         let tokens = self.plan.tokens;
+        let checks = self.limiter.budget_checks(self.plan);
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 handle.spawn(async move {
@@ -722,7 +865,11 @@ impl<S: Store + Clone> Drop for RefundOnDrop<'_, S> {
                         tokens,
                         reservation: &id,
                         actual: None,
-                        budget: None,
+                        budget: (!checks.is_empty()).then_some(BudgetRequest {
+                            checks: &checks,
+                            price: None,
+                            split: None,
+                        }),
                     };
                     if let Err(e) = store.settle(req).await {
                         tracing::warn!(user, reservation = %id, error = %e, "refund of an abandoned wait failed");

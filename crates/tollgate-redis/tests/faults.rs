@@ -827,6 +827,8 @@ async fn a_request_id_the_fallback_answered_is_answered_again_after_recovery() {
         estimate: 2_000,
         request_id: Some("req-1"),
         wait: false,
+        model: None,
+        split: None,
     };
     server.stop();
     let first = l.reserve("u1", call).await.unwrap();

@@ -87,7 +87,8 @@ macro_rules! for_each_scenario {
             session_append_is_fenced_and_once_per_id,
             session_delete_writes_its_group_in_one_step,
             grouped_logs_live_as_long_as_they_are_written,
-            budgets_charge_and_refuse
+            budgets_charge_and_refuse,
+            example_5_budgets
         );
     };
 }

@@ -370,6 +370,8 @@ pub async fn reserve_tokens<S: Store + Clone>(
         estimate,
         request_id: req.request_id.as_deref(),
         wait: req.wait,
+        model: None,
+        split: None,
     };
     let _waiting = if req.wait {
         Some(wait_place(app, user)?)

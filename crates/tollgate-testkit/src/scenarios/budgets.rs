@@ -262,3 +262,195 @@ pub async fn budgets_charge_and_refuse<S: Store + Clone>(store: S, clock: FakeCl
         Some(limited(Limit::BudgetDaily, 86_400_000))
     );
 }
+
+/// Plan "pro" of the budget example (docs/spec.md §7, example 5): a
+/// generous token rate, 2,000,000 tokens a day and $50.00 a month (UTC),
+/// `openai:gpt-4o` at $2.50 / $10.00 / $1.25 per million input / output /
+/// cached input tokens.
+fn pro(store_clock: &FakeClock) -> (tollgate_core::PlansConfig, FakeClock) {
+    use tollgate_core::budget::{BudgetAmountConfig, BudgetsConfig};
+    use tollgate_core::money::PriceConfig;
+    let mut plan = super::support();
+    plan.tokens = tollgate_core::RateConfig {
+        amount: 10_000_000,
+        period_ms: 60_000,
+        burst: Some(10_000_000),
+    };
+    plan.max_wait_ms = 0;
+    plan.budgets = Some(BudgetsConfig {
+        daily: Some(BudgetAmountConfig {
+            tokens: Some(2_000_000),
+            cost: None,
+        }),
+        monthly: Some(BudgetAmountConfig {
+            tokens: None,
+            cost: Some("50.00".into()),
+        }),
+        ..BudgetsConfig::default()
+    });
+    let mut cfg = tollgate_core::PlansConfig {
+        default_plan: Some("pro".into()),
+        currency: Some("USD".into()),
+        ..tollgate_core::PlansConfig::default()
+    };
+    cfg.plans.insert("pro".into(), plan);
+    cfg.prices.insert(
+        "openai:gpt-4o".into(),
+        PriceConfig {
+            input: "2.50".into(),
+            output: "10.00".into(),
+            cached_input: Some("1.25".into()),
+        },
+    );
+    (cfg, store_clock.clone())
+}
+
+/// SPEC §7 example 5: $50 a month and 2,000,000 tokens a day, the day that
+/// crosses the month's budget, to the micro-unit.
+pub async fn example_5_budgets<S: Store + Clone>(store: S, clock: FakeClock) {
+    use tollgate_core::limiter::{ModelRef, Reserve};
+    use tollgate_core::{Decision, Limiter, LimiterError};
+
+    const GPT_4O: ModelRef<'static> = ModelRef {
+        provider: "openai",
+        model: "gpt-4o",
+    };
+    let (cfg, clock) = pro(&clock);
+    let l = Limiter::new(store, clock.clone(), cfg.validate().expect("valid plan"));
+    let reserve = |inv: &'static str, estimate: u64, split: Option<(u64, u64, u64)>| {
+        let l = &l;
+        async move {
+            l.reserve(
+                "alice",
+                Reserve {
+                    invocation_id: inv,
+                    estimate,
+                    request_id: None,
+                    wait: false,
+                    model: Some(GPT_4O),
+                    split: split.map(|(i, o, c)| TokenSplit::new(i, o, c)),
+                },
+            )
+            .await
+            .expect("reserve")
+        }
+    };
+    let id = |d: Decision<tollgate_core::limiter::Reservation>| match d {
+        Decision::Allowed { grant, .. } => grant.id,
+        other => panic!("expected a grant, got {other:?}"),
+    };
+    let denied = |d: Decision<tollgate_core::limiter::Reservation>| match d {
+        Decision::Denied(Denial::Limited {
+            limit,
+            retry_after_ms,
+        }) => (limit, retry_after_ms),
+        other => panic!("expected a budget refusal, got {other:?}"),
+    };
+    let settle = |r: ReservationId, actual: u64, split: Option<(u64, u64, u64)>| {
+        let l = &l;
+        async move {
+            let s = l
+                .settle_split(
+                    "alice",
+                    &r,
+                    actual,
+                    split.map(|(i, o, c)| TokenSplit::new(i, o, c)),
+                )
+                .await
+                .expect("settle");
+            assert!(s.applied);
+        }
+    };
+    // 09:00 UTC: midnight is 15 h away.
+    const TO_MIDNIGHT: u64 = 54_000_000;
+
+    // 1 and 2 March: each day 400,000 input + 1,600,000 output tokens,
+    // $1.00 + $16.00 = $17.00, the day's 2,000,000 tokens exactly.
+    for (day, at) in [("1", 1_803_891_600_000u64), ("2", 1_803_978_000_000)] {
+        clock.set(at);
+        let r = id(reserve(
+            if day == "1" { "d1" } else { "d2" },
+            2_000_000,
+            Some((400_000, 1_600_000, 0)),
+        )
+        .await);
+        settle(r, 2_000_000, Some((400_000, 1_600_000, 0))).await;
+        assert_eq!(
+            denied(reserve("more", 1, None).await),
+            (Limit::BudgetDaily, TO_MIDNIGHT),
+            "day {day}: the 2,000,001st token"
+        );
+    }
+    // 3 March: the month holds $34.00.
+    clock.set(1_804_064_400_000);
+    // A: 100,000 in + 400,000 out = $4.25 (month $38.25, day 500,000),
+    // settled at 100,000 + 350,000 = $3.75 (month $37.75, day 450,000).
+    let a = id(reserve("a", 500_000, Some((100_000, 400_000, 0))).await);
+    settle(a, 450_000, Some((100_000, 350_000, 0))).await;
+    // B: 1,000,000 unsplit, at the output price: $10.00 (month $47.75, day
+    // 1,450,000), settled as 200,000 in + 500,000 out + 300,000 cached =
+    // $0.50 + $5.00 + $0.375 = $5.875 (month $43.625; the day unchanged).
+    let b = id(reserve("b", 1_000_000, None).await);
+    settle(b, 1_000_000, Some((200_000, 500_000, 300_000))).await;
+    // C: 600,000 would fit the month ($49.625) but not the day (2,050,000).
+    assert_eq!(
+        denied(reserve("c", 600_000, None).await),
+        (Limit::BudgetDaily, TO_MIDNIGHT)
+    );
+    // D: 50,000 in + 500,000 out = $5.125: the day exactly full, the month
+    // $48.75.
+    let d = id(reserve("d", 550_000, Some((50_000, 500_000, 0))).await);
+    settle(d, 550_000, Some((50_000, 500_000, 0))).await;
+    assert_eq!(
+        denied(reserve("e", 1, None).await),
+        (Limit::BudgetDaily, TO_MIDNIGHT)
+    );
+    // Turns are still admitted (on_exhausted = "deny_model_calls").
+    assert!(matches!(
+        l.admit_turn("alice", "turn").await.expect("admit"),
+        Decision::Allowed { .. }
+    ));
+    // 4 March, 09:00: a new day, the month's last $1.25.
+    clock.set(1_804_150_800_000);
+    const TO_APRIL: u64 = 1_806_537_600_000 - 1_804_150_800_000;
+    // F: 200,000 unsplit = $2.00: past $50.00 until 1 April.
+    assert_eq!(
+        denied(reserve("f", 200_000, None).await),
+        (Limit::BudgetMonthly, TO_APRIL)
+    );
+    // G: $1.00 (month $49.75). H: 25,001 tokens = $0.25001, refused; I:
+    // 25,000 = $0.25, the month exactly $50.00.
+    let g = id(reserve("g", 100_000, None).await);
+    settle(g, 100_000, None).await;
+    assert_eq!(
+        denied(reserve("h", 25_001, None).await),
+        (Limit::BudgetMonthly, TO_APRIL)
+    );
+    let _i = id(reserve("i", 25_000, None).await);
+    assert_eq!(
+        denied(reserve("j", 1, None).await),
+        (Limit::BudgetMonthly, TO_APRIL)
+    );
+    // A model with no price, and no default_price: cannot be charged.
+    let e = l
+        .reserve(
+            "alice",
+            Reserve {
+                invocation_id: "k",
+                estimate: 1,
+                request_id: None,
+                wait: false,
+                model: Some(ModelRef {
+                    provider: "openai",
+                    model: "unpriced",
+                }),
+                split: None,
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, LimiterError::InvalidRequest { field, .. } if *field == "model"),
+        "{e:?}"
+    );
+}

@@ -227,6 +227,8 @@ pub async fn request_ids_answer_the_first_grant<S: Store + Clone>(store: S, cloc
         estimate,
         request_id: Some(id),
         wait: false,
+        model: None,
+        split: None,
     };
     let a = allowed(&l.reserve("u1", call("run", 50_000, "q1")).await.unwrap());
     assert_eq!(a.id, ReservationId::new("run", 1));
@@ -284,6 +286,8 @@ pub async fn reconcile_charges_and_resolves_ambiguity<S: Store + Clone>(
         estimate: 6_000,
         request_id: Some("ran"),
         wait: false,
+        model: None,
+        split: None,
     };
     let first = allowed(&l.reserve("u1", ran).await.unwrap());
     let s = state(&l, "u1").await;
