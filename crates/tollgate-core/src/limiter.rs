@@ -123,8 +123,9 @@ pub struct Reserve<'a> {
     /// plan's default price.
     pub model: Option<ModelRef<'a>>,
     /// The estimate split into input, output and cached input tokens, each
-    /// priced at its own price (its total must be `estimate`). `None`: all
-    /// of it at the higher of the input and output prices.
+    /// priced at its own price for cost budgets (token budgets count
+    /// `estimate`). `None`: all of it at the higher of the input and output
+    /// prices.
     pub split: Option<TokenSplit>,
 }
 
@@ -159,32 +160,6 @@ impl<S> std::fmt::Debug for Limiter<S> {
 /// The one id rule ([`crate::id`]), naming `field` in the error.
 fn check_id(field: &'static str, v: &str) -> Result<(), LimiterError> {
     crate::id::check_id(v).map_err(|e| LimiterError::invalid(field, e.to_string()))
-}
-
-/// A token split (`field`) must add up to `total` (`of`).
-fn check_split(
-    field: &'static str,
-    split: Option<TokenSplit>,
-    total: u64,
-    of: &str,
-) -> Result<(), LimiterError> {
-    match split {
-        Some(s)
-            if s.input
-                .checked_add(s.output)
-                .and_then(|t| t.checked_add(s.cached_input))
-                != Some(total) =>
-        {
-            Err(LimiterError::invalid(
-                field,
-                format!(
-                    "input + output + cached_input ({} + {} + {}) must equal {of} ({total})",
-                    s.input, s.output, s.cached_input
-                ),
-            ))
-        }
-        _ => Ok(()),
-    }
 }
 
 fn check_estimate(estimate: u64) -> Result<(), LimiterError> {
@@ -503,7 +478,6 @@ impl<S: Store> Limiter<S> {
             check_id("request_id", id)?;
         }
         check_estimate(call.estimate)?;
-        check_split("split", call.split, call.estimate, "estimate")?;
         if let Some(m) = call.model {
             check_id("model", m.model)?;
             check_id("provider", m.provider)?;
@@ -718,13 +692,12 @@ impl<S: Store> Limiter<S> {
     }
 
     /// [`settle`](Self::settle) with the usage split into input, output
-    /// and cached input tokens (`actual` is their total), each priced at
-    /// its own price of the reservation's model for cost budgets.
+    /// and cached input tokens, each priced at its own price of the
+    /// reservation's model for cost budgets (token budgets count `actual`).
     ///
     /// # Errors
     ///
-    /// As [`settle`](Self::settle); also a split whose total is not
-    /// `actual` (field `split`).
+    /// As [`settle`](Self::settle).
     pub async fn settle_split(
         &self,
         user: &str,
@@ -732,7 +705,6 @@ impl<S: Store> Limiter<S> {
         actual: u64,
         split: Option<TokenSplit>,
     ) -> Result<Settled, LimiterError> {
-        check_split("split", split, actual, "actual")?;
         self.close(user, reservation, Some(actual), split).await
     }
 

@@ -155,9 +155,11 @@ fn clamp(c: Result<u64, CostOverflow>) -> u64 {
     c.map_or(MAX_AMOUNT, |c| c.min(MAX_AMOUNT))
 }
 
-/// The amount `tokens` (or their `split`) count against a budget of `unit`
-/// at `price`: tokens, or their cost rounded up to the micro-unit once
-/// (unsplit: at the higher of the input and output prices), at most
+/// The amount `tokens` count against a budget of `unit` at `price`: the
+/// tokens themselves, or their cost rounded up to the micro-unit once: of
+/// their `split` if given (each part at its own price; the split prices
+/// the call, it is not checked against `tokens`), else of all of them at
+/// the higher of the input and output prices. At most
 /// [`MAX_AMOUNT`]. A cost without a price counts [`MAX_AMOUNT`] (the caller
 /// refuses such a reserve before it gets here). Each token count past
 /// [`MAX_AMOUNT`] counts as [`MAX_AMOUNT`].
@@ -176,10 +178,9 @@ pub fn amount(
             s.cached_input.min(MAX_AMOUNT),
         )
     });
-    match (unit, split) {
-        (BudgetUnit::Tokens, Some(s)) => s.total().min(MAX_AMOUNT),
-        (BudgetUnit::Tokens, None) => tokens.min(MAX_AMOUNT),
-        (BudgetUnit::Cost, _) => match (price, split) {
+    match unit {
+        BudgetUnit::Tokens => tokens,
+        BudgetUnit::Cost => match (price, split) {
             (None, _) => MAX_AMOUNT,
             (Some(p), Some(s)) => clamp(p.cost(s)),
             (Some(p), None) => clamp(p.cost_unsplit(tokens)),

@@ -60,8 +60,6 @@ if v[4] and ARGV[2] ~= '' then
           local real
           if u == 0 then
             real = actual
-            if split == 1 then real = si + so + sc end
-            if real > MAX_SCALED then real = MAX_SCALED end
           elseif pin < 0 then
             real = MAX_SCALED
           elseif split == 1 then

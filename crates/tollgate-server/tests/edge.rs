@@ -331,6 +331,7 @@ async fn a_slow_body_does_not_hold_shutdown_past_the_drain_deadline() {
         estimate: 1000,
         wait: false,
         request_id: None,
+        ..Default::default()
     });
     let auth = format!("Bearer {token}").parse().unwrap();
     drained.metadata_mut().insert("authorization", auth);
@@ -342,6 +343,7 @@ async fn a_slow_body_does_not_hold_shutdown_past_the_drain_deadline() {
         estimate: 1000,
         wait: true,
         request_id: None,
+        ..Default::default()
     });
     let auth = format!("Bearer {token}").parse().unwrap();
     waiting.metadata_mut().insert("authorization", auth);
@@ -404,6 +406,7 @@ async fn the_ninth_wait_of_one_user_is_refused() {
         estimate: 1,
         wait: true,
         request_id: None,
+        ..Default::default()
     });
     let auth = format!("Bearer {}", valid_token("a", SECRET))
         .parse()

@@ -237,6 +237,7 @@ impl Server {
                     estimate,
                     wait: false,
                     request_id: None,
+                    ..Default::default()
                 },
             ))
             .await
@@ -250,6 +251,7 @@ impl Server {
                 proto::SettleRequest {
                     reservation_id: id.to_owned(),
                     actual,
+                    ..Default::default()
                 },
             ))
             .await
@@ -717,6 +719,7 @@ async fn the_in_flight_cap_is_resource_exhausted_overloaded() {
                 estimate: 1_000,
                 wait: true,
                 request_id: None,
+                ..Default::default()
             },
         ))
         .await
@@ -1341,6 +1344,7 @@ async fn a_cancelled_wait_reservation_is_refunded() {
                 estimate: 1_000,
                 wait: true,
                 request_id: None,
+                ..Default::default()
             },
         ))
         .await

@@ -305,6 +305,51 @@ async fn example_1_turn_burst_then_denied_with_exact_hint() {
     srv.shutdown().await;
 }
 
+/// A reserve may name its model and split its estimate, a settle its usage
+/// (they price a call for cost budgets); the token rate counts `estimate`
+/// and `actual` whatever the split says. A part past 2^53 is refused with
+/// its field, and so is a model id with a control character.
+#[tokio::test]
+async fn reserve_and_settle_take_a_model_and_a_token_split() {
+    let srv = Server::start(&memory_config(64)).await;
+    let r = srv
+        .post(
+            "alice",
+            "/v1/tokens/reserve",
+            json!({"invocation_id": "run", "estimate": 6_000, "model": "openai:gpt-4o",
+                   "input_tokens": 5_000, "output_tokens": 500}),
+        )
+        .await;
+    let id = r.ok()["reservation_id"].as_str().expect("id").to_owned();
+    let r = srv
+        .post(
+            "alice",
+            "/v1/tokens/settle",
+            json!({"reservation_id": id, "actual": 7_000, "input_tokens": 4_000,
+                   "output_tokens": 2_000, "cached_input_tokens": 1_000}),
+        )
+        .await;
+    assert_eq!(
+        r.ok()["balance"],
+        CAPACITY - 7_000,
+        "the rate counts actual"
+    );
+    for (body, field) in [
+        (
+            json!({"invocation_id": "run", "estimate": 1, "output_tokens": 9_007_199_254_740_993_u64}),
+            "output_tokens",
+        ),
+        (
+            json!({"invocation_id": "run", "estimate": 1, "model": "gpt\u{7}4o"}),
+            "model",
+        ),
+    ] {
+        let r = srv.post("alice", "/v1/tokens/reserve", body).await;
+        assert_eq!(r.refused(400, "invalid_request")["field"], field);
+    }
+    srv.shutdown().await;
+}
+
 #[tokio::test]
 async fn example_3_token_wait_boundary() {
     let srv = Server::start(&memory_config(64)).await;

@@ -300,6 +300,7 @@ async fn zero_token_reservations_are_refused() {
                 estimate: 0,
                 wait: false,
                 request_id: None,
+                ..Default::default()
             },
         ))
         .await

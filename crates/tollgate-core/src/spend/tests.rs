@@ -70,7 +70,11 @@ fn amounts_in_tokens_and_money_to_the_micro_unit() {
     let p = price();
     assert_eq!(amount(BudgetUnit::Tokens, Some(&p), 1_000, None), 1_000);
     let split = TokenSplit::new(700, 300, 2_000);
-    assert_eq!(amount(BudgetUnit::Tokens, Some(&p), 0, Some(split)), 3_000);
+    // Token budgets count the tokens; a split only prices them.
+    assert_eq!(
+        amount(BudgetUnit::Tokens, Some(&p), 3_000, Some(split)),
+        3_000
+    );
     // Unsplit: at the higher (output) price, 1,000 × $15 / 1e6 = $0.015.
     assert_eq!(amount(BudgetUnit::Cost, Some(&p), 1_000, None), 15_000);
     // 700 × 3 + 300 × 15 + 2,000 × 0.3 = 2,100 + 4,500 + 600 micro-units.

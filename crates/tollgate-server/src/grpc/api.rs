@@ -367,6 +367,10 @@ impl From<proto::ReserveTokensRequest> for ops::ReserveRequest {
             estimate: m.estimate,
             wait: m.wait,
             request_id: m.request_id,
+            model: m.model,
+            input_tokens: m.input_tokens,
+            output_tokens: m.output_tokens,
+            cached_input_tokens: m.cached_input_tokens,
         }
     }
 }
@@ -385,6 +389,9 @@ impl From<proto::SettleRequest> for ops::SettleRequest {
         Self {
             reservation_id: m.reservation_id,
             actual: m.actual,
+            input_tokens: m.input_tokens,
+            output_tokens: m.output_tokens,
+            cached_input_tokens: m.cached_input_tokens,
         }
     }
 }

@@ -14,6 +14,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use tollgate_core::lease::{SessionAcquire, SessionGrant};
+use tollgate_core::limiter::ModelRef;
+use tollgate_core::money::TokenSplit;
 use tollgate_core::session::{SessionAdmit, SessionLease, check_ttl, session_key};
 use tollgate_core::store::Release;
 use tollgate_core::{Decision, Limit, ReplicaPermit, ReservationId, Reserve, Store};
@@ -151,6 +153,23 @@ fn tokens(field: &str, v: u64) -> Result<u64, ApiError> {
         ));
     }
     Ok(v)
+}
+
+/// The token split of a reserve or settle (each part at most 2^53), if any
+/// part is given: it prices the call for cost budgets.
+fn split(
+    input: Option<u64>,
+    output: Option<u64>,
+    cached: Option<u64>,
+) -> Result<Option<TokenSplit>, ApiError> {
+    if input.is_none() && output.is_none() && cached.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(TokenSplit::new(
+        tokens("input_tokens", input.unwrap_or(0))?,
+        tokens("output_tokens", output.unwrap_or(0))?,
+        tokens("cached_input_tokens", cached.unwrap_or(0))?,
+    )))
 }
 
 fn optional_tokens(field: &str, v: Option<u64>) -> Result<Option<u64>, ApiError> {
@@ -365,13 +384,24 @@ pub async fn reserve_tokens<S: Store + Clone>(
         check_id("request_id", id)?;
     }
     let estimate = tokens("estimate", req.estimate)?;
+    let split = split(req.input_tokens, req.output_tokens, req.cached_input_tokens)?;
+    let model = match req.model.as_deref() {
+        Some(m) => {
+            check_id("model", m)?;
+            // "provider:model", as [prices] names it; anything else names
+            // no price (the plan's default_price applies).
+            let (provider, model) = m.split_once(':').unwrap_or(("", m));
+            Some(ModelRef { provider, model })
+        }
+        None => None,
+    };
     let call = Reserve {
         invocation_id: &req.invocation_id,
         estimate,
         request_id: req.request_id.as_deref(),
         wait: req.wait,
-        model: None,
-        split: None,
+        model,
+        split,
     };
     let _waiting = if req.wait {
         Some(wait_place(app, user)?)
@@ -412,7 +442,8 @@ pub async fn settle<S: Store + Clone>(
 ) -> Result<BalanceResponse, ApiError> {
     let id = reservation(&req.reservation_id)?;
     let actual = tokens("actual", req.actual)?;
-    let s = app.limiter().settle(user, &id, actual).await?;
+    let split = split(req.input_tokens, req.output_tokens, req.cached_input_tokens)?;
+    let s = app.limiter().settle_split(user, &id, actual, split).await?;
     Ok(s.into())
 }
 

@@ -164,6 +164,34 @@ pub struct ReserveRequest {
         pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$"
     )]
     pub request_id: Option<String>,
+    /// The model called, as `"provider:model"` (the key of its `[prices]`
+    /// entry): prices the call for the plan's cost budgets. Absent, or
+    /// naming no `[prices]` entry: the plan's `default_price`.
+    #[serde(default)]
+    #[schema(
+        min_length = 1,
+        max_length = 512,
+        pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$"
+    )]
+    pub model: Option<String>,
+    /// Of the estimate, input tokens that are not read from the provider's
+    /// prompt cache. With `output_tokens` and `cached_input_tokens` (each
+    /// 0 when absent) it prices the call for the plan's cost budgets, each
+    /// part at its own price; with none of the three, `estimate` is priced
+    /// at the higher of the input and output prices. Token budgets and the
+    /// token rate count `estimate`. At most 2^53.
+    #[serde(default, deserialize_with = "optional_integer")]
+    #[schema(minimum = 0, maximum = 9_007_199_254_740_992_u64)]
+    pub input_tokens: Option<u64>,
+    /// Of the estimate, output tokens (see `input_tokens`). At most 2^53.
+    #[serde(default, deserialize_with = "optional_integer")]
+    #[schema(minimum = 0, maximum = 9_007_199_254_740_992_u64)]
+    pub output_tokens: Option<u64>,
+    /// Of the estimate, input tokens read from the prompt cache (see
+    /// `input_tokens`). At most 2^53.
+    #[serde(default, deserialize_with = "optional_integer")]
+    #[schema(minimum = 0, maximum = 9_007_199_254_740_992_u64)]
+    pub cached_input_tokens: Option<u64>,
 }
 
 /// The answer to a reservation.
@@ -189,6 +217,24 @@ pub struct SettleRequest {
     #[serde(deserialize_with = "integer")]
     #[schema(minimum = 0, maximum = 9_007_199_254_740_992_u64)]
     pub actual: u64,
+    /// Of the usage, input tokens that are not read from the provider's
+    /// prompt cache. With `output_tokens` and `cached_input_tokens` (each
+    /// 0 when absent) it prices the call for the plan's cost budgets, each
+    /// part at its own price; with none of the three, `actual` is priced
+    /// at the higher of the input and output prices. Token budgets and the
+    /// token rate count `actual`. At most 2^53.
+    #[serde(default, deserialize_with = "optional_integer")]
+    #[schema(minimum = 0, maximum = 9_007_199_254_740_992_u64)]
+    pub input_tokens: Option<u64>,
+    /// Of the usage, output tokens (see `input_tokens`). At most 2^53.
+    #[serde(default, deserialize_with = "optional_integer")]
+    #[schema(minimum = 0, maximum = 9_007_199_254_740_992_u64)]
+    pub output_tokens: Option<u64>,
+    /// Of the usage, input tokens read from the prompt cache (see
+    /// `input_tokens`). At most 2^53.
+    #[serde(default, deserialize_with = "optional_integer")]
+    #[schema(minimum = 0, maximum = 9_007_199_254_740_992_u64)]
+    pub cached_input_tokens: Option<u64>,
 }
 
 /// `POST /v1/tokens/refund`.
