@@ -51,6 +51,17 @@ pub enum ApiError {
     /// A limit refused.
     #[error("{0}")]
     Denied(Denial),
+    /// A user's spend budget is spent (a [`Denial::Limited`] of a budget
+    /// limit, with the instant its window ends).
+    #[error("the {limit} is spent until {resets_at_ms}")]
+    BudgetExhausted {
+        /// `budget_daily`, `budget_weekly` or `budget_monthly`.
+        limit: Limit,
+        /// Until its window ends, ms.
+        retry_after_ms: u64,
+        /// When its window ends, ms since the Unix epoch.
+        resets_at_ms: u64,
+    },
     /// Another turn holds the session.
     #[error("a turn is already running in this session")]
     SessionBusy {
@@ -153,6 +164,23 @@ pub enum TooManyWaits {
 }
 
 impl ApiError {
+    /// The refusal of a limit decided at `now_ms` (the clock the decision
+    /// was made on): a spent budget carries the instant its window ends
+    /// ([`ApiError::BudgetExhausted`]); any other is [`ApiError::Denied`].
+    pub fn denied_at(d: Denial, now_ms: u64) -> Self {
+        match d {
+            Denial::Limited {
+                limit: limit @ (Limit::BudgetDaily | Limit::BudgetWeekly | Limit::BudgetMonthly),
+                retry_after_ms,
+            } => ApiError::BudgetExhausted {
+                limit,
+                retry_after_ms,
+                resets_at_ms: now_ms.saturating_add(retry_after_ms),
+            },
+            d => ApiError::Denied(d),
+        }
+    }
+
     /// An invalid-field error.
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
         ApiError::Invalid {

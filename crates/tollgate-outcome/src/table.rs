@@ -13,7 +13,8 @@ use crate::{ApiError, TooManyWaits, provider_limit_code};
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub struct ErrorBody {
     /// A stable code: `turn_rate`, `concurrency`, `token_rate`,
-    /// `max_llm_calls`, `exceeds_capacity`, `session_busy`, `lease_lost`,
+    /// `max_llm_calls`, `budget_exhausted`, `exceeds_capacity`,
+    /// `session_busy`, `lease_lost`,
     /// `not_holder`, `stale_fence`, `unknown_reservation`, `provider_rate`,
     /// `provider_cooldown`, `provider_exhausted`, `unknown_provider`,
     /// `sessions`, `invalid_request`, `unauthorized`, `forbidden`,
@@ -27,6 +28,10 @@ pub struct ErrorBody {
     /// which is not retryable: how long this replica keeps failing fast.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
+    /// For `budget_exhausted`: when the spent budget's window ends and it
+    /// is whole again, ms since the Unix epoch on the server's clock.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resets_at_ms: Option<u64>,
     /// The offending field, for `invalid_request`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
@@ -77,6 +82,7 @@ fn body(error: &'static str, message: impl Into<String>) -> ErrorBody {
         error,
         limit: None,
         retry_after_ms: None,
+        resets_at_ms: None,
         field: None,
         latest_fence: None,
         message: message.into(),
@@ -157,6 +163,15 @@ impl ApiError {
         use StatusCode as H;
         match self {
             ApiError::Denied(d) => denied(*d),
+            ApiError::BudgetExhausted {
+                limit,
+                retry_after_ms,
+                resets_at_ms,
+            } => {
+                let mut row = budget_row(*limit, *retry_after_ms);
+                row.body.resets_at_ms = Some(*resets_at_ms);
+                row
+            }
             ApiError::ProviderDenied(d) => provider_denied(*d),
             // Not retryable, so no `Retry-After` (SPEC §8 gives it to
             // retryable 429s): the body's `retry_after_ms` only says how
@@ -281,6 +296,10 @@ fn denied(d: Denial) -> Row {
         Denial::Limited {
             limit,
             retry_after_ms,
+        } if budget_period(limit).is_some() => budget_row(limit, retry_after_ms),
+        Denial::Limited {
+            limit,
+            retry_after_ms,
         } => {
             let s = secs(retry_after_ms);
             let msg = match limit {
@@ -303,10 +322,16 @@ fn denied(d: Denial) -> Row {
             cost,
             max_cost,
         } => {
-            let mut b = body(
-                "exceeds_capacity",
-                format!("an estimate of {cost} tokens can never be granted: at most {max_cost}"),
-            );
+            let message = match budget_period(limit) {
+                Some(period) => format!(
+                    "this call's charge of {cost} can never fit the {period} budget of \
+                     {max_cost} (tokens, or micro-units of the currency for a cost budget)"
+                ),
+                None => {
+                    format!("an estimate of {cost} tokens can never be granted: at most {max_cost}")
+                }
+            };
+            let mut b = body("exceeds_capacity", message);
             b.limit = Some(limit.as_str());
             Row::new(H::BAD_REQUEST, b)
         }
@@ -321,6 +346,46 @@ fn denied(d: Denial) -> Row {
         }
         _ => Row::new(H::TOO_MANY_REQUESTS, body("limited", d.to_string())),
     }
+}
+
+/// `daily`, `weekly` or `monthly` for a budget limit.
+fn budget_period(limit: Limit) -> Option<&'static str> {
+    match limit {
+        Limit::BudgetDaily => Some("daily"),
+        Limit::BudgetWeekly => Some("weekly"),
+        Limit::BudgetMonthly => Some("monthly"),
+        _ => None,
+    }
+}
+
+/// A duration for people: `45 s`, `12 min`, `15 h 30 min`, `3 days 2 h`.
+fn human(ms: u64) -> String {
+    let s = ms.div_ceil(1_000);
+    let (d, h, m) = (s / 86_400, s % 86_400 / 3_600, s % 3_600 / 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s} s"),
+        (0, 0, m) => format!("{} min", m + u64::from(!s.is_multiple_of(60))),
+        (0, h, 0) => format!("{h} h"),
+        (0, h, m) => format!("{h} h {m} min"),
+        (1, 0, _) => "1 day".to_owned(),
+        (1, h, _) => format!("1 day {h} h"),
+        (d, 0, _) => format!("{d} days"),
+        (d, h, _) => format!("{d} days {h} h"),
+    }
+}
+
+/// A spent budget: 429 `budget_exhausted`, retryable when its window ends.
+fn budget_row(limit: Limit, retry_after_ms: u64) -> Row {
+    let period = budget_period(limit).unwrap_or("spend");
+    let mut b = body(
+        "budget_exhausted",
+        format!(
+            "your {period} budget is spent: model calls are refused until it resets in {}",
+            human(retry_after_ms)
+        ),
+    );
+    b.limit = Some(limit.as_str());
+    Row::new(StatusCode::TOO_MANY_REQUESTS, b).limited(retry_after_ms)
 }
 
 /// The rows of a provider key's limits.

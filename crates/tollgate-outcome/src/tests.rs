@@ -303,3 +303,62 @@ fn limiter_errors_map_to_their_rows() {
     assert_eq!(e.row().body.error, "unknown_reservation");
     assert_eq!(e.row().retry, Retry::No);
 }
+
+/// A spent budget: 429 `budget_exhausted`, the limit naming its window,
+/// the hint to the window's end and the instant it resets (when decided at
+/// a known time), a sentence saying which budget and when.
+#[test]
+fn a_spent_budget_is_a_retryable_429_naming_its_window_and_reset() {
+    // 3 March 2027 09:00 UTC, the day ending in 15 h.
+    let now = 1_804_064_400_000;
+    let e = ApiError::denied_at(limited(Limit::BudgetDaily, 54_000_000), now);
+    let (status, headers, body) = answer(&e);
+    assert_eq!(status, H::TOO_MANY_REQUESTS);
+    assert_eq!(headers, limit_headers("54000"));
+    assert_eq!(
+        body,
+        json!({"error": "budget_exhausted", "limit": "budget_daily",
+               "retry_after_ms": 54_000_000_u64, "resets_at_ms": 1_804_118_400_000_u64,
+               "message": "your daily budget is spent: model calls are refused until it \
+                           resets in 15 h"})
+    );
+    // Monthly, 27 days 15 h to 1 April; weekly, 90 s (rounded up to minutes
+    // past one).
+    for (limit, ms, words) in [
+        (
+            Limit::BudgetMonthly,
+            2_386_800_000,
+            "monthly budget is spent: model calls are refused until it resets in 27 days 15 h",
+        ),
+        (
+            Limit::BudgetWeekly,
+            90_000,
+            "weekly budget is spent: model calls are refused until it resets in 2 min",
+        ),
+        (
+            Limit::BudgetWeekly,
+            45_000,
+            "weekly budget is spent: model calls are refused until it resets in 45 s",
+        ),
+    ] {
+        let (_, _, body) = answer(&ApiError::denied_at(limited(limit, ms), now));
+        assert_eq!(body["message"], format!("your {words}"));
+        assert_eq!(body["resets_at_ms"], now + ms);
+    }
+    // Any other denial is unchanged.
+    assert!(matches!(
+        ApiError::denied_at(limited(Limit::TokenRate, 5), now),
+        ApiError::Denied(_)
+    ));
+    // A charge past a whole budget: 400 exceeds_capacity, not retryable.
+    let e = ApiError::Denied(Denial::ExceedsCapacity {
+        limit: Limit::BudgetMonthly,
+        cost: 60_000_000,
+        max_cost: 50_000_000,
+    });
+    let (status, headers, body) = answer(&e);
+    assert_eq!(status, H::BAD_REQUEST);
+    assert!(headers.is_empty());
+    assert_eq!(body["error"], "exceeds_capacity");
+    assert_eq!(body["limit"], "budget_monthly");
+}

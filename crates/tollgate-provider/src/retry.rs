@@ -388,8 +388,9 @@ pub enum GiveUpReason {
     NotRetryable,
     /// The policy's `max_attempts` were made.
     AttemptsExhausted,
-    /// The retry budget of the last minute is spent.
-    BudgetExhausted,
+    /// The retry budget of the last minute is spent (named apart from a
+    /// user's spend budget, `budget_exhausted`).
+    RetryBudgetExhausted,
     /// The provider's hint ends after the call's deadline.
     HintTooLong,
     /// The call's deadline has come.
@@ -401,13 +402,13 @@ pub enum GiveUpReason {
 
 impl GiveUpReason {
     /// The stable snake_case name, for metrics and logs:
-    /// `not_retryable`, `attempts_exhausted`, `budget_exhausted`,
+    /// `not_retryable`, `attempts_exhausted`, `retry_budget_exhausted`,
     /// `hint_too_long`, `deadline_reached`, `stopped`.
     pub fn as_str(self) -> &'static str {
         match self {
             GiveUpReason::NotRetryable => "not_retryable",
             GiveUpReason::AttemptsExhausted => "attempts_exhausted",
-            GiveUpReason::BudgetExhausted => "budget_exhausted",
+            GiveUpReason::RetryBudgetExhausted => "retry_budget_exhausted",
             GiveUpReason::HintTooLong => "hint_too_long",
             GiveUpReason::DeadlineReached => "deadline_reached",
             GiveUpReason::Stopped => "stopped",
@@ -637,7 +638,7 @@ impl Retrier {
             delay_ms = delay_ms.min(remaining);
         }
         if !self.budget.try_retry(now) {
-            return RetryDecision::GiveUp(GiveUpReason::BudgetExhausted);
+            return RetryDecision::GiveUp(GiveUpReason::RetryBudgetExhausted);
         }
         RetryDecision::Retry { delay_ms }
     }

@@ -308,7 +308,7 @@ fn retrier_gives_up_when_the_budget_is_spent() {
     ));
     assert_eq!(
         r.decide(1, &server_error(None)),
-        RetryDecision::GiveUp(GiveUpReason::BudgetExhausted)
+        RetryDecision::GiveUp(GiveUpReason::RetryBudgetExhausted)
     );
     clock.advance(60_000);
     assert!(matches!(

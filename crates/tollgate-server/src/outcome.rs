@@ -68,7 +68,9 @@ fn grpc_code(e: &ApiError) -> tonic::Code {
         // A quota is used up: RESOURCE_EXHAUSTED, not PERMISSION_DENIED,
         // which gRPC reserves for refusals that are not about an exhausted
         // resource.
-        ApiError::ProviderExhausted { .. } => G::ResourceExhausted,
+        ApiError::ProviderExhausted { .. } | ApiError::BudgetExhausted { .. } => {
+            G::ResourceExhausted
+        }
         ApiError::UnknownProvider { .. }
         | ApiError::LeaseLost
         | ApiError::NotHolder
@@ -149,6 +151,9 @@ impl GrpcStatus for ApiError {
         }
         if let Some(ms) = body.retry_after_ms {
             info.insert("retry_after_ms".to_owned(), ms.to_string());
+        }
+        if let Some(ms) = body.resets_at_ms {
+            info.insert("resets_at_ms".to_owned(), ms.to_string());
         }
         if let Some(fence) = body.latest_fence {
             info.insert("latest_fence".to_owned(), fence.to_string());
@@ -299,5 +304,34 @@ mod tests {
         assert_eq!(a.admit(1_000), Some(0));
         assert_eq!(b.admit(1_000), Some(0), "another kind is not silenced");
         assert_eq!(a.admit(1_001), None);
+    }
+
+    /// The gRPC column of a spent budget: RESOURCE_EXHAUSTED with RetryInfo
+    /// to the window's end and the reset instant in ErrorInfo.
+    #[test]
+    fn a_spent_budget_is_resource_exhausted_with_its_reset() {
+        let d = Denial::Limited {
+            limit: tollgate_core::Limit::BudgetDaily,
+            retry_after_ms: 54_000_000,
+        };
+        let st = ApiError::denied_at(d, 1_804_064_400_000).to_status();
+        assert_eq!(st.code(), tonic::Code::ResourceExhausted);
+        let md = |k: &str| {
+            st.metadata()
+                .get(k)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        assert_eq!(md("x-tollgate-error").as_deref(), Some("budget_exhausted"));
+        assert_eq!(md("x-tollgate-limit").as_deref(), Some("budget_daily"));
+        assert_eq!(md("retry-after-ms").as_deref(), Some("54000000"));
+        let details = st.get_error_details();
+        let info = details.error_info().expect("ErrorInfo");
+        assert_eq!(info.reason, "budget_exhausted");
+        assert_eq!(info.metadata["resets_at_ms"], "1804118400000");
+        assert_eq!(
+            details.retry_info().and_then(|r| r.retry_delay),
+            Some(Duration::from_secs(54_000))
+        );
     }
 }

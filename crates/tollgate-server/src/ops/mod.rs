@@ -141,7 +141,7 @@ async fn claim_session<S: Store + Clone>(
     observe(app, "session", user, &decision);
     match decision {
         Decision::Allowed { .. } => Ok(()),
-        Decision::Denied(d) => Err(ApiError::Denied(d)),
+        Decision::Denied(d) => Err(ApiError::denied_at(d, app.limiter().clock().now_ms())),
     }
 }
 
@@ -300,7 +300,7 @@ pub async fn admit_run<S: Store + Clone>(
                 shadow_denied: shadow_denied.map(|d| d.limit()),
             })
         }
-        Decision::Denied(d) => Err(ApiError::Denied(d)),
+        Decision::Denied(d) => Err(ApiError::denied_at(d, app.limiter().clock().now_ms())),
     }
 }
 
@@ -425,7 +425,7 @@ pub async fn reserve_tokens<S: Store + Clone>(
                 shadow_denied: shadow_denied.map(|d| d.limit()),
             })
         }
-        Decision::Denied(d) => Err(ApiError::Denied(d)),
+        Decision::Denied(d) => Err(ApiError::denied_at(d, app.limiter().clock().now_ms())),
     }
 }
 
