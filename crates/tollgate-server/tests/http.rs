@@ -334,6 +334,18 @@ async fn reserve_and_settle_take_a_model_and_a_token_split() {
         CAPACITY - 7_000,
         "the rate counts actual"
     );
+    // A model id that names no "provider:model" is accepted (it has no
+    // price; found by the API fuzzer: "0").
+    for model in ["0", "gpt-4o", ":x", "x:"] {
+        let r = srv
+            .post(
+                "alice",
+                "/v1/tokens/reserve",
+                json!({"invocation_id": "run2", "estimate": 1, "model": model}),
+            )
+            .await;
+        r.ok();
+    }
     for (body, field) in [
         (
             json!({"invocation_id": "run", "estimate": 1, "output_tokens": 9_007_199_254_740_993_u64}),

@@ -385,16 +385,17 @@ pub async fn reserve_tokens<S: Store + Clone>(
     }
     let estimate = tokens("estimate", req.estimate)?;
     let split = split(req.input_tokens, req.output_tokens, req.cached_input_tokens)?;
-    let model = match req.model.as_deref() {
-        Some(m) => {
-            check_id("model", m)?;
-            // "provider:model", as [prices] names it; anything else names
-            // no price (the plan's default_price applies).
-            let (provider, model) = m.split_once(':').unwrap_or(("", m));
-            Some(ModelRef { provider, model })
-        }
-        None => None,
-    };
+    if let Some(m) = req.model.as_deref() {
+        check_id("model", m)?;
+    }
+    // "provider:model", as [prices] names it; anything else names no price
+    // (the plan's default_price applies).
+    let model = req
+        .model
+        .as_deref()
+        .and_then(|m| m.split_once(':'))
+        .filter(|(p, m)| !p.is_empty() && !m.is_empty())
+        .map(|(provider, model)| ModelRef { provider, model });
     let call = Reserve {
         invocation_id: &req.invocation_id,
         estimate,
