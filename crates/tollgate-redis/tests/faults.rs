@@ -854,3 +854,82 @@ async fn a_request_id_the_fallback_answered_is_answered_again_after_recovery() {
         "charged once, by reconciliation"
     );
 }
+
+/// Under fail_open a budget is never decided by the fallback: while the
+/// shared store is down, a reserve of a plan with budgets (and its turn
+/// admission under `deny_turns`) fails closed, since the fallback's fresh
+/// windows would forget what the user spent; a plan without budgets is
+/// decided locally as before (SPEC §6).
+#[tokio::test]
+async fn budgets_fail_closed_under_fail_open() {
+    use tollgate_core::budget::{BudgetAmountConfig, BudgetsConfig, OnExhausted};
+    let mut server = RedisServer::start().expect("redis-server");
+    let clock = FakeClock::new(tollgate_testkit::T0);
+    let store = Failover::new(
+        redis(server.url()).await,
+        FailurePolicy::FailOpen {
+            fallback_share: 0.5,
+        },
+        clock.clone(),
+    )
+    .expect("policy")
+    .with_breaker(breaker(1));
+    let base = PlanConfig {
+        turns: RateConfig {
+            amount: 4,
+            period_ms: 60_000,
+            burst: Some(4),
+        },
+        tokens: RateConfig {
+            amount: 60_000,
+            period_ms: 60_000,
+            burst: None,
+        },
+        max_wait_ms: 0,
+        concurrent_runs: 10,
+        lease_ttl_ms: None,
+        concurrency_retry_ms: None,
+        max_llm_calls: None,
+        estimate_tokens: None,
+        max_sessions: None,
+        shadow: false,
+        budgets: None,
+    };
+    let budgeted = PlanConfig {
+        budgets: Some(BudgetsConfig {
+            daily: Some(BudgetAmountConfig {
+                tokens: Some(1_000_000),
+                cost: None,
+            }),
+            on_exhausted: Some(OnExhausted::DenyTurns),
+            ..BudgetsConfig::default()
+        }),
+        ..base.clone()
+    };
+    let mut cfg = PlansConfig {
+        default_plan: Some("p".into()),
+        ..PlansConfig::default()
+    };
+    cfg.plans.insert("p".into(), base);
+    cfg.plans.insert("b".into(), budgeted);
+    cfg.users.insert("spender".into(), "b".into());
+    let l = Limiter::new(store.clone(), clock.clone(), cfg.validate().expect("valid"));
+    assert!(
+        l.reserve_tokens("spender", "r", 10)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    assert!(l.admit_turn("spender", "t0").await.unwrap().is_allowed());
+
+    server.stop();
+    let e = l.reserve_tokens("spender", "r", 10).await.unwrap_err();
+    assert!(e.is_transient(), "{e}");
+    let e = l.admit_turn("spender", "t1").await.unwrap_err();
+    assert!(e.is_transient(), "{e}");
+    assert!(
+        l.reserve_tokens("u1", "r", 10).await.unwrap().is_allowed(),
+        "no budgets: the fallback decides"
+    );
+    assert!(l.admit_turn("u1", "t").await.unwrap().is_allowed());
+}

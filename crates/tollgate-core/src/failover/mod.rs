@@ -501,6 +501,29 @@ impl<S: Store + Clone> Failover<S> {
         }
     }
 
+    /// [`decide_after`](Self::decide_after) for a request that names
+    /// spend budgets (`budgeted`): never decided by the fallback, whose
+    /// fresh local windows would forget what the user spent, so it fails
+    /// closed whatever the policy (SPEC §6).
+    async fn decide_budgeted<'a, T, L>(
+        &'a self,
+        name: &'static str,
+        attempt: Attempt<T>,
+        budgeted: bool,
+        local: impl FnOnce(&'a MemoryStore, f64) -> L,
+    ) -> Result<(T, Option<bool>), StoreError>
+    where
+        L: Future<Output = Result<T, StoreError>>,
+    {
+        match attempt {
+            Attempt::Failed(cause) if budgeted => {
+                self.event(name, false, cause.as_ref());
+                Err(Self::closed(name, cause))
+            }
+            attempt => self.decide_after(name, attempt, local).await,
+        }
+    }
+
     async fn decide_value<'a, T, P, L>(
         &'a self,
         name: &'static str,

@@ -44,13 +44,21 @@ fn scale_turn(p: &TurnParams, share: f64) -> TurnParams {
 
 impl<S: Store + Clone> Store for Failover<S> {
     async fn admit_turn(&self, req: TurnRequest<'_>) -> Result<TurnOutcome, StoreError> {
+        let attempt = self
+            .attempt("admit_turn", self.primary.admit_turn(req))
+            .await;
         let (out, local) = self
-            .decide("admit_turn", self.primary.admit_turn(req), |m, share| {
-                m.admit_turn(TurnRequest {
-                    params: scale_turn(&req.params, share),
-                    ..req
-                })
-            })
+            .decide_budgeted(
+                "admit_turn",
+                attempt,
+                !req.budgets.is_empty(),
+                |m, share| {
+                    m.admit_turn(TurnRequest {
+                        params: scale_turn(&req.params, share),
+                        ..req
+                    })
+                },
+            )
             .await?;
         if let Some(ambiguous) = local
             && let Admit::Admitted {
@@ -174,8 +182,9 @@ impl<S: Store + Clone> Store for Failover<S> {
             .attempt("reserve_tokens", self.primary.reserve_tokens(req))
             .await;
         let sent_and_failed = matches!(attempt, Attempt::Failed(Some(_)));
+        let budgeted = req.budget.is_some_and(|b| !b.checks.is_empty());
         let decided = self
-            .decide_after("reserve_tokens", attempt, |m, share| {
+            .decide_budgeted("reserve_tokens", attempt, budgeted, |m, share| {
                 m.reserve_tokens(ReserveRequest {
                     tokens: scale_spec(&req.tokens, share),
                     ..req
