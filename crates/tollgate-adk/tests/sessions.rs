@@ -1262,6 +1262,13 @@ mod faulty {
         ) -> Result<UserState, StoreError> {
             self.call(self.inner.user_state(user, turns, tokens)).await
         }
+        async fn budget_spent(
+            &self,
+            user: &str,
+            checks: &[tollgate_core::spend::BudgetCheck],
+        ) -> Result<Vec<u64>, StoreError> {
+            self.call(self.inner.budget_spent(user, checks)).await
+        }
         async fn top_users(&self, n: usize) -> Result<Vec<TopUser>, StoreError> {
             self.call(self.inner.top_users(n)).await
         }

@@ -129,6 +129,21 @@ pub struct Reserve<'a> {
     pub split: Option<TokenSplit>,
 }
 
+/// One of a user's budgets now ([`Limiter::budgets`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BudgetStatus {
+    /// The window length.
+    pub period: crate::calendar::Period,
+    /// What it counts.
+    pub unit: BudgetUnit,
+    /// The most the user may spend per window (tokens or micro-units).
+    pub limit: u64,
+    /// Spent in the current window.
+    pub spent: u64,
+    /// When the current window ends, ms since the Unix epoch.
+    pub resets_at_ms: u64,
+}
+
 /// A model a call goes to: the provider and the model, as `[prices]` keys
 /// them (`"provider:model"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -716,6 +731,35 @@ impl<S: Store> Limiter<S> {
         reservation: &ReservationId,
     ) -> Result<Settled, LimiterError> {
         self.close(user, reservation, None, None).await
+    }
+
+    /// `user`'s budgets now: each window's limit, what is spent in it and
+    /// when it resets (empty: the plan has none).
+    ///
+    /// # Errors
+    ///
+    /// [`LimiterError::UnknownUser`] (no plan), an invalid user id, or a
+    /// store fault (a failover store fails closed here: its fallback does
+    /// not know the user's spend).
+    pub async fn budgets(&self, user: &str) -> Result<Vec<BudgetStatus>, LimiterError> {
+        let plan = self.plan_for(user)?;
+        let checks = self.budget_checks(&plan);
+        if checks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let spent = self.store.budget_spent(user, &checks).await?;
+        let now = self.clock.now_ms();
+        Ok(checks
+            .iter()
+            .zip(spent)
+            .map(|(c, spent)| BudgetStatus {
+                period: c.period,
+                unit: c.unit,
+                limit: c.limit,
+                spent,
+                resets_at_ms: c.window(now).end_ms,
+            })
+            .collect())
     }
 
     /// The budgets of `plan` as a store checks them now: each window's

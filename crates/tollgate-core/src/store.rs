@@ -729,6 +729,15 @@ pub trait Store: Send + Sync + 'static {
         tokens: BucketSpec,
     ) -> impl Future<Output = Result<UserState, StoreError>> + Send;
 
+    /// What `user` has spent in each budget of `checks`, in the window the
+    /// store's clock picks (issue #21): one amount per check, in its unit
+    /// (tokens or micro-units).
+    fn budget_spent(
+        &self,
+        user: &str,
+        checks: &[BudgetCheck],
+    ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
+
     /// The `n` users with the most tokens charged over the last minute.
     fn top_users(&self, n: usize) -> impl Future<Output = Result<Vec<TopUser>, StoreError>> + Send;
 

@@ -18,7 +18,7 @@ use redis::Script;
 const PRELUDE: &str = include_str!("../scripts/prelude.lua");
 
 /// Every script's name (its file under `scripts/`, without `.lua`) and body.
-const BODIES: [(&str, &str); 15] = [
+const BODIES: [(&str, &str); 16] = [
     ("admit_turn", include_str!("../scripts/admit_turn.lua")),
     ("release_run", include_str!("../scripts/release_run.lua")),
     ("renew_run", include_str!("../scripts/renew_run.lua")),
@@ -44,6 +44,7 @@ const BODIES: [(&str, &str); 15] = [
     ),
     ("session", include_str!("../scripts/session.lua")),
     ("user_state", include_str!("../scripts/user_state.lua")),
+    ("budget_spent", include_str!("../scripts/budget_spent.lua")),
     ("reset_user", include_str!("../scripts/reset_user.lua")),
     ("reconcile", include_str!("../scripts/reconcile.lua")),
 ];
@@ -152,6 +153,7 @@ pub(crate) struct Scripts {
     pub(crate) claim_session: Script,
     pub(crate) session: Script,
     pub(crate) user_state: Script,
+    pub(crate) budget_spent: Script,
     pub(crate) reset_user: Script,
     pub(crate) reconcile: Script,
 }
@@ -172,6 +174,7 @@ impl Scripts {
             claim_session: script("claim_session"),
             session: script("session"),
             user_state: script("user_state"),
+            budget_spent: script("budget_spent"),
             reset_user: script("reset_user"),
             reconcile: script("reconcile"),
         }

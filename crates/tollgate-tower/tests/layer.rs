@@ -371,6 +371,13 @@ impl Store for Flaky {
     ) -> impl Future<Output = Result<UserState, StoreError>> + Send {
         self.inner.user_state(user, turns, tokens)
     }
+    fn budget_spent(
+        &self,
+        user: &str,
+        checks: &[tollgate_core::spend::BudgetCheck],
+    ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send {
+        self.inner.budget_spent(user, checks)
+    }
     fn top_users(&self, n: usize) -> impl Future<Output = Result<Vec<TopUser>, StoreError>> + Send {
         self.inner.top_users(n)
     }

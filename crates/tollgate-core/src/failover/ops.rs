@@ -4,6 +4,7 @@
 
 use crate::aimd::AimdParams;
 use crate::lease::{Admit, SessionAcquire, SessionGrant, TurnParams};
+use crate::spend::BudgetCheck;
 use crate::store::{
     AppendOutcome, BucketRef, BucketTake, Claim, ClaimRequest, CooldownCheck, FenceCheck,
     MultiTake, ProviderCleared, ReconcileRequest, Reconciled, Release, ReservationId,
@@ -428,6 +429,16 @@ impl<S: Store + Clone> Store for Failover<S> {
 
     async fn delete_records(&self, session: &str) -> Result<u64, StoreError> {
         self.closed_only("delete_records", self.primary.delete_records(session))
+            .await
+    }
+
+    /// Fails closed: the fallback's spend is not the user's.
+    async fn budget_spent(
+        &self,
+        user: &str,
+        checks: &[BudgetCheck],
+    ) -> Result<Vec<u64>, StoreError> {
+        self.closed_only("budget_spent", self.primary.budget_spent(user, checks))
             .await
     }
 

@@ -455,6 +455,36 @@ impl Store for RedisStore {
             .ok_or_else(|| bad_reply("delete_records", "empty"))
     }
 
+    async fn budget_spent(
+        &self,
+        user: &str,
+        checks: &[BudgetCheck],
+    ) -> Result<Vec<u64>, StoreError> {
+        if checks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut args = Packed::default();
+        args.push(checks.len() as u64);
+        for c in checks {
+            args.check(c, false);
+        }
+        let mut inv = self.inner.scripts.budget_spent.prepare_invoke();
+        inv.key(self.inner.keys.spend(user))
+            .arg(self.now_arg())
+            .arg(args.0);
+        let r: Vec<u8> = self.run("budget_spent", &inv).await?;
+        if r.len() != 8 * checks.len() {
+            return Err(bad_reply("budget_spent", format!("{r:?}")));
+        }
+        Ok(r.chunks_exact(8)
+            .map(|c| {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(c);
+                f64::from_le_bytes(b) as u64
+            })
+            .collect())
+    }
+
     async fn user_state(
         &self,
         user: &str,

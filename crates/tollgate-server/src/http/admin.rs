@@ -76,6 +76,26 @@ pub struct UserView {
     pub tokens_last_minute: i64,
     /// Live run leases.
     pub leases: Vec<LeaseView>,
+    /// The plan's spend budgets now (empty: none).
+    pub budgets: Vec<BudgetView>,
+}
+
+/// One budget in [`UserView`].
+#[derive(Debug, Serialize)]
+pub struct BudgetView {
+    /// `daily`, `weekly` or `monthly`.
+    pub window: &'static str,
+    /// `tokens`, or `micros` (micro-units of `currency`).
+    pub unit: &'static str,
+    /// The config's currency, for a `micros` budget.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub currency: Option<String>,
+    /// The most the user may spend per window.
+    pub limit: u64,
+    /// Spent in the current window.
+    pub spent: u64,
+    /// When the current window ends, ms since the Unix epoch.
+    pub resets_at_ms: u64,
 }
 
 fn path_id(v: &str, field: &str) -> Result<(), ApiError> {
@@ -90,6 +110,24 @@ async fn user<S: Store + Clone>(
     path_id(&id, "user")?;
     let plan = app.limiter().plan_for(&id)?;
     let st = app.store().user_state(&id, plan.turns, plan.tokens).await?;
+    let currency = app.limiter().plans().currency().map(str::to_owned);
+    let budgets = app
+        .limiter()
+        .budgets(&id)
+        .await?
+        .into_iter()
+        .map(|b| {
+            let cost = b.unit == tollgate_core::spend::BudgetUnit::Cost;
+            BudgetView {
+                window: b.period.as_str(),
+                unit: if cost { "micros" } else { "tokens" },
+                currency: if cost { currency.clone() } else { None },
+                limit: b.limit,
+                spent: b.spent,
+                resets_at_ms: b.resets_at_ms,
+            }
+        })
+        .collect();
     Ok(Json(UserView {
         user: id,
         plan: plan.name.to_string(),
@@ -104,6 +142,7 @@ async fn user<S: Store + Clone>(
                 expires_at_ms,
             })
             .collect(),
+        budgets,
     }))
 }
 

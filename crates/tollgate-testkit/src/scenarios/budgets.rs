@@ -182,6 +182,11 @@ pub async fn budgets_charge_and_refuse<S: Store + Clone>(store: S, clock: FakeCl
     // 36,000).
     let _c = granted(reserve(&store, now, 6_500, Some(TokenSplit::new(6_500, 0, 0))).await);
     assert_eq!(
+        store.budget_spent("u1", &checks(now)).await.expect("read"),
+        vec![10_000, 36_000],
+        "the day full, the month 16,500 + 19,500 µ"
+    );
+    assert_eq!(
         reserve(&store, now, 1, None).await,
         ReserveOutcome::Denied {
             denial: limited(Limit::BudgetDaily, DAY_END - now),
@@ -260,6 +265,20 @@ pub async fn budgets_charge_and_refuse<S: Store + Clone>(store: S, clock: FakeCl
     assert_eq!(
         admit(&store, now, "t4").await,
         Some(limited(Limit::BudgetDaily, 86_400_000))
+    );
+    // Today 9,000 + 2,000 tokens; the month 36,000 + 27,000 (call 4: 9,000
+    // input) + 30,000 − 19,500 (call 3 settled at its kept price, 2,000
+    // unsplit at the output price, in its own month) = 73,500 µ.
+    assert_eq!(
+        store.budget_spent("u1", &checks(now)).await.expect("read"),
+        vec![11_000, 73_500]
+    );
+    assert_eq!(
+        store
+            .budget_spent("nobody", &checks(now))
+            .await
+            .expect("read"),
+        vec![0, 0]
     );
 }
 
@@ -430,6 +449,28 @@ pub async fn example_5_budgets<S: Store + Clone>(store: S, clock: FakeClock) {
     assert_eq!(
         denied(reserve("j", 1, None).await),
         (Limit::BudgetMonthly, TO_APRIL)
+    );
+    // The user's budgets now: the day 100,000 + 25,000 tokens of 2,000,000
+    // (resets at 5 March 00:00), the month exactly $50.00 (1 April).
+    use tollgate_core::limiter::BudgetStatus;
+    assert_eq!(
+        l.budgets("alice").await.expect("budgets"),
+        vec![
+            BudgetStatus {
+                period: Period::Daily,
+                unit: BudgetUnit::Tokens,
+                limit: 2_000_000,
+                spent: 125_000,
+                resets_at_ms: 1_804_204_800_000,
+            },
+            BudgetStatus {
+                period: Period::Monthly,
+                unit: BudgetUnit::Cost,
+                limit: 50_000_000,
+                spent: 50_000_000,
+                resets_at_ms: 1_806_537_600_000,
+            },
+        ]
     );
     // A model with no price, and no default_price: cannot be charged.
     let e = l

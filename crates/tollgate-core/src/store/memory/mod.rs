@@ -36,6 +36,7 @@
 //! claims), `sessions.rs` session entries and grouped writes, `named.rs`
 //! named buckets, cooldowns and AIMD states.
 
+use crate::spend::BudgetCheck;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -415,6 +416,21 @@ impl Store for MemoryStore {
         tokens: BucketSpec,
     ) -> Result<UserState, StoreError> {
         Ok(self.user_state_now(user, turns, tokens))
+    }
+
+    async fn budget_spent(
+        &self,
+        user: &str,
+        checks: &[BudgetCheck],
+    ) -> Result<Vec<u64>, StoreError> {
+        let now = self.now();
+        Ok(self.inner.users.read(user, now, |u| {
+            let spend = u.and_then(UserEntry::spend);
+            checks
+                .iter()
+                .map(|c| spend.map_or(0, |s| s.spent(c, now)))
+                .collect()
+        }))
     }
 
     async fn top_users(&self, n: usize) -> Result<Vec<TopUser>, StoreError> {

@@ -8,6 +8,7 @@ use super::shards::{Expiring, Full};
 use crate::bucket::{self, BucketSpec, BucketState};
 use crate::lease::{self, Admit, LeaseSet};
 use crate::reserve::{self, CallState};
+use crate::spend::Spend;
 use crate::store::{
     CLAIM_SLACK_MS, Claim, ClaimRequest, ReconcileRequest, Reconciled, Release, ReserveOutcome,
     ReserveRequest, SettleOutcome, SettleRequest, TakeOutcome, TopUser, TurnOutcome, TurnRequest,
@@ -19,7 +20,7 @@ use crate::take;
 /// leases inline, everything about model calls boxed (a user who only made
 /// turns pays one pointer for it).
 #[derive(Default)]
-pub(super) struct UserEntry {
+pub(crate) struct UserEntry {
     turns: Option<(BucketState, u64)>,
     leases: LeaseSet,
     calls: Option<Box<CallState>>,
@@ -71,6 +72,11 @@ impl UserEntry {
     /// The model-call state, created on first use.
     fn calls(&mut self) -> &mut CallState {
         self.calls.get_or_insert_with(Box::default)
+    }
+
+    /// The spend per budget window, if any was charged.
+    pub(super) fn spend(&self) -> Option<&Spend> {
+        self.calls.as_ref()?.spend.as_deref()
     }
 
     fn tokens(&self) -> Option<(BucketState, u64)> {
