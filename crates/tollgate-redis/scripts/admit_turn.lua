@@ -23,12 +23,13 @@ local inv = ARGV[2]
 if ARGV[3] ~= '' then
   local n = struct.unpack('<d', ARGV[3])
   local b = {struct.unpack('<' .. string.rep('d', 1 + 7 * n), ARGV[3])}
-  local spend = spend_load(KEYS[3])
+  local B = spend_lib()
+  local spend = B.load(KEYS[3])
   local code, hint = 0, 0
   for i = 0, n - 1 do
     local o = 2 + 7 * i
-    local ws, we = spend_window(now, b[o + 3], b[o + 4], b[o + 5], b[o + 6])
-    if spend_of(spend, b[o], ws, b[o + 1]) >= b[o + 2] then
+    local ws, we = B.window(now, b[o + 3], b[o + 4], b[o + 5], b[o + 6])
+    if B.of(spend, b[o], ws, b[o + 1]) >= b[o + 2] then
       local h = we - now
       if h < 1 then h = 1 end
       if code == 0 or h > hint then code, hint = 3 + b[o], h end

@@ -9,12 +9,13 @@
 local now = now_ms(ARGV[1])
 local n = struct.unpack('<d', ARGV[2])
 local q = {struct.unpack('<' .. string.rep('d', 1 + 6 * n), ARGV[2])}
-local spend = spend_load(KEYS[1])
+local B = spend_lib()
+local spend = B.load(KEYS[1])
 local out = {}
 for i = 0, n - 1 do
   local o = 2 + 6 * i
-  local ws = spend_window(now, q[o + 2], q[o + 3], q[o + 4], q[o + 5])
-  out[#out + 1] = spend_of(spend, q[o], ws, q[o + 1])
+  local ws = B.window(now, q[o + 2], q[o + 3], q[o + 4], q[o + 5])
+  out[#out + 1] = B.of(spend, q[o], ws, q[o + 1])
 end
 if n == 0 then return '' end
 return struct.pack('<' .. string.rep('d', n), unpack(out))

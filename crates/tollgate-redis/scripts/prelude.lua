@@ -231,69 +231,79 @@ local function bucket_adjust(key, now, amount, period, cap, delta)
   return level
 end
 
--- Spend budgets (issue #21; tollgate-core/src/spend.rs restated). A user's
--- spend is one packed string {prefix}:bud:{user} of twelve little-endian
--- doubles, four per period (daily, weekly, monthly): window start, window
--- end, unit (0 tokens, 1 micro-units), amount spent; a start of 0: nothing
--- spent in that period yet. Answers a table of the twelve numbers.
-local function spend_load(key)
-  local v = redis.call('GET', key)
-  if v and #v == 96 then return {struct.unpack('<dddddddddddd', v)} end
-  return {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
-end
-
--- Saves the spend; the key lives to the end of its latest window plus a
--- minute (EXPIRY_GRACE_MS), as the memory store keeps it.
-local function spend_save(key, s, now)
-  local keep = math.max(s[2], s[6], s[10]) + EXPIRY_GRACE_MS
-  if keep <= now then
-    redis.call('DEL', key)
-    return
+-- Spend budgets (issue #21; tollgate-core/src/spend.rs restated), as one
+-- helper that answers a table of functions: Redis runs a script's whole
+-- text on every call, making each top-level helper's closure anew, so the
+-- budget helpers cost a call nothing until a request names budgets.
+-- A user's spend is one packed string {prefix}:bud:{user} of twelve
+-- little-endian doubles, four per period (daily, weekly, monthly): window
+-- start, window end, unit (0 tokens, 1 micro-units), amount spent; a start
+-- of 0: nothing spent in that period yet.
+local function spend_lib()
+  local S = {}
+  --
+  -- The twelve numbers of the spend at `key`, as a table.
+  function S.load(key)
+    local v = redis.call('GET', key)
+    if v and #v == 96 then return {struct.unpack('<dddddddddddd', v)} end
+    return {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
   end
-  redis.call('SET', key, struct.pack('<dddddddddddd', s[1], s[2], s[3], s[4], s[5], s[6],
-    s[7], s[8], s[9], s[10], s[11], s[12]), 'PX', keep - now)
-end
-
--- The window a check charges at `now` (its current one until its end,
--- then the next): start, end.
-local function spend_window(now, cs, ce, ns, ne)
-  if now >= ce then return ns, ne end
-  return cs, ce
-end
-
--- Spent in period p (0-based) in the window starting at ws, in unit u.
-local function spend_of(s, p, ws, u)
-  local b = p * 4
-  if s[b + 1] == ws and s[b + 3] == u then return s[b + 4] end
-  return 0
-end
-
--- Adds delta to period p's spend in window [ws, we) of unit u (a window
--- or unit not seen yet starts from 0), kept within 0..2^53.
-local function spend_add(s, p, ws, we, u, delta)
-  local b = p * 4
-  local a = spend_of(s, p, ws, u) + delta
-  if a < 0 then a = 0 end
-  if a > MAX_SCALED then a = MAX_SCALED end
-  s[b + 1], s[b + 2], s[b + 3], s[b + 4] = ws, we, u, a
-end
-
--- The cost of up to three (tokens, price per million) terms in
--- micro-units, rounded up once, at most 2^53 (money.rs's ceil_cost, then
--- the cap of spend.rs). Exact: each factor is split in limbs of 10^6, so
--- every product stays within 2^53. Token counts come clamped to 2^53.
-local function price_cost(t1, p1, t2, p2, t3, p3)
-  local whole, frac = 0, 0
-  for _, tp in ipairs({{t1, p1}, {t2, p2}, {t3, p3}}) do
-    local t, p = tp[1], tp[2]
-    local th, ph = floor_div(t, 1000000), floor_div(p, 1000000)
-    local tl, pl = t - th * 1000000, p - ph * 1000000
-    if th * ph > MAX_SCALED / 1000000 then return MAX_SCALED end
-    whole = whole + th * ph * 1000000 + th * pl + tl * ph
-    frac = frac + tl * pl
-    if whole > MAX_SCALED then return MAX_SCALED end
+  --
+  -- Saves the spend; the key lives to the end of its latest window plus a
+  -- minute (EXPIRY_GRACE_MS), as the memory store keeps it.
+  function S.save(key, s, now)
+    local keep = math.max(s[2], s[6], s[10]) + EXPIRY_GRACE_MS
+    if keep <= now then
+      redis.call('DEL', key)
+      return
+    end
+    redis.call('SET', key, struct.pack('<dddddddddddd', s[1], s[2], s[3], s[4], s[5], s[6],
+      s[7], s[8], s[9], s[10], s[11], s[12]), 'PX', keep - now)
   end
-  local c = whole + ceil_div(frac, 1000000)
-  if c > MAX_SCALED then c = MAX_SCALED end
-  return c
+  --
+  -- The window a check charges at `now` (its current one until its end,
+  -- then the next): start, end.
+  function S.window(now, cs, ce, ns, ne)
+    if now >= ce then return ns, ne end
+    return cs, ce
+  end
+  --
+  -- Spent in period p (0-based) in the window starting at ws, in unit u.
+  function S.of(s, p, ws, u)
+    local b = p * 4
+    if s[b + 1] == ws and s[b + 3] == u then return s[b + 4] end
+    return 0
+  end
+  --
+  -- Adds delta to period p's spend in window [ws, we) of unit u (a window
+  -- or unit not seen yet starts from 0), kept within 0..2^53.
+  function S.add(s, p, ws, we, u, delta)
+    local b = p * 4
+    local a = S.of(s, p, ws, u) + delta
+    if a < 0 then a = 0 end
+    if a > MAX_SCALED then a = MAX_SCALED end
+    s[b + 1], s[b + 2], s[b + 3], s[b + 4] = ws, we, u, a
+  end
+  --
+  -- The cost of up to three (tokens, price per million) terms in
+  -- micro-units, rounded up once, at most 2^53 (money.rs's ceil_cost, then
+  -- the cap of spend.rs). Exact: each factor is split in limbs of 10^6, so
+  -- every product stays within 2^53. Token counts come clamped to 2^53.
+  function S.price_cost(t1, p1, t2, p2, t3, p3)
+    local whole, frac = 0, 0
+    for _, tp in ipairs({{t1, p1}, {t2, p2}, {t3, p3}}) do
+      local t, p = tp[1], tp[2]
+      local th, ph = floor_div(t, 1000000), floor_div(p, 1000000)
+      local tl, pl = t - th * 1000000, p - ph * 1000000
+      if th * ph > MAX_SCALED / 1000000 then return MAX_SCALED end
+      whole = whole + th * ph * 1000000 + th * pl + tl * ph
+      frac = frac + tl * pl
+      if whole > MAX_SCALED then return MAX_SCALED end
+    end
+    local c = whole + ceil_div(frac, 1000000)
+    if c > MAX_SCALED then c = MAX_SCALED end
+    return c
+  end
+  --
+  return S
 end

@@ -84,20 +84,21 @@ local outcome, x, after = take(level, estimate * period, max_wait, amount, excee
 -- Budgets (tollgate-core/src/spend.rs, Spend::decide): a charge past a
 -- whole limit refuses for good (the first such budget); one past what is
 -- left refuses until its window ends (the latest end of several).
-local bud, spend, b_code, b_hint = nil, nil, 0, 0
+local bud, spend, b_code, b_hint, B = nil, nil, 0, 0, nil
 if ARGV[5] ~= '' then
+  B = spend_lib()
   local n = struct.unpack('<d', ARGV[5])
   bud = {struct.unpack('<' .. string.rep('d', 4 + 8 * n), ARGV[5])}
-  spend = spend_load(KEYS[4])
+  spend = B.load(KEYS[4])
   for i = 0, n - 1 do
     local o = 5 + 8 * i
     local p, u, limit, ch = bud[o], bud[o + 1], bud[o + 2], bud[o + 7]
-    local ws, we = spend_window(now, bud[o + 3], bud[o + 4], bud[o + 5], bud[o + 6])
+    local ws, we = B.window(now, bud[o + 3], bud[o + 4], bud[o + 5], bud[o + 6])
     if ch > limit then
       b_code, b_hint = 9 + p, 0
       break
     end
-    if spend_of(spend, p, ws, u) + ch > limit then
+    if B.of(spend, p, ws, u) + ch > limit then
       local h = we - now
       if h < 1 then h = 1 end
       if b_code == 0 or h > b_hint then b_code, b_hint = 6 + p, h end
@@ -105,17 +106,22 @@ if ARGV[5] ~= '' then
   end
 end
 
--- The budget record of a reservation (its charges, or zero ones).
-local function bud_record(zero)
-  local out = {bud[1], bud[2], bud[3], bud[4]}
-  for i = 0, bud[1] - 1 do
-    local o = 5 + 8 * i
-    local ws = spend_window(now, bud[o + 3], bud[o + 4], bud[o + 5], bud[o + 6])
-    local ch = bud[o + 7]
-    if zero then ch = 0 end
-    out[#out + 1], out[#out + 2], out[#out + 3], out[#out + 4] = bud[o], bud[o + 1], ws, ch
+-- The budget record of a reservation (its charges, or zero ones). Made
+-- only when the request names budgets: a top-level local function's
+-- closure would be made on every call.
+local bud_record = nil
+if bud then
+  bud_record = function(zero)
+    local out = {bud[1], bud[2], bud[3], bud[4]}
+    for i = 0, bud[1] - 1 do
+      local o = 5 + 8 * i
+      local ws = B.window(now, bud[o + 3], bud[o + 4], bud[o + 5], bud[o + 6])
+      local ch = bud[o + 7]
+      if zero then ch = 0 end
+      out[#out + 1], out[#out + 2], out[#out + 3], out[#out + 4] = bud[o], bud[o + 1], ws, ch
+    end
+    return struct.pack('<' .. string.rep('d', #out), unpack(out))
   end
-  return struct.pack('<' .. string.rep('d', #out), unpack(out))
 end
 
 -- Which refusal is reported (reserve.rs, first_denial): the run's cap,
@@ -135,10 +141,10 @@ if code == 0 then
   if bud then
     for i = 0, bud[1] - 1 do
       local o = 5 + 8 * i
-      local ws, we = spend_window(now, bud[o + 3], bud[o + 4], bud[o + 5], bud[o + 6])
-      spend_add(spend, bud[o], ws, we, bud[o + 1], bud[o + 7])
+      local ws, we = B.window(now, bud[o + 3], bud[o + 4], bud[o + 5], bud[o + 6])
+      B.add(spend, bud[o], ws, we, bud[o + 1], bud[o + 7])
     end
-    spend_save(KEYS[4], spend, now)
+    B.save(KEYS[4], spend, now)
     brec = bud_record(false)
   end
   return struct.pack('<dddd', 1, record_call(estimate, x, brec), x, now)

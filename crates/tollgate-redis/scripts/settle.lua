@@ -47,15 +47,16 @@ if v[4] and ARGV[2] ~= '' then
   local q = {struct.unpack('<' .. string.rep('d', 5 + 6 * qn), ARGV[2])}
   local pin, pout, pc = r[2], r[3], r[4]
   local split, si, so, sc = q[2], q[3], q[4], q[5]
-  local spend = spend_load(KEYS[3])
+  local B = spend_lib()
+  local spend = B.load(KEYS[3])
   for j = 0, rn - 1 do
     local p, u, ws0, charged_b = r[5 + 4 * j], r[6 + 4 * j], r[7 + 4 * j], r[8 + 4 * j]
     for i = 0, qn - 1 do
       local o = 6 + 6 * i
       if q[o] == p and q[o + 1] == u then
-        local ws, we = spend_window(now, q[o + 2], q[o + 3], q[o + 4], q[o + 5])
+        local ws, we = B.window(now, q[o + 2], q[o + 3], q[o + 4], q[o + 5])
         if actual < 0 then
-          if ws == ws0 then spend_add(spend, p, ws, we, u, -charged_b) end
+          if ws == ws0 then B.add(spend, p, ws, we, u, -charged_b) end
         else
           local real
           if u == 0 then
@@ -63,17 +64,17 @@ if v[4] and ARGV[2] ~= '' then
           elseif pin < 0 then
             real = MAX_SCALED
           elseif split == 1 then
-            real = price_cost(si, pin, so, pout, sc, pc)
+            real = B.price_cost(si, pin, so, pout, sc, pc)
           else
-            real = price_cost(actual, math.max(pin, pout), 0, 0, 0, 0)
+            real = B.price_cost(actual, math.max(pin, pout), 0, 0, 0, 0)
           end
           if ws == ws0 then real = real - charged_b end
-          spend_add(spend, p, ws, we, u, real)
+          B.add(spend, p, ws, we, u, real)
         end
         break
       end
     end
   end
-  spend_save(KEYS[3], spend, now)
+  B.save(KEYS[3], spend, now)
 end
 return struct.pack('<dddd', 1, floor_div(level, period), delta, now)
