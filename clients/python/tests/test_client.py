@@ -366,3 +366,40 @@ def test_unreachable_sidecar_raises() -> None:
         with pytest.raises(SidecarUnreachable) as e:
             c.admit_run("r")
     assert e.value.operation == "admit_run" and e.value.error == "unreachable"
+
+
+def test_model_and_token_split_pass_through(sidecar: Sidecar) -> None:
+    """A reserve names its model and splits its estimate, a settle its
+    usage; the sidecar's token rate counts the estimate and the actual (the
+    bucket refills 1 token per ms meanwhile: the sidecar has no fake clock)."""
+    with client(sidecar, user="splitter") as c:
+        r = c.reserve(
+            "split-run", 6_000, model="openai:gpt-4o", input_tokens=5_000, output_tokens=500
+        )
+        assert isinstance(r, tollgate.Reservation), r
+        s = c.settle(
+            r.reservation_id,
+            7_000,
+            input_tokens=4_000,
+            output_tokens=2_000,
+            cached_input_tokens=1_000,
+        )
+        assert isinstance(s, tollgate.Closed), s
+        assert s.balance is not None and 53_000 <= s.balance < 54_000, s
+
+
+def test_a_spent_budget_is_a_refusal_value() -> None:
+    """The sidecar's 429 budget_exhausted (docs/spec.md §8, the body of
+    crates/tollgate-outcome's row test) reads as tollgate.BudgetExhausted."""
+    from tollgate import _ops
+
+    body = (
+        b'{"error":"budget_exhausted","limit":"budget_daily","retry_after_ms":54000000,'
+        b'"resets_at_ms":1804118400000,"message":"your daily budget is spent: model calls '
+        b'are refused until it resets in 15 h"}'
+    )
+    out = _ops.decode(_ops.reserve("r", 1), 429, {"retry-after": "54000"}, body)
+    assert isinstance(out, tollgate.BudgetExhausted), out
+    assert out.limit == "budget_daily" and out.retry_after_ms == 54_000_000
+    assert out.resets_at_ms == 1_804_118_400_000 and out.retryable
+    assert "daily budget" in out.message

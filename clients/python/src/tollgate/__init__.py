@@ -15,6 +15,7 @@ tollgate-client[adk]``).
 from ._client import AsyncClient, Client, TokenProvider
 from ._models import (
     Admitted,
+    BudgetExhausted,
     Closed,
     ConcurrencyLimited,
     ExceedsCapacity,
@@ -60,6 +61,7 @@ from ._models import (
 __all__ = [
     "Admitted",
     "AsyncClient",
+    "BudgetExhausted",
     "Client",
     "Closed",
     "ConcurrencyLimited",

@@ -78,6 +78,10 @@ class _Operations:
         wait: bool = False,
         request_id: Optional[str] = None,
         max_wait_ms: int = 0,
+        model: Optional[str] = None,
+        input_tokens: Optional[int] = None,
+        output_tokens: Optional[int] = None,
+        cached_input_tokens: Optional[int] = None,
         token: Optional[str] = None,
     ) -> Any:
         """Reserves ``estimate`` tokens for a model call of the run.
@@ -86,20 +90,48 @@ class _Operations:
         retry after a 503 answers the first grant and never charges twice.
         With ``wait=True`` the sidecar waits out the grant's wait before
         answering; pass the plan's ``max_wait_ms`` so the request's timeout
-        covers it. Returns :class:`tollgate.Reservation`, or
-        :class:`tollgate.TokenRateLimited`, :class:`tollgate.MaxLlmCalls`,
+        covers it. ``model`` (``"provider:model"``) and the estimate's split
+        into ``input_tokens``, ``output_tokens`` and ``cached_input_tokens``
+        price the call for the plan's cost budgets. Returns
+        :class:`tollgate.Reservation`, or :class:`tollgate.TokenRateLimited`,
+        :class:`tollgate.BudgetExhausted`, :class:`tollgate.MaxLlmCalls`,
         :class:`tollgate.ExceedsCapacity`, :class:`tollgate.TooManyWaits`.
         """
         call = _ops.reserve(
-            invocation_id, estimate, wait=wait, request_id=request_id, max_wait_ms=max_wait_ms
+            invocation_id,
+            estimate,
+            wait=wait,
+            request_id=request_id,
+            max_wait_ms=max_wait_ms,
+            model=model,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cached_input_tokens=cached_input_tokens,
         )
         return self._run(call, token)
 
-    def settle(self, reservation_id: str, actual: int, *, token: Optional[str] = None) -> Any:
-        """Settles a reservation at the ``actual`` tokens used. Returns
+    def settle(
+        self,
+        reservation_id: str,
+        actual: int,
+        *,
+        input_tokens: Optional[int] = None,
+        output_tokens: Optional[int] = None,
+        cached_input_tokens: Optional[int] = None,
+        token: Optional[str] = None,
+    ) -> Any:
+        """Settles a reservation at the ``actual`` tokens used (their split,
+        if given, prices the call for cost budgets). Returns
         :class:`tollgate.Closed` (a repeat changes nothing; ``pending`` is
         done) or :class:`tollgate.UnknownReservation`."""
-        return self._run(_ops.settle(reservation_id, actual), token)
+        call = _ops.settle(
+            reservation_id,
+            actual,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cached_input_tokens=cached_input_tokens,
+        )
+        return self._run(call, token)
 
     def refund(self, reservation_id: str, *, token: Optional[str] = None) -> Any:
         """Refunds a reservation. Returns :class:`tollgate.Closed` or

@@ -315,6 +315,20 @@ class TokenRateLimited(Refusal):
 
 
 @dataclass(frozen=True)
+class BudgetExhausted(Refusal):
+    """A spend budget of the user is spent (429 ``budget_exhausted``): ``limit``
+    names its window (``budget_daily``, ``budget_weekly``, ``budget_monthly``)
+    and ``retry_after_ms`` runs to its end.
+
+    Attributes:
+        resets_at_ms: When the window ends, ms since the Unix epoch (the
+            sidecar's clock).
+    """
+
+    resets_at_ms: Optional[int] = None
+
+
+@dataclass(frozen=True)
 class MaxLlmCalls(Refusal):
     """The run made the plan's ``max_llm_calls`` model calls (429, not retryable)."""
 
@@ -371,6 +385,7 @@ REFUSALS: dict[str, type[Refusal]] = {
     "sessions": SessionsLimited,
     "session_busy": SessionBusy,
     "token_rate": TokenRateLimited,
+    "budget_exhausted": BudgetExhausted,
     "max_llm_calls": MaxLlmCalls,
     "exceeds_capacity": ExceedsCapacity,
     "too_many_waits": TooManyWaits,

@@ -19,6 +19,7 @@ from ._models import (
     FAULTS,
     REFUSALS,
     Admitted,
+    BudgetExhausted,
     Closed,
     FeedbackResult,
     FenceCurrent,
@@ -150,10 +151,15 @@ def reserve(
     wait: bool = False,
     request_id: Optional[str] = None,
     max_wait_ms: int = 0,
+    model: Optional[str] = None,
+    input_tokens: Optional[int] = None,
+    output_tokens: Optional[int] = None,
+    cached_input_tokens: Optional[int] = None,
 ) -> Call:
     """``POST /v1/tokens/reserve``, always under a request id (generated
     when not given) so a retry answers the first grant and never charges
-    twice."""
+    twice. ``model`` (``"provider:model"``) and the token split price the
+    call for the plan's cost budgets."""
     rid = request_id or uuid.uuid4().hex
 
     def parse(b: Any) -> Reservation:
@@ -163,7 +169,15 @@ def reserve(
             request_id=rid,
         )
 
-    body = {"invocation_id": invocation_id, "estimate": estimate, "wait": wait, "request_id": rid}
+    body: dict[str, Any] = {
+        "invocation_id": invocation_id,
+        "estimate": estimate,
+        "wait": wait,
+        "request_id": rid,
+    }
+    if model is not None:
+        body["model"] = model
+    body.update(_split(input_tokens, output_tokens, cached_input_tokens))
     return Call(
         "reserve",
         "POST",
@@ -181,15 +195,30 @@ def _closed(b: Any) -> Closed:
     return Closed(balance=int(b["balance"]), pending=False)
 
 
-def settle(reservation_id: str, actual: int) -> Call:
-    """``POST /v1/tokens/settle``."""
-    return Call(
-        "settle",
-        "POST",
-        "/v1/tokens/settle",
-        _closed,
-        body={"reservation_id": reservation_id, "actual": actual},
-    )
+def _split(
+    input_tokens: Optional[int], output_tokens: Optional[int], cached_input_tokens: Optional[int]
+) -> dict[str, int]:
+    parts = {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cached_input_tokens": cached_input_tokens,
+    }
+    return {k: v for k, v in parts.items() if v is not None}
+
+
+def settle(
+    reservation_id: str,
+    actual: int,
+    *,
+    input_tokens: Optional[int] = None,
+    output_tokens: Optional[int] = None,
+    cached_input_tokens: Optional[int] = None,
+) -> Call:
+    """``POST /v1/tokens/settle``; the usage's split prices the call at the
+    reservation's price for cost budgets."""
+    body: dict[str, Any] = {"reservation_id": reservation_id, "actual": actual}
+    body.update(_split(input_tokens, output_tokens, cached_input_tokens))
+    return Call("settle", "POST", "/v1/tokens/settle", _closed, body=body)
 
 
 def refund(reservation_id: str) -> Call:
@@ -490,6 +519,16 @@ def decode(call: Call, status: int, headers: Mapping[str, str], content: bytes) 
     kind = REFUSALS.get(error)
     if kind is not None:
         limit = body.get("limit")
+        if kind is BudgetExhausted:
+            resets = body.get("resets_at_ms")
+            return BudgetExhausted(
+                error=error,
+                message=message,
+                retry_after_ms=retry,
+                limit=limit,
+                status=status,
+                resets_at_ms=int(resets) if isinstance(resets, (int, float)) else None,
+            )
         if kind is StaleFence:
             return StaleFence(
                 error=error,
