@@ -23,8 +23,9 @@ use tollgate_core::{
 use tollgate_redis::{RedisConfig, RedisStore};
 use tollgate_testkit::redis::{RedisServer, unique_prefix, wait_until};
 
-fn plans() -> tollgate_core::PlanBook {
-    let plan = PlanConfig {
+/// The plan of these tests: 4 turns a minute, 60,000 tokens a minute.
+fn plan() -> PlanConfig {
+    PlanConfig {
         turns: RateConfig {
             amount: 4,
             period_ms: 60_000,
@@ -44,12 +45,15 @@ fn plans() -> tollgate_core::PlanBook {
         max_sessions: None,
         shadow: false,
         budgets: None,
-    };
+    }
+}
+
+fn plans() -> tollgate_core::PlanBook {
     let mut cfg = PlansConfig {
         default_plan: Some("p".into()),
         ..PlansConfig::default()
     };
-    cfg.plans.insert("p".into(), plan);
+    cfg.plans.insert("p".into(), plan());
     cfg.validate().expect("valid plans")
 }
 
@@ -874,27 +878,7 @@ async fn budgets_fail_closed_under_fail_open() {
     )
     .expect("policy")
     .with_breaker(breaker(1));
-    let base = PlanConfig {
-        turns: RateConfig {
-            amount: 4,
-            period_ms: 60_000,
-            burst: Some(4),
-        },
-        tokens: RateConfig {
-            amount: 60_000,
-            period_ms: 60_000,
-            burst: None,
-        },
-        max_wait_ms: 0,
-        concurrent_runs: 10,
-        lease_ttl_ms: None,
-        concurrency_retry_ms: None,
-        max_llm_calls: None,
-        estimate_tokens: None,
-        max_sessions: None,
-        shadow: false,
-        budgets: None,
-    };
+    let base = plan();
     let budgeted = PlanConfig {
         budgets: Some(BudgetsConfig {
             daily: Some(BudgetAmountConfig {
