@@ -46,6 +46,16 @@ impl Period {
     /// Every period, shortest first.
     pub const ALL: [Period; 3] = [Period::Daily, Period::Weekly, Period::Monthly];
 
+    /// Its place in [`Period::ALL`] (shortest first): 0 daily, 1 weekly, 2
+    /// monthly, as a user's spend is laid out in memory and in Redis.
+    pub fn index(self) -> usize {
+        match self {
+            Period::Daily => 0,
+            Period::Weekly => 1,
+            Period::Monthly => 2,
+        }
+    }
+
     /// The config key of the period: `daily`, `weekly` or `monthly`.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -325,11 +325,10 @@ pub fn reserve(state: &mut CallState, now: u64, req: &ReserveRequest<'_>) -> Res
         }),
     };
     let budget = req.budget.as_ref().filter(|b| !b.checks.is_empty());
+    let none = Spend::default();
     let decided = budget.map(|b| {
-        state.spend.as_deref().map_or_else(
-            || Spend::default().decide(b, now, req.estimate),
-            |s| s.decide(b, now, req.estimate),
-        )
+        let spent = state.spend.as_deref().unwrap_or(&none);
+        spent.decide(b, now, req.estimate)
     });
     let budget_denial = decided.as_ref().and_then(|d| d.as_ref().err().copied());
     let denial = if calls >= req.max_llm_calls {

@@ -143,14 +143,6 @@ pub struct Spend {
     pub windows: [Option<Spent>; 3],
 }
 
-fn index(p: Period) -> usize {
-    match p {
-        Period::Daily => 0,
-        Period::Weekly => 1,
-        Period::Monthly => 2,
-    }
-}
-
 fn clamp(c: Result<u64, CostOverflow>) -> u64 {
     c.map_or(MAX_AMOUNT, |c| c.min(MAX_AMOUNT))
 }
@@ -193,7 +185,7 @@ impl Spend {
     /// counted in another unit).
     pub fn spent(&self, check: &BudgetCheck, now: u64) -> u64 {
         let w = check.window(now);
-        match self.windows[index(check.period)] {
+        match self.windows[check.period.index()] {
             Some(s) if s.window.start_ms == w.start_ms && s.unit == check.unit => s.amount,
             _ => 0,
         }
@@ -203,7 +195,7 @@ impl Spend {
     /// [`MAX_AMOUNT`]) to the spend of `period` in `window`, counted in
     /// `unit`; a window not seen yet starts from 0.
     pub fn add(&mut self, period: Period, unit: BudgetUnit, window: Window, delta: i128) {
-        let slot = &mut self.windows[index(period)];
+        let slot = &mut self.windows[period.index()];
         let before = match *slot {
             Some(s) if s.window.start_ms == window.start_ms && s.unit == unit => s.amount,
             _ => 0,
@@ -244,12 +236,6 @@ impl Spend {
             }
         }
         out
-    }
-
-    /// The index of `period` in [`Spend::windows`] (and in the Redis
-    /// scripts' packed spend): 0 daily, 1 weekly, 2 monthly.
-    pub fn index(period: Period) -> usize {
-        index(period)
     }
 
     /// What a reserve of `estimate` tokens would charge each budget of

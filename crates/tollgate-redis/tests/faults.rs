@@ -79,6 +79,20 @@ fn breaker(k: u32) -> BreakerConfig {
     }
 }
 
+/// A failover over `server` under fail_open with half the rate locally,
+/// the breaker opening at the first fault.
+async fn fail_open(server: &RedisServer, clock: &FakeClock) -> Failover<RedisStore> {
+    Failover::new(
+        redis(server.url()).await,
+        FailurePolicy::FailOpen {
+            fallback_share: 0.5,
+        },
+        clock.clone(),
+    )
+    .expect("policy")
+    .with_breaker(breaker(1))
+}
+
 /// A `redis-server` that writes its pid, so a test can SIGSTOP it: a
 /// server that stops answering but keeps its data and the commands queued
 /// on its sockets (they run when it resumes).
@@ -207,16 +221,7 @@ async fn fail_open_decides_locally_at_the_scaled_rate() {
     let clock = FakeClock::new(tollgate_testkit::T0);
     let (local, refused) = counting();
     let (l2, r2) = (local.clone(), refused.clone());
-    let store = Failover::new(
-        redis(server.url()).await,
-        FailurePolicy::FailOpen {
-            fallback_share: 0.5,
-        },
-        clock.clone(),
-    )
-    .expect("policy")
-    .with_breaker(breaker(1))
-    .with_hook(move |e| {
+    let store = fail_open(&server, &clock).await.with_hook(move |e| {
         if e.local { &l2 } else { &r2 }.fetch_add(1, Ordering::Relaxed);
     });
     let l = Limiter::new(store.clone(), clock.clone(), plans());
@@ -869,15 +874,7 @@ async fn budgets_fail_closed_under_fail_open() {
     use tollgate_core::budget::{BudgetAmountConfig, BudgetsConfig, OnExhausted};
     let mut server = RedisServer::start().expect("redis-server");
     let clock = FakeClock::new(tollgate_testkit::T0);
-    let store = Failover::new(
-        redis(server.url()).await,
-        FailurePolicy::FailOpen {
-            fallback_share: 0.5,
-        },
-        clock.clone(),
-    )
-    .expect("policy")
-    .with_breaker(breaker(1));
+    let store = fail_open(&server, &clock).await;
     let base = plan();
     let budgeted = PlanConfig {
         budgets: Some(BudgetsConfig {

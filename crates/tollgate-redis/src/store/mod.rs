@@ -14,7 +14,7 @@ use tollgate_core::aimd::{self, AimdParams};
 use tollgate_core::bucket::{Take, clamp_ttl};
 use tollgate_core::lease::{Admit, SessionAcquire, SessionGrant};
 use tollgate_core::money::Price;
-use tollgate_core::spend::{self, BudgetCheck, BudgetRequest, BudgetUnit, Spend};
+use tollgate_core::spend::{self, BudgetCheck, BudgetRequest, BudgetUnit};
 use tollgate_core::store::{
     AppendOutcome, BucketRef, BucketTake, CLAIM_SLACK_MS, Claim, ClaimRequest, CooldownCheck,
     FenceCheck, MAX_TRACKED_RUNS, MultiTake, ProviderCleared, RESERVATION_RETENTION_MS,
@@ -212,7 +212,7 @@ impl Packed {
     /// A budget check's period, unit, limit and windows (as the scripts'
     /// budget blocks read them).
     fn check(&mut self, c: &BudgetCheck, limit: bool) -> &mut Self {
-        self.push(Spend::index(c.period) as u64)
+        self.push(c.period.index() as u64)
             .push(u64::from(c.unit == BudgetUnit::Cost));
         if limit {
             self.push(c.limit);
