@@ -8,6 +8,7 @@ balance read through the admin user view is exact in real time.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from contextlib import aclosing
 from typing import Any, AsyncGenerator, Optional
@@ -485,3 +486,28 @@ async def test_provider_429_fed_back_pauses_the_pool(meter_sidecar: Sidecar) -> 
         assert client.count("refund") == 2
         u = await admin_user(meter_sidecar, "ann")
         assert u["leases"] == [] and u["tokens_available"] == FULL
+
+
+def test_the_readme_quickstart_runs(sidecar: Sidecar) -> None:
+    """examples/quickstart.py (the README's client example and its three-line
+    plugin registration) against a real sidecar on the "support" plan
+    (bursting to 5 turns): the client's turn, then four google-adk turns
+    answered and the fifth refused with the plugin's plain message."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "quickstart.py"
+    env = dict(os.environ, TOLLGATE_URL=sidecar.url, TOLLGATE_TOKEN=token("alice"))
+    out = subprocess.run([sys.executable, str(example)], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[:4] == [
+        "admitted inv-1: estimate 6000 tokens, max wait 2000 ms",
+        "reserved 6000 tokens as 1.inv-1",
+        "settled 812",
+        "released inv-1",
+    ], out.stdout
+    assert lines[4:8] == [f"turn {i}: Here is your answer." for i in range(1, 5)], out.stdout
+    assert lines[8].startswith("turn 5: This request was not started: ") and "turn_rate" in lines[8], out.stdout
+    assert len(lines) == 9, out.stdout
