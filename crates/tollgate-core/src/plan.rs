@@ -122,8 +122,7 @@ pub struct PlanConfig {
     /// Shadow mode: decide and count, but never refuse.
     #[serde(default)]
     pub shadow: bool,
-    /// Spend budgets per day, week and month (issue #21; validated, not
-    /// yet enforced by any store).
+    /// Spend budgets per day, week and month (issue #21).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budgets: Option<BudgetsConfig>,
 }
@@ -222,7 +221,7 @@ pub struct Plan {
     pub max_sessions: u32,
     /// Shadow mode.
     pub shadow: bool,
-    /// Spend budgets, if any window is set (not yet enforced).
+    /// Spend budgets, if any window is set.
     pub budgets: Option<Budgets>,
 }
 

@@ -1,13 +1,12 @@
-//! Spend budgets in the server's config (issue #21, first increment):
-//! `currency`, `[prices]`, `[budgets]` and `[plans.<name>.budgets]` parse
-//! and validate with field paths, and a config that sets a budget is
-//! refused, naming each budget table, because no store enforces budgets
-//! yet. No Redis needed.
+//! Spend budgets in the server's config (issue #21): `currency`,
+//! `[prices]`, `[budgets]`, `[plans.<name>.budgets]` and
+//! `[overrides.<user>.budgets]` parse and validate with field paths. No
+//! Redis needed.
 
 use std::path::Path;
 
 use tollgate_core::budget::BudgetAmount;
-use tollgate_server::config::{BUDGETS_NOT_ENFORCED, Config, ConfigError};
+use tollgate_server::config::{Config, ConfigError};
 
 const BASE: &str = r#"listen = "127.0.0.1:0"
 default_plan = "pro"
@@ -72,44 +71,30 @@ fn currency_prices_and_time_zone_alone_are_accepted_as_plan_data() {
 }
 
 #[test]
-fn a_valid_budget_is_refused_because_it_is_not_enforced_yet() {
+fn a_valid_budget_is_accepted_and_an_override_replaces_a_window() {
     let text = format!(
         "{BASE}{BUDGET}\n[users]\nbob = \"pro\"\n\n[overrides.bob.budgets]\nmonthly = {{ cost = \"80\" }}\n"
     );
-    let e = parse(&text).unwrap_err();
-    let paths: Vec<&str> = e.errors.iter().map(|e| e.path.as_str()).collect();
-    assert_eq!(paths, ["plans.pro.budgets", "overrides.bob.budgets"], "{e}");
-    for err in &e.errors {
-        assert_eq!(err.reason, BUDGETS_NOT_ENFORCED);
-    }
-    let shown = e.to_string();
-    assert!(shown.contains("validated but not enforced yet"), "{shown}");
-    // The budget itself is valid: the core validates it into the plan.
-    let mut plans = tollgate_core::PlansConfig::default();
-    let file: toml::Table = toml::from_str(&text).unwrap();
-    plans.plans.insert(
-        "pro".into(),
-        file["plans"]["pro"].clone().try_into().unwrap(),
-    );
-    let book = plans.validate().unwrap_err();
-    // (without `currency` in this bare PlansConfig the cost budget is refused)
-    assert!(
-        book.to_string().contains("needs the top-level `currency`"),
-        "{book}"
-    );
-    plans.currency = Some("USD".into());
-    plans.prices.insert(
-        "openai:gpt-4o".into(),
-        file["prices"]["openai:gpt-4o"].clone().try_into().unwrap(),
-    );
-    let book = plans.validate().unwrap();
-    let b = book.plan("pro").unwrap().budgets.clone().unwrap();
+    let cfg = parse(&text).expect("valid");
+    let b = cfg
+        .plans
+        .resolve("anyone")
+        .unwrap()
+        .budgets
+        .clone()
+        .unwrap();
     assert_eq!(b.daily, Some(BudgetAmount::Tokens(2_000_000)));
     assert_eq!(b.monthly, Some(BudgetAmount::Cost(50_000_000)));
+    let bob = cfg.plans.resolve("bob").unwrap().budgets.clone().unwrap();
+    assert_eq!(
+        bob.daily, b.daily,
+        "a window the override does not set stays the plan's"
+    );
+    assert_eq!(bob.monthly, Some(BudgetAmount::Cost(80_000_000)));
 }
 
 #[test]
-fn budget_problems_are_reported_with_their_paths_alongside_the_refusal() {
+fn budget_problems_are_reported_with_their_paths() {
     let text = format!(
         "{}{}",
         BASE.replace("currency = \"USD\"", "currency = \"usd\"")
@@ -131,7 +116,6 @@ fn budget_problems_are_reported_with_their_paths_alongside_the_refusal() {
         "prices.\"openai:gpt-4o\".output: at most 6 decimal places, the micro-unit (got \"10.0000001\")",
         "plans.pro.budgets.daily.tokens: must be at least 1 (got 0)",
         "plans.pro.budgets.monthly.cost: must be a decimal string such as \"50.00\" or \"0.15\" (got \"5e1\")",
-        "plans.pro.budgets: spend budgets are validated but not enforced yet",
     ] {
         has(&errs, want);
     }
@@ -232,10 +216,9 @@ fn wrong_shapes_are_named_by_their_toml_path() {
     }
 }
 
-/// The full example of docs/config.md's budget section: everything in it
-/// is valid, and only its two budget tables are refused, as not enforced.
+/// The full example of docs/config.md's budget section is valid.
 #[test]
-fn the_docs_budget_example_is_valid_but_for_the_refusal() {
+fn the_docs_budget_example_is_valid() {
     let doc =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/config.md"))
             .unwrap();
@@ -244,11 +227,6 @@ fn the_docs_budget_example_is_valid_but_for_the_refusal() {
         .expect("the example in docs/config.md")
         + "```toml\n".len();
     let text = &doc[start..start + doc[start..].find("```").unwrap()];
-    let e = parse(text).unwrap_err();
-    let paths: Vec<&str> = e.errors.iter().map(|e| e.path.as_str()).collect();
-    assert_eq!(paths, ["plans.pro.budgets", "overrides.bob.budgets"], "{e}");
-    assert!(
-        e.errors.iter().all(|e| e.reason == BUDGETS_NOT_ENFORCED),
-        "{e}"
-    );
+    let cfg = parse(text).unwrap_or_else(|e| panic!("{e}"));
+    assert!(cfg.plans.resolve("bob").unwrap().budgets.is_some());
 }

@@ -1554,3 +1554,137 @@ async fn admit_answer_carries_the_plan_a_client_needs() {
     assert_eq!(r.max_llm_calls, 2);
     srv.shutdown().await;
 }
+
+/// A configured budget over gRPC and HTTP on one limiter (issue #21): plan
+/// "support" with 10,000 tokens a day and $0.10 a month in UTC, `gpt-4o`
+/// at $2.50 / $10.00 per million input / output tokens. T0 is 2023-11-14
+/// 22:13:20 UTC: the day resets at 2023-11-15 00:00, the month at
+/// 2023-12-01 00:00.
+#[tokio::test]
+async fn a_configured_budget_over_grpc_and_http() {
+    let text = format!(
+        "currency = \"USD\"\n{}\n[prices.\"openai:gpt-4o\"]\ninput = \"2.50\"\noutput = \"10.00\"\n\n\
+         [plans.support.budgets]\ndaily = {{ tokens = 10000 }}\nmonthly = {{ cost = \"0.10\" }}\n",
+        memory_config()
+    );
+    let srv = Server::start(&text).await;
+    let (midnight, month_end) = (1_700_006_400_000_u64, 1_701_388_800_000_u64);
+    srv.admit("alice", "run").await.expect("admitted");
+    // gRPC: 5,000 input + 1,000 output tokens estimated: $0.0125 + $0.01.
+    let r = srv
+        .client()
+        .reserve_tokens(req(
+            "alice",
+            proto::ReserveTokensRequest {
+                invocation_id: "run".into(),
+                estimate: 6_000,
+                model: Some("openai:gpt-4o".into()),
+                input_tokens: Some(5_000),
+                output_tokens: Some(1_000),
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect("reserved")
+        .into_inner();
+    // HTTP: the usage, 4,000 input + 2,000 output: $0.01 + $0.02.
+    let (status, body) = srv
+        .http_post(
+            "alice",
+            "/v1/tokens/settle",
+            json!({"reservation_id": r.reservation_id, "actual": 6_000,
+                   "input_tokens": 4_000, "output_tokens": 2_000}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let view = srv
+        .web
+        .get(format!("http://{}/admin/users/alice", srv.http))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap();
+    assert_eq!(
+        view["budgets"],
+        json!([
+            {"window": "daily", "unit": "tokens", "limit": 10_000, "spent": 6_000, "resets_at_ms": midnight},
+            {"window": "monthly", "unit": "micros", "currency": "USD", "limit": 100_000, "spent": 30_000, "resets_at_ms": month_end},
+        ])
+    );
+    // HTTP: 4,000 unsplit tokens at the higher price, $0.04: the day's
+    // tokens exactly spent, $0.07 of the month.
+    let (status, body) = srv
+        .http_post(
+            "alice",
+            "/v1/tokens/reserve",
+            json!({"invocation_id": "run", "estimate": 4_000, "model": "openai:gpt-4o"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    // One token more: refused until midnight, on both transports alike.
+    let r = srv
+        .client()
+        .reserve_tokens(req(
+            "alice",
+            proto::ReserveTokensRequest {
+                invocation_id: "run".into(),
+                estimate: 1,
+                model: Some("openai:gpt-4o".into()),
+                ..Default::default()
+            },
+        ))
+        .await;
+    let (s, info) = refused(r, Code::ResourceExhausted, "budget_exhausted");
+    assert_eq!(info["limit"], "budget_daily", "{s:?}");
+    assert_eq!(info["resets_at_ms"], midnight.to_string(), "{s:?}");
+    assert_eq!(hint(&s), Some(midnight - T0), "{s:?}");
+    let (status, body) = srv
+        .http_post(
+            "alice",
+            "/v1/tokens/reserve",
+            json!({"invocation_id": "run", "estimate": 1, "model": "openai:gpt-4o"}),
+        )
+        .await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"], "budget_exhausted");
+    assert_eq!(body["limit"], "budget_daily");
+    assert_eq!(body["resets_at_ms"], midnight);
+    assert_eq!(body["retry_after_ms"], midnight - T0);
+    assert_eq!(body["message"].as_str(), Some(s.message()));
+    // A model with no price, against the cost budget: invalid, field model.
+    let r = srv
+        .client()
+        .reserve_tokens(req(
+            "alice",
+            proto::ReserveTokensRequest {
+                invocation_id: "run".into(),
+                estimate: 1,
+                model: Some("openai:o3".into()),
+                ..Default::default()
+            },
+        ))
+        .await;
+    invalid(r, "model");
+    // After midnight the day's tokens are back; the month's money is not.
+    srv.clock.advance(midnight - T0);
+    let day_token = token_with("alice", SECRET, midnight / 1_000 + 3_600);
+    let post = |estimate: u64| {
+        srv.web
+            .post(format!("http://{}/v1/tokens/reserve", srv.http))
+            .bearer_auth(&day_token)
+            .json(&json!({"invocation_id": "run", "estimate": estimate, "model": "openai:gpt-4o"}))
+            .send()
+    };
+    let r = post(3_000).await.unwrap();
+    let (status, body) = (r.status().as_u16(), r.json::<Value>().await.unwrap());
+    assert_eq!(status, 200, "$0.03 fits the $0.03 left: {body}");
+    let r = post(1).await.unwrap();
+    let (status, body) = (r.status().as_u16(), r.json::<Value>().await.unwrap());
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["limit"], "budget_monthly");
+    assert_eq!(body["resets_at_ms"], month_end);
+    srv.shutdown().await;
+}

@@ -495,41 +495,77 @@ async fn admin_reload_rejects_an_invalid_file_and_keeps_serving() {
     s.stop().await;
 }
 
-/// Spend budgets are validated but not enforced yet (issue #21): a reload
-/// that adds one is rejected, naming the budget table, and the old config
-/// keeps serving; `currency`, `[prices]` and `[budgets]` alone reload.
-#[tokio::test]
-async fn a_reload_that_adds_a_budget_is_rejected_until_budgets_are_enforced() {
-    let s = Server::start("budget", &config(5, false)).await;
-    use reqwest::Method;
-    let priced = format!(
+/// A config with `budget` as plan "std"'s budgets (UTC windows).
+fn budgeted(budget: &str) -> String {
+    format!(
         "currency = \"USD\"\n{}\n[prices.\"openai:gpt-4o\"]\ninput = \"2.50\"\noutput = \"10.00\"\n\n\
-         [budgets]\ntime_zone = \"Europe/Paris\"\n",
-        config(3, false)
+         [budgets]\ntime_zone = \"UTC\"\n\n[plans.std.budgets]\n{budget}\n",
+        config(5, false)
+    )
+}
+
+impl Server {
+    /// Reserves `estimate` tokens for `user`'s run `inv`.
+    async fn reserve(&self, user: &str, inv: &str, estimate: u64) -> (StatusCode, Value) {
+        let r = self
+            .client
+            .post(format!("{}/v1/tokens/reserve", self.url))
+            .bearer_auth(self.token(user))
+            .json(&json!({"invocation_id": inv, "estimate": estimate, "model": "openai:gpt-4o"}))
+            .send()
+            .await
+            .unwrap();
+        (r.status(), r.json().await.unwrap())
+    }
+}
+
+/// A reload that lowers a budget applies at the next request: what was
+/// spent stays and is checked against the new limit (issue #21). T0 is
+/// 2023-11-14 22:13:20 UTC, so the day resets at 2023-11-15 00:00 UTC.
+#[tokio::test]
+async fn a_reload_lowering_a_budget_applies_at_once() {
+    use reqwest::Method;
+    let midnight = 1_700_006_400_000;
+    let s = Server::start("budget", &budgeted("daily = { tokens = 10000 }")).await;
+    assert_eq!(s.admit("bea", "r1").await, StatusCode::OK);
+    let (st, v) = s.reserve("bea", "r1", 4_000).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    let (_, u) = s.admin(Method::GET, "/admin/users/bea", Some(ADMIN)).await;
+    assert_eq!(
+        u["budgets"],
+        json!([{"window": "daily", "unit": "tokens", "limit": 10_000, "spent": 4_000, "resets_at_ms": midnight}])
     );
-    let budgeted = format!("{priced}\n[plans.std.budgets]\nmonthly = {{ cost = \"50.00\" }}\n");
-    write_atomically(&s.file(), &budgeted);
-    let (st, v) = s.admin(Method::POST, "/admin/reload", Some(ADMIN)).await;
-    assert_eq!(st, StatusCode::BAD_REQUEST, "{v}");
-    assert_eq!(v["error"], "invalid_config");
-    assert_eq!(v["errors"].as_array().unwrap().len(), 1, "{v}");
-    assert_eq!(v["errors"][0]["path"], "plans.std.budgets");
-    assert!(
-        v["errors"][0]["reason"]
-            .as_str()
-            .unwrap()
-            .contains("not enforced yet"),
-        "{v}"
-    );
-    assert_eq!(plan_burst(&s).await, 5, "the old config keeps serving");
-    write_atomically(&s.file(), &priced);
+    // 4,000 + 2,000 fits 10,000, not 5,000.
+    write_atomically(&s.file(), &budgeted("daily = { tokens = 5000 }"));
     let (st, v) = s.admin(Method::POST, "/admin/reload", Some(ADMIN)).await;
     assert_eq!(
         (st, v["reloaded"].clone()),
         (StatusCode::OK, json!(true)),
         "{v}"
     );
-    assert_eq!(plan_burst(&s).await, 3);
+    assert_eq!(v["needs_restart"], json!([]), "{v}");
+    let (st, v) = s.reserve("bea", "r1", 2_000).await;
+    assert_eq!(st, StatusCode::TOO_MANY_REQUESTS, "{v}");
+    assert_eq!(v["error"], "budget_exhausted");
+    assert_eq!(v["limit"], "budget_daily");
+    assert_eq!(v["resets_at_ms"], midnight);
+    assert_eq!(v["retry_after_ms"], midnight - T0);
+    let (_, u) = s.admin(Method::GET, "/admin/users/bea", Some(ADMIN)).await;
+    assert_eq!(u["budgets"][0]["limit"], 5_000);
+    assert_eq!(
+        u["budgets"][0]["spent"], 4_000,
+        "the refusal charged nothing"
+    );
+    let (st, v) = s.reserve("bea", "r1", 1_000).await;
+    assert_eq!(st, StatusCode::OK, "what is left of the lower budget: {v}");
+    // Removing the budget lifts it at once too.
+    write_atomically(&s.file(), &config(5, false));
+    let (st, _) = s.admin(Method::POST, "/admin/reload", Some(ADMIN)).await;
+    assert_eq!(st, StatusCode::OK);
+    let (st, v) = s.reserve("bea", "r1", 2_000).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    let (_, u) = s.admin(Method::GET, "/admin/users/bea", Some(ADMIN)).await;
+    assert_eq!(u["budgets"], json!([]));
     s.stop().await;
 }
 

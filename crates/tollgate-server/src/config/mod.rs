@@ -131,11 +131,6 @@ pub struct LimitsConfig {
     pub grpc_keepalive_ms: Option<u64>,
 }
 
-/// Why a config with a spend budget is refused (docs/spec.md §6).
-pub const BUDGETS_NOT_ENFORCED: &str = "spend budgets are validated but not enforced yet \
-     (issue #21): tollgate refuses them rather than run without the limit; remove the \
-     budgets table to start ([prices], currency and [budgets] time_zone are accepted)";
-
 /// Largest `[limits] max_connections` accepted.
 const MAX_CONNECTIONS: usize = 1_000_000;
 
@@ -641,7 +636,6 @@ impl FileConfig {
             prices: self.prices,
             budgets: self.budgets,
         };
-        let budget_paths = plans.budget_paths();
         let plans = match plans.validate() {
             Ok(p) => Some(p),
             Err(e) => {
@@ -649,12 +643,6 @@ impl FileConfig {
                 None
             }
         };
-        // Budgets are validated (above, every problem with its path) but no
-        // store enforces them yet: a limit the operator wrote and the server
-        // ignored would be worse than a refusal to start.
-        for path in budget_paths {
-            errors.push(err(path, BUDGETS_NOT_ENFORCED));
-        }
         let providers = match validate_providers(&self.providers) {
             Ok(p) => Some(p),
             Err(e) => {
