@@ -230,7 +230,13 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def _store(request: pytest.FixtureRequest) -> str:
-    if request.param == "memory":
+    return store_config(request.param, request)
+
+
+def store_config(kind: str, request: pytest.FixtureRequest) -> str:
+    """The ``[store]`` table of a sidecar on ``kind`` (``memory`` or
+    ``redis``: the session's Redis, with a key prefix of its own)."""
+    if kind == "memory":
         return ""
     url = request.getfixturevalue("redis_url")
     # A prefix of its own per sidecar: tests share the one Redis.

@@ -9,6 +9,7 @@ import http.server
 import json
 import threading
 import time
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -403,3 +404,63 @@ def test_a_spent_budget_is_a_refusal_value() -> None:
     assert out.limit == "budget_daily" and out.retry_after_ms == 54_000_000
     assert out.resets_at_ms == 1_804_118_400_000 and out.retryable
     assert "daily budget" in out.message
+
+
+BUDGETED = """
+currency = "USD"
+
+[prices."openai:gpt-4o"]
+input = "2.50"
+output = "10.00"
+
+[plans.spender]
+turns = { amount = 600, period_ms = 60000, burst = 100 }
+tokens = { amount = 600000, period_ms = 60000, burst = 600000 }
+concurrent_runs = 2
+estimate_tokens = 500
+
+[plans.spender.budgets]
+daily = { tokens = 1000 }
+monthly = { cost = "50.00" }
+"""
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_budgets_refuse_and_the_admin_tops_up_and_resets(
+    store: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A configured budget through a real sidecar: the day's 1,000 tokens
+    spent, the next reserve is a BudgetExhausted value; the admin view shows
+    the spend; a top-up lets 500 more through; a reset starts the day
+    afresh."""
+    from conftest import start_sidecar, store_config
+
+    sc = start_sidecar(tmp_path, extra=BUDGETED, store=store_config(store, request), default_plan="spender")
+    try:
+        with tollgate.Client(sc.url, token=token("bud"), admin_token=ADMIN) as c:
+            assert isinstance(c.admit_run("r"), tollgate.Admitted)
+            assert isinstance(c.reserve("r", 600, model="openai:gpt-4o"), tollgate.Reservation)
+            out = c.reserve("r", 600, model="openai:gpt-4o")
+            assert isinstance(out, tollgate.BudgetExhausted), out
+            assert out.limit == "budget_daily" and out.resets_at_ms > 0
+            daily, monthly = c.admin_user("bud").budgets
+            assert (daily.window, daily.unit, daily.limit, daily.spent, daily.granted) == (
+                "daily", "tokens", 1000, 600, 0)
+            # 600 tokens at the higher price, $10 per million: 6,000 µ.
+            assert (monthly.unit, monthly.currency, monthly.limit, monthly.spent) == (
+                "micros", "USD", 50_000_000, 6_000)
+            after = c.admin_budget_top_up("bud", "daily", tokens=500)
+            assert after[0].granted == 500 and after[0].spent == 600
+            assert isinstance(c.reserve("r", 600, model="openai:gpt-4o"), tollgate.Reservation)
+            with pytest.raises(tollgate.InvalidRequest) as e:
+                c.admin_budget_top_up("bud", "daily", cost="1.00")
+            assert e.value.field == "tokens"
+            with pytest.raises(tollgate.InvalidRequest) as e:
+                c.admin_budget_reset("bud", "weekly")
+            assert e.value.field == "window"
+            after = c.admin_budget_reset("bud", "daily")
+            assert (after[0].spent, after[0].granted) == (0, 0)
+            assert after[1].spent == 12_000, "the month is untouched"
+            assert isinstance(c.reserve("r", 1000, model="openai:gpt-4o"), tollgate.Reservation)
+    finally:
+        sc.stop()

@@ -1266,8 +1266,13 @@ mod faulty {
             &self,
             user: &str,
             checks: &[tollgate_core::spend::BudgetCheck],
-        ) -> Result<Vec<u64>, StoreError> {
-            self.call(self.inner.budget_spent(user, checks)).await
+            adjust: Option<(
+                tollgate_core::calendar::Period,
+                tollgate_core::spend::BudgetAdjust,
+            )>,
+        ) -> Result<Vec<tollgate_core::spend::SpentNow>, StoreError> {
+            self.call(self.inner.budget_spent(user, checks, adjust))
+                .await
         }
         async fn top_users(&self, n: usize) -> Result<Vec<TopUser>, StoreError> {
             self.call(self.inner.top_users(n)).await

@@ -85,6 +85,38 @@ pub struct BudgetSettingsConfig {
     /// The IANA time zone of the calendar windows (default `"UTC"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_zone: Option<String>,
+    /// Alert thresholds, percent of a budget's limit (default `[80, 100]`):
+    /// a user whose spend in a window first reaches one is counted and
+    /// logged once for that window. Each 1 to 100, ascending, at most 8;
+    /// `[]` for none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alert_percent: Option<Vec<u8>>,
+}
+
+/// The alert thresholds when `[budgets]` names none.
+pub const DEFAULT_ALERT_PERCENT: [u8; 2] = [80, 100];
+
+impl BudgetSettingsConfig {
+    /// The alert thresholds, or why they are invalid.
+    pub fn alerts(&self) -> Result<Vec<u8>, String> {
+        let Some(a) = &self.alert_percent else {
+            return Ok(DEFAULT_ALERT_PERCENT.to_vec());
+        };
+        if a.len() > crate::spend::MAX_ALERTS {
+            return Err(format!(
+                "at most {} thresholds (got {})",
+                crate::spend::MAX_ALERTS,
+                a.len()
+            ));
+        }
+        if let Some(bad) = a.iter().find(|p| !(1..=100).contains(*p)) {
+            return Err(format!("each must be 1 to 100 (got {bad})"));
+        }
+        if a.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(format!("must be ascending without repeats (got {a:?})"));
+        }
+        Ok(a.clone())
+    }
 }
 
 /// A validated budget of one window.

@@ -14,7 +14,7 @@ use crate::error::{LimiterError, StoreError};
 use crate::lease::{Admit, TurnParams};
 use crate::money::TokenSplit;
 use crate::plan::{Plan, PlanBook};
-use crate::spend::{BudgetCheck, BudgetRequest, BudgetUnit};
+use crate::spend::{BudgetAdjust, BudgetCheck, BudgetRequest, BudgetUnit, Crossed, SpentNow};
 use crate::store::{
     BucketRef, Claim, ClaimRequest, Release, ReservationId, ReserveOutcome, ReserveRequest,
     SettleOutcome, SettleRequest, Store, TakeOutcome, TakeRequest, TurnRequest,
@@ -136,13 +136,34 @@ pub struct BudgetStatus {
     pub period: crate::calendar::Period,
     /// What it counts.
     pub unit: BudgetUnit,
-    /// The most the user may spend per window (tokens or micro-units).
+    /// The most the user may spend per window (tokens or micro-units), as
+    /// the plan says.
     pub limit: u64,
+    /// Top-ups granted for the current window (its limit is `limit +
+    /// granted`).
+    pub granted: u64,
     /// Spent in the current window.
     pub spent: u64,
     /// When the current window ends, ms since the Unix epoch.
     pub resets_at_ms: u64,
 }
+
+/// A user's spend in a budget window reached an alert threshold (`[budgets]
+/// alert_percent`) for the first time in that window: what
+/// [`Limiter::on_budget_alert`]'s observer is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BudgetAlert<'a> {
+    /// The user.
+    pub user: &'a str,
+    /// Their plan's name.
+    pub plan: &'a str,
+    /// The budget's window length.
+    pub period: crate::calendar::Period,
+    /// The threshold reached, percent of the window's limit.
+    pub percent: u8,
+}
+
+type AlertObserver = Box<dyn Fn(&BudgetAlert<'_>) + Send + Sync>;
 
 /// A model a call goes to: the provider and the model, as `[prices]` keys
 /// them (`"provider:model"`).
@@ -164,6 +185,7 @@ pub struct Limiter<S> {
     clock: Arc<dyn Clock>,
     plans: ArcSwap<PlanBook>,
     reclaimed: AtomicU64,
+    alerts: std::sync::OnceLock<AlertObserver>,
 }
 
 impl<S> std::fmt::Debug for Limiter<S> {
@@ -196,6 +218,34 @@ impl<S: Store> Limiter<S> {
             clock: Arc::new(clock),
             plans: ArcSwap::from_pointee(plans),
             reclaimed: AtomicU64::new(0),
+            alerts: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Calls `observer` for every budget alert threshold a user's spend
+    /// reaches (once per window: the store reports the charge that first
+    /// brings a window's peak spend to it). Set once; a later call is
+    /// ignored and answers `false`.
+    pub fn on_budget_alert(
+        &self,
+        observer: impl Fn(&BudgetAlert<'_>) + Send + Sync + 'static,
+    ) -> bool {
+        self.alerts.set(Box::new(observer)).is_ok()
+    }
+
+    fn report(&self, user: &str, plan: &Plan, crossed: Crossed, alerts: &[u8]) {
+        if crossed.is_empty() {
+            return;
+        }
+        if let Some(observe) = self.alerts.get() {
+            for (period, percent) in crossed.iter(alerts) {
+                observe(&BudgetAlert {
+                    user,
+                    plan: &plan.name,
+                    period,
+                    percent,
+                });
+            }
         }
     }
 
@@ -533,9 +583,9 @@ impl<S: Store> Limiter<S> {
         call: Reserve<'_>,
     ) -> Result<Decision<Reservation>, LimiterError> {
         let checks = self.budget_checks(plan);
+        let book = self.plans.load();
         let budget = match &plan.budgets {
             Some(b) if !checks.is_empty() => {
-                let book = self.plans.load();
                 let price = match call.model {
                     Some(m) => b.price(book.prices(), m.provider, m.model).copied(),
                     None => b.default_price,
@@ -557,6 +607,7 @@ impl<S: Store> Limiter<S> {
                     checks: &checks,
                     price,
                     split: call.split,
+                    alerts: book.budget_alerts(),
                 })
             }
             _ => None,
@@ -579,14 +630,18 @@ impl<S: Store> Limiter<S> {
             ReserveOutcome::Granted {
                 reservation,
                 wait_ms,
-            } => Decision::Allowed {
-                grant: Reservation {
-                    id: reservation,
-                    wait_ms,
-                    waited_ms: 0,
-                },
-                shadow_denied: None,
-            },
+                crossed,
+            } => {
+                self.report(user, plan, crossed, book.budget_alerts());
+                Decision::Allowed {
+                    grant: Reservation {
+                        id: reservation,
+                        wait_ms,
+                        waited_ms: 0,
+                    },
+                    shadow_denied: None,
+                }
+            }
             ReserveOutcome::Denied {
                 denial,
                 shadow_reservation: Some(id),
@@ -747,19 +802,62 @@ impl<S: Store> Limiter<S> {
         if checks.is_empty() {
             return Ok(Vec::new());
         }
-        let spent = self.store.budget_spent(user, &checks).await?;
+        let spent = self.store.budget_spent(user, &checks, None).await?;
+        Ok(self.statuses(&checks, spent))
+    }
+
+    fn statuses(&self, checks: &[BudgetCheck], spent: Vec<SpentNow>) -> Vec<BudgetStatus> {
         let now = self.clock.now_ms();
-        Ok(checks
+        checks
             .iter()
             .zip(spent)
-            .map(|(c, spent)| BudgetStatus {
+            .map(|(c, s)| BudgetStatus {
                 period: c.period,
                 unit: c.unit,
                 limit: c.limit,
-                spent,
+                granted: s.granted,
+                spent: s.spent,
                 resets_at_ms: c.window(now).end_ms,
             })
-            .collect())
+            .collect()
+    }
+
+    /// Applies an operator's `adjust` to `user`'s `period` budget in its
+    /// current window (reset it, or top it up for this window), and answers
+    /// every budget of the user after it.
+    ///
+    /// # Errors
+    ///
+    /// As [`budgets`](Self::budgets); [`LimiterError::InvalidRequest`]
+    /// (field `window`) when the user's plan has no such budget, or
+    /// (field `amount`) a top-up of 0 or past 2^53.
+    pub async fn adjust_budget(
+        &self,
+        user: &str,
+        period: crate::calendar::Period,
+        adjust: BudgetAdjust,
+    ) -> Result<Vec<BudgetStatus>, LimiterError> {
+        let plan = self.plan_for(user)?;
+        let checks = self.budget_checks(&plan);
+        if !checks.iter().any(|c| c.period == period) {
+            return Err(LimiterError::invalid(
+                "window",
+                format!("the user's plan ({}) has no {} budget", plan.name, period),
+            ));
+        }
+        if let BudgetAdjust::TopUp(n) = adjust
+            && !(1..=crate::spend::MAX_AMOUNT).contains(&n)
+        {
+            return Err(LimiterError::invalid(
+                "amount",
+                format!("must be more than 0 and at most 2^53 (got {n})"),
+            ));
+        }
+        let spent = self
+            .store
+            .budget_spent(user, &checks, Some((period, adjust)))
+            .await?;
+        Ok(self.statuses(&checks, spent))
     }
 
     /// The budgets of `plan` as a store checks them now: each window's
@@ -811,6 +909,7 @@ impl<S: Store> Limiter<S> {
             ));
         }
         let checks = self.budget_checks(&plan);
+        let book = self.plans.load();
         let out = self
             .store
             .settle(SettleRequest {
@@ -822,15 +921,19 @@ impl<S: Store> Limiter<S> {
                     checks: &checks,
                     price: None,
                     split,
+                    alerts: book.budget_alerts(),
                 }),
             })
             .await?;
         match out {
-            SettleOutcome::Applied { balance } => Ok(Settled {
-                balance,
-                applied: true,
-                pending: false,
-            }),
+            SettleOutcome::Applied { balance, crossed } => {
+                self.report(user, &plan, crossed, book.budget_alerts());
+                Ok(Settled {
+                    balance,
+                    applied: true,
+                    pending: false,
+                })
+            }
             SettleOutcome::AlreadyClosed { balance } => Ok(Settled {
                 balance,
                 applied: false,
@@ -885,6 +988,7 @@ impl<S: Store + Clone> Drop for RefundOnDrop<'_, S> {
                             checks: &checks,
                             price: None,
                             split: None,
+                            alerts: &[],
                         }),
                     };
                     if let Err(e) = store.settle(req).await {

@@ -314,6 +314,7 @@ pub struct PlanBook {
     currency: Option<Arc<str>>,
     prices: PriceBook,
     zone: BudgetZone,
+    alerts: Arc<[u8]>,
 }
 
 struct Check {
@@ -511,6 +512,16 @@ impl PlansConfig {
             }),
             None => BudgetZone::default(),
         };
+        let alerts: Arc<[u8]> = match self.budgets.alerts() {
+            Ok(a) => a.into(),
+            Err(reason) => {
+                errors.push(FieldError {
+                    path: "budgets.alert_percent".into(),
+                    reason,
+                });
+                Arc::from([])
+            }
+        };
         let mut c = Check {
             errors,
             budget: BudgetContext {
@@ -571,6 +582,7 @@ impl PlansConfig {
                 currency,
                 prices,
                 zone,
+                alerts,
             })
         } else {
             Err(InvalidPlans { errors: c.errors })
@@ -608,6 +620,12 @@ impl PlanBook {
     /// UTC).
     pub fn budget_zone(&self) -> &BudgetZone {
         &self.zone
+    }
+
+    /// The budgets' alert thresholds, percent (`[budgets] alert_percent`,
+    /// default 80 and 100).
+    pub fn budget_alerts(&self) -> &[u8] {
+        &self.alerts
     }
 }
 

@@ -13,7 +13,7 @@
 
 use crate::bucket::{self, BucketSpec, BucketState, EXPIRY_GRACE_MS, MAX_SCALED, Take};
 use crate::decision::{Denial, Limit};
-use crate::spend::{Charged, Spend};
+use crate::spend::{Charged, Crossed, Spend};
 use crate::store::MAX_TRACKED_RUNS;
 use crate::store::{
     RESERVATION_RETENTION_MS, ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome,
@@ -275,6 +275,7 @@ fn repeat(invocation_id: &str, call: u64, ready_at: u64, now: u64) -> ReserveOut
     ReserveOutcome::Granted {
         reservation: ReservationId::new(invocation_id, call),
         wait_ms: ready_at.saturating_sub(now),
+        crossed: Crossed::NONE,
     }
 }
 
@@ -340,9 +341,13 @@ pub fn reserve(state: &mut CallState, now: u64, req: &ReserveRequest<'_>) -> Res
         (None, Take::Granted { wait_ms }) => {
             state.tokens = Some((t.state, t.expires_at));
             state.usage.add(now, req.estimate as i64);
+            let mut crossed = Crossed::NONE;
             let charged = match (budget, decided) {
                 (Some(b), Some(Ok(charged))) => {
-                    state.spend().charge(b.checks, &charged, now);
+                    let spend = state.spend();
+                    let before = spend.clone();
+                    spend.charge(b.checks, &charged, now);
+                    crossed = spend.crossed(&before, b, now);
                     Some(charged)
                 }
                 _ => None,
@@ -358,6 +363,7 @@ pub fn reserve(state: &mut CallState, now: u64, req: &ReserveRequest<'_>) -> Res
             ReserveOutcome::Granted {
                 reservation,
                 wait_ms,
+                crossed,
             }
         }
         (denial, _) => {
@@ -421,8 +427,12 @@ pub fn settle(state: &mut CallState, now: u64, req: &SettleRequest<'_>) -> Settl
         run.open = Vec::new();
     }
     run.expires_at = now.saturating_add(RESERVATION_RETENTION_MS);
+    let mut crossed = Crossed::NONE;
     if let (Some(charged), Some(b)) = (charged, &req.budget) {
-        state.spend().close(&charged, b, now, req.actual);
+        let spend = state.spend();
+        let before = spend.clone();
+        spend.close(&charged, b, now, req.actual);
+        crossed = spend.crossed(&before, b, now);
     }
     let delta = match req.actual {
         // Counts past 2^53 cannot be kept exactly (see SettleRequest).
@@ -433,6 +443,7 @@ pub fn settle(state: &mut CallState, now: u64, req: &SettleRequest<'_>) -> Settl
     let after = state.charge(&spec, now, delta);
     SettleOutcome::Applied {
         balance: spec.unscale(after.level),
+        crossed,
     }
 }
 

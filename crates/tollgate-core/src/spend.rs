@@ -80,6 +80,61 @@ pub struct BudgetRequest<'a> {
     /// the usage (settle). Without it, tokens are priced at the higher of
     /// the input and output prices.
     pub split: Option<TokenSplit>,
+    /// Alert thresholds, percent of each budget's limit (ascending, at
+    /// most [`MAX_ALERTS`], each 1 to 100): a charge that brings a
+    /// window's peak spend to one of them for the first time in that
+    /// window reports it ([`Crossed`]). Empty: none reported.
+    pub alerts: &'a [u8],
+}
+
+/// The most alert thresholds a request may carry.
+pub const MAX_ALERTS: usize = 8;
+
+/// Which alert thresholds a charge crossed, one bit per budget period and
+/// threshold: bit `8 × period + i` for the `i`-th of the request's
+/// [`BudgetRequest::alerts`] (period 0 daily, 1 weekly, 2 monthly). A
+/// window's threshold is crossed once: when its peak spend first reaches
+/// it (a refund lowers the spend, not the peak).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Crossed(pub u32);
+
+impl Crossed {
+    /// Nothing crossed.
+    pub const NONE: Crossed = Crossed(0);
+
+    /// Whether nothing was crossed.
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// Each crossing as (period, percent), given the request's `alerts`.
+    pub fn iter(self, alerts: &[u8]) -> impl Iterator<Item = (Period, u8)> + '_ {
+        Period::ALL.into_iter().flat_map(move |p| {
+            alerts
+                .iter()
+                .enumerate()
+                .filter(move |(i, _)| self.0 & (1 << (8 * p.index() + i)) != 0)
+                .map(move |(_, pct)| (p, *pct))
+        })
+    }
+}
+
+/// The spend at which `percent` of `limit` is reached: ⌈limit × percent /
+/// 100⌉, computed as the Redis scripts do (exact for a limit up to 2^53).
+pub fn threshold(limit: u64, percent: u8) -> u64 {
+    let (q, r) = (limit / 100, limit % 100);
+    q * u64::from(percent) + (r * u64::from(percent)).div_ceil(100)
+}
+
+/// An operator's change to one budget's current window (the admin
+/// endpoints).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BudgetAdjust {
+    /// Start the window afresh: nothing spent, no top-up, no threshold
+    /// crossed.
+    Reset,
+    /// Raise the window's limit by this much, for this window only.
+    TopUp(u64),
 }
 
 /// What a reservation charged one budget.
@@ -134,6 +189,20 @@ pub struct Spent {
     pub unit: BudgetUnit,
     /// Spent so far in it.
     pub amount: u64,
+    /// Top-ups granted for it: the limit is the budget's plus this.
+    pub granted: u64,
+    /// The most it has been spent at (alert thresholds are crossed by the
+    /// peak, once).
+    pub peak: u64,
+}
+
+/// One budget's window as a store answers it ([`crate::Store::budget_spent`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpentNow {
+    /// Spent in the window the store's clock picks.
+    pub spent: u64,
+    /// Top-ups granted for that window.
+    pub granted: u64,
 }
 
 /// A user's spend, one entry per period.
@@ -184,11 +253,87 @@ impl Spend {
     /// Spent in `check`'s window at `now` (0 in a window not seen yet or
     /// counted in another unit).
     pub fn spent(&self, check: &BudgetCheck, now: u64) -> u64 {
+        self.slot(check.period, check.unit, check.window(now))
+            .map_or(0, |s| s.amount)
+    }
+
+    /// The spend of `period` if it is of `window` and `unit`.
+    fn slot(&self, period: Period, unit: BudgetUnit, window: Window) -> Option<&Spent> {
+        self.windows[period.index()]
+            .as_ref()
+            .filter(|s| s.window.start_ms == window.start_ms && s.unit == unit)
+    }
+
+    /// `check`'s window at `now` as a store answers it: spent and granted.
+    pub fn now(&self, check: &BudgetCheck, now: u64) -> SpentNow {
+        self.slot(check.period, check.unit, check.window(now))
+            .map_or(SpentNow::default(), |s| SpentNow {
+                spent: s.amount,
+                granted: s.granted,
+            })
+    }
+
+    /// `check`'s limit in its window at `now`: the budget's plus the
+    /// window's top-ups, at most [`MAX_AMOUNT`].
+    pub fn limit(&self, check: &BudgetCheck, now: u64) -> u64 {
+        let granted = self
+            .slot(check.period, check.unit, check.window(now))
+            .map_or(0, |s| s.granted);
+        check.limit.saturating_add(granted).min(MAX_AMOUNT)
+    }
+
+    /// The peak of `period` in `window` and `unit` (0: not seen).
+    fn peak(&self, period: Period, unit: BudgetUnit, window: Window) -> u64 {
+        self.slot(period, unit, window).map_or(0, |s| s.peak)
+    }
+
+    /// Applies an operator's `adjust` to `check`'s window at `now`, and
+    /// answers that window after it.
+    pub fn adjust(&mut self, check: &BudgetCheck, now: u64, adjust: BudgetAdjust) -> SpentNow {
         let w = check.window(now);
-        match self.windows[check.period.index()] {
-            Some(s) if s.window.start_ms == w.start_ms && s.unit == check.unit => s.amount,
-            _ => 0,
+        let slot = &mut self.windows[check.period.index()];
+        match adjust {
+            BudgetAdjust::Reset => *slot = None,
+            BudgetAdjust::TopUp(more) => {
+                let mut s = match *slot {
+                    Some(s) if s.window.start_ms == w.start_ms && s.unit == check.unit => s,
+                    _ => Spent {
+                        window: w,
+                        unit: check.unit,
+                        amount: 0,
+                        granted: 0,
+                        peak: 0,
+                    },
+                };
+                s.granted = s.granted.saturating_add(more).min(MAX_AMOUNT);
+                *slot = Some(s);
+            }
         }
+        self.now(check, now)
+    }
+
+    /// The alert thresholds of `req` that `self`'s peaks reach and
+    /// `before`'s did not, at `now`, against each budget's limit then.
+    pub fn crossed(&self, before: &Spend, req: &BudgetRequest<'_>, now: u64) -> Crossed {
+        let mut bits = 0;
+        for c in req.checks {
+            let w = c.window(now);
+            let (was, is) = (
+                before.peak(c.period, c.unit, w),
+                self.peak(c.period, c.unit, w),
+            );
+            if is <= was {
+                continue;
+            }
+            let limit = self.limit(c, now);
+            for (i, pct) in req.alerts.iter().take(MAX_ALERTS).enumerate() {
+                let t = threshold(limit, *pct);
+                if was < t && t <= is {
+                    bits |= 1 << (8 * c.period.index() + i);
+                }
+            }
+        }
+        Crossed(bits)
     }
 
     /// Adds `delta` (negative gives back; never below 0, never past
@@ -196,15 +341,19 @@ impl Spend {
     /// `unit`; a window not seen yet starts from 0.
     pub fn add(&mut self, period: Period, unit: BudgetUnit, window: Window, delta: i128) {
         let slot = &mut self.windows[period.index()];
-        let before = match *slot {
-            Some(s) if s.window.start_ms == window.start_ms && s.unit == unit => s.amount,
-            _ => 0,
+        let (before, granted, peak) = match *slot {
+            Some(s) if s.window.start_ms == window.start_ms && s.unit == unit => {
+                (s.amount, s.granted, s.peak)
+            }
+            _ => (0, 0, 0),
         };
         let after = (i128::from(before) + delta).clamp(0, i128::from(MAX_AMOUNT)) as u64;
         *slot = Some(Spent {
             window,
             unit,
             amount: after,
+            granted,
+            peak: peak.max(after),
         });
     }
 
@@ -219,13 +368,17 @@ impl Spend {
             .unwrap_or(0)
     }
 
-    /// The first budget already spent at `now` (spent at least its limit):
+    /// The first budget already spent at `now` (spent at least its limit
+    /// and the window's top-ups):
     /// a turn admission's check under `on_exhausted = "deny_turns"`. The
     /// refusal's hint is the time until that window ends; of several, the
     /// one that resets last.
     pub fn exhausted(&self, checks: &[BudgetCheck], now: u64) -> Option<Denial> {
         let mut out: Option<Denial> = None;
-        for c in checks.iter().filter(|c| self.spent(c, now) >= c.limit) {
+        for c in checks
+            .iter()
+            .filter(|c| self.spent(c, now) >= self.limit(c, now))
+        {
             let d = Denial::Limited {
                 limit: c.limit_name(),
                 retry_after_ms: c.window(now).end_ms.saturating_sub(now).max(1),
@@ -242,7 +395,7 @@ impl Spend {
     /// `req`, or why it is refused: a charge larger than a budget's whole
     /// limit can never fit ([`Denial::ExceedsCapacity`]); one past what is
     /// left is refused until the window ends ([`Denial::Limited`], the
-    /// latest reset of several).
+    /// latest reset of several). A window's limit includes its top-ups.
     pub fn decide(
         &self,
         req: &BudgetRequest<'_>,
@@ -253,15 +406,16 @@ impl Spend {
         let mut refusal: Option<Denial> = None;
         for c in req.checks {
             let amount = amount(c.unit, req.price.as_ref(), estimate, req.split);
-            if amount > c.limit {
+            let limit = self.limit(c, now);
+            if amount > limit {
                 return Err(Denial::ExceedsCapacity {
                     limit: c.limit_name(),
                     cost: amount,
-                    max_cost: c.limit,
+                    max_cost: limit,
                 });
             }
             let w = c.window(now);
-            if self.spent(c, now).saturating_add(amount) > c.limit {
+            if self.spent(c, now).saturating_add(amount) > limit {
                 let d = Denial::Limited {
                     limit: c.limit_name(),
                     retry_after_ms: w.end_ms.saturating_sub(now).max(1),

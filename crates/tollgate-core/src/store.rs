@@ -15,10 +15,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::aimd::AimdParams;
 use crate::bucket::{BucketSpec, Take};
+use crate::calendar::Period;
 use crate::decision::Denial;
 use crate::error::StoreError;
 use crate::lease::{Admit, SessionAcquire, SessionGrant, TurnParams};
-use crate::spend::{BudgetCheck, BudgetRequest};
+use crate::spend::{BudgetAdjust, BudgetCheck, BudgetRequest, Crossed, SpentNow};
 
 pub mod grouped;
 pub mod memory;
@@ -208,6 +209,8 @@ pub enum ReserveOutcome {
         reservation: ReservationId,
         /// How long to wait first, ms.
         wait_ms: u64,
+        /// Budget alert thresholds this charge crossed (issue #21).
+        crossed: Crossed,
     },
     /// Refused; nothing taken.
     Denied {
@@ -252,6 +255,8 @@ pub enum SettleOutcome {
     Applied {
         /// Token level after, whole tokens.
         balance: i64,
+        /// Budget alert thresholds the settle's charge crossed (issue #21).
+        crossed: Crossed,
     },
     /// Already settled or refunded: nothing changed.
     AlreadyClosed {
@@ -730,13 +735,16 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<UserState, StoreError>> + Send;
 
     /// What `user` has spent in each budget of `checks`, in the window the
-    /// store's clock picks (issue #21): one amount per check, in its unit
-    /// (tokens or micro-units).
+    /// store's clock picks (issue #21): one per check, in its unit (tokens
+    /// or micro-units), with the window's top-ups. With `adjust`, first
+    /// applies the operator's change to that budget's window
+    /// ([`Spend::adjust`](crate::spend::Spend::adjust)).
     fn budget_spent(
         &self,
         user: &str,
         checks: &[BudgetCheck],
-    ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
+        adjust: Option<(Period, BudgetAdjust)>,
+    ) -> impl Future<Output = Result<Vec<SpentNow>, StoreError>> + Send;
 
     /// The `n` users with the most tokens charged over the last minute.
     fn top_users(&self, n: usize) -> impl Future<Output = Result<Vec<TopUser>, StoreError>> + Send;

@@ -668,7 +668,7 @@ proptest! {
                     }
                     let n = counted.entry(run).or_default();
                     match out {
-                        ReserveOutcome::Granted { reservation, wait_ms } => {
+                        ReserveOutcome::Granted { reservation, wait_ms, .. } => {
                             prop_assert!(wait_ms <= max_wait_ms);
                             *n += 1;
                             prop_assert!(*n <= max_llm_calls, "run {} past its cap", run);

@@ -10,7 +10,8 @@
 -- ARGV[3] budgets whose exhaustion refuses the turn ('' for none),
 --   little-endian doubles: n, then per budget: period (0 daily, 1 weekly,
 --   2 monthly), unit, limit, current window start, end, next window start,
---   end. A spent one refuses before anything else is looked at.
+--   end. A spent one (its limit plus the window's top-ups) refuses before
+--   anything else is looked at.
 -- Returns four little-endian doubles (struct '<dddd': a string is far
 -- cheaper for Redis to answer than a table):
 --         1, lease_expires_at, refreshed (0/1), reclaimed
@@ -29,7 +30,7 @@ if ARGV[3] ~= '' then
   for i = 0, n - 1 do
     local o = 2 + 7 * i
     local ws, we = B.window(now, b[o + 3], b[o + 4], b[o + 5], b[o + 6])
-    if B.of(spend, b[o], ws, b[o + 1]) >= b[o + 2] then
+    if B.of(spend, b[o], ws, b[o + 1]) >= B.limit(spend, b[o], ws, b[o + 1], b[o + 2]) then
       local h = we - now
       if h < 1 then h = 1 end
       if code == 0 or h > hint then code, hint = 3 + b[o], h end

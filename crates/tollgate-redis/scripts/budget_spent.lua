@@ -1,21 +1,46 @@
 -- budget_spent: what a user spent in each budget's window at the store's
--- clock (read only; tollgate-core/src/spend.rs, Spend::spent).
+-- clock, and its top-ups (tollgate-core/src/spend.rs, Spend::now); with an
+-- adjustment, first applies an operator's reset or top-up to one budget's
+-- window (Spend::adjust).
 -- KEYS[1] spend, packed      {prefix}:bud:{user}  (spend_load in prelude.lua)
 -- ARGV[1] now override (0: Redis TIME)
 -- ARGV[2] little-endian doubles: n, then per budget: period (0 daily, 1
 --   weekly, 2 monthly), unit (0 tokens, 1 micro-units), current window
---   start, end, next window start, end
--- Returns n little-endian doubles: the amount spent per budget.
+--   start, end, next window start, end; then the adjustment: kind (0 none,
+--   1 reset, 2 top-up), the budget's index (0-based) and the top-up
+-- Returns 2n little-endian doubles: spent and granted per budget.
 local now = now_ms(ARGV[1])
 local n = struct.unpack('<d', ARGV[2])
-local q = {struct.unpack('<' .. string.rep('d', 1 + 6 * n), ARGV[2])}
+local q = {struct.unpack('<' .. string.rep('d', 4 + 6 * n), ARGV[2])}
 local B = spend_lib()
 local spend = B.load(KEYS[1])
+local kind = q[2 + 6 * n]
+if kind ~= 0 then
+  local o = 2 + 6 * q[3 + 6 * n]
+  local p, u = q[o], q[o + 1]
+  local ws, we = B.window(now, q[o + 2], q[o + 3], q[o + 4], q[o + 5])
+  local b = p * 6
+  if kind == 1 then
+    for j = 1, 6 do spend[b + j] = 0 end
+  else
+    if not B.is(spend, p, ws, u) then
+      spend[b + 1], spend[b + 2], spend[b + 3], spend[b + 4], spend[b + 5], spend[b + 6] =
+        ws, we, u, 0, 0, 0
+    end
+    local g = spend[b + 5] + q[4 + 6 * n]
+    if g > MAX_SCALED then g = MAX_SCALED end
+    spend[b + 5] = g
+  end
+  B.save(KEYS[1], spend, now)
+end
 local out = {}
 for i = 0, n - 1 do
   local o = 2 + 6 * i
   local ws = B.window(now, q[o + 2], q[o + 3], q[o + 4], q[o + 5])
   out[#out + 1] = B.of(spend, q[o], ws, q[o + 1])
+  local g = 0
+  if B.is(spend, q[o], ws, q[o + 1]) then g = spend[q[o] * 6 + 5] end
+  out[#out + 1] = g
 end
 if n == 0 then return '' end
-return struct.pack('<' .. string.rep('d', n), unpack(out))
+return struct.pack('<' .. string.rep('d', 2 * n), unpack(out))

@@ -242,23 +242,30 @@ end
 local function spend_lib()
   local S = {}
   --
-  -- The twelve numbers of the spend at `key`, as a table.
+  -- The eighteen numbers of the spend at `key`, as a table: per period
+  -- (daily, weekly, monthly) window start, end, unit, amount, granted (its
+  -- top-ups) and peak (the most spent). A value of the earlier layout
+  -- (twelve numbers: no granted, no peak) reads as granted 0, peak amount.
   function S.load(key)
     local v = redis.call('GET', key)
-    if v and #v == 96 then return {struct.unpack('<dddddddddddd', v)} end
-    return {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+    if v and #v == 144 then return {struct.unpack('<dddddddddddddddddd', v)} end
+    if v and #v == 96 then
+      local o = {struct.unpack('<dddddddddddd', v)}
+      return {o[1], o[2], o[3], o[4], 0, o[4], o[5], o[6], o[7], o[8], 0, o[8],
+        o[9], o[10], o[11], o[12], 0, o[12]}
+    end
+    return {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
   end
   --
   -- Saves the spend; the key lives to the end of its latest window plus a
   -- minute (EXPIRY_GRACE_MS), as the memory store keeps it.
   function S.save(key, s, now)
-    local keep = math.max(s[2], s[6], s[10]) + EXPIRY_GRACE_MS
+    local keep = math.max(s[2], s[8], s[14]) + EXPIRY_GRACE_MS
     if keep <= now then
       redis.call('DEL', key)
       return
     end
-    redis.call('SET', key, struct.pack('<dddddddddddd', s[1], s[2], s[3], s[4], s[5], s[6],
-      s[7], s[8], s[9], s[10], s[11], s[12]), 'PX', keep - now)
+    redis.call('SET', key, struct.pack('<dddddddddddddddddd', unpack(s)), 'PX', keep - now)
   end
   --
   -- The window a check charges at `now` (its current one until its end,
@@ -268,21 +275,60 @@ local function spend_lib()
     return cs, ce
   end
   --
-  -- Spent in period p (0-based) in the window starting at ws, in unit u.
+  -- Whether period p (0-based) holds the window starting at ws in unit u.
+  function S.is(s, p, ws, u)
+    local b = p * 6
+    return s[b + 1] == ws and s[b + 3] == u
+  end
+  --
+  -- Spent in period p in the window starting at ws, in unit u.
   function S.of(s, p, ws, u)
-    local b = p * 4
-    if s[b + 1] == ws and s[b + 3] == u then return s[b + 4] end
+    if S.is(s, p, ws, u) then return s[p * 6 + 4] end
     return 0
   end
   --
+  -- Period p's peak in that window (0: not seen).
+  function S.peak(s, p, ws, u)
+    if S.is(s, p, ws, u) then return s[p * 6 + 6] end
+    return 0
+  end
+  --
+  -- A budget's limit in that window: `limit` plus its top-ups, at most 2^53.
+  function S.limit(s, p, ws, u, limit)
+    local l = limit
+    if S.is(s, p, ws, u) then l = l + s[p * 6 + 5] end
+    if l > MAX_SCALED then l = MAX_SCALED end
+    return l
+  end
+  --
   -- Adds delta to period p's spend in window [ws, we) of unit u (a window
-  -- or unit not seen yet starts from 0), kept within 0..2^53.
+  -- or unit not seen yet starts from 0), kept within 0..2^53; the peak
+  -- follows.
   function S.add(s, p, ws, we, u, delta)
-    local b = p * 4
-    local a = S.of(s, p, ws, u) + delta
+    local b = p * 6
+    local a, g, k = delta, 0, 0
+    if S.is(s, p, ws, u) then a, g, k = s[b + 4] + delta, s[b + 5], s[b + 6] end
     if a < 0 then a = 0 end
     if a > MAX_SCALED then a = MAX_SCALED end
-    s[b + 1], s[b + 2], s[b + 3], s[b + 4] = ws, we, u, a
+    if a > k then k = a end
+    s[b + 1], s[b + 2], s[b + 3], s[b + 4], s[b + 5], s[b + 6] = ws, we, u, a, g, k
+  end
+  --
+  -- The alert thresholds crossed by raising period p's peak from `was` to
+  -- `is` against `limit`, as bits 8p + i (spend.rs, Spend::crossed): the
+  -- i-th of the k percents at q[at + i], threshold ceil(limit * pct / 100),
+  -- exact for a limit up to 2^53.
+  function S.crossed(p, was, is, limit, q, at, k)
+    local bits = 0
+    if is <= was then return 0 end
+    local lq = floor_div(limit, 100)
+    local lr = limit - lq * 100
+    for i = 0, k - 1 do
+      local pct = q[at + i]
+      local t = lq * pct + ceil_div(lr * pct, 100)
+      if was < t and t <= is then bits = bits + 2 ^ (8 * p + i) end
+    end
+    return bits
   end
   --
   -- The cost of up to three (tokens, price per million) terms in

@@ -21,17 +21,21 @@
 --         (input, output, cached input per million tokens; -1: none), then
 --         per budget: period (0 daily, 1 weekly, 2 monthly), unit (0 tokens,
 --         1 micro-units), limit, current window start, end, next window
---         start, end, this reserve's charge. A grant charges each budget in
---         the window the store clock picks and keeps b<call> = n, the price,
---         then per budget period, unit, window start, charge in the
---         invocation hash (zero charges for a shadow reservation).
--- Returns four little-endian doubles (struct '<dddd': a string is far
--- cheaper for Redis to answer than a table):
---         1, call, wait_ms, now   granted
---      or 0, code, retry_after_ms, shadow call (0: none)   denied:
+--         start, end, this reserve's charge; then k, the number of alert
+--         thresholds, and the k percents. A window's limit is the budget's
+--         plus its top-ups. A grant charges each budget in the window the
+--         store clock picks and keeps b<call> = n, the price, then per
+--         budget period, unit, window start, charge in the invocation hash
+--         (zero charges for a shadow reservation).
+-- Returns little-endian doubles (a string is far cheaper for Redis to
+-- answer than a table):
+--         1, call, wait_ms, now, crossed   granted ('<ddddd'; crossed: the
+--         alert thresholds the charge crossed, bit 8 * period + i)
+--      or 0, code, retry_after_ms, shadow call (0: none)   denied ('<dddd'):
 --         code 3 max_llm_calls, 4 token_rate (retryable), 5 exceeds capacity,
 --         6 + period a budget spent (retryable at its window's end), 9 +
---         period a charge past a budget's whole limit
+--         period a charge past a budget's whole limit (then retry_after_ms
+--         is that limit, top-ups included)
 --      or 2, 0, 0, 0   the request id was superseded
 --      or 3, call, wait_ms, 0   a repeat of the request id's grant
 local o, amount, period, cap, estimate, max_wait, max_calls, shadow, exceeds, retention,
@@ -88,14 +92,16 @@ local bud, spend, b_code, b_hint, B = nil, nil, 0, 0, nil
 if ARGV[5] ~= '' then
   B = spend_lib()
   local n = struct.unpack('<d', ARGV[5])
-  bud = {struct.unpack('<' .. string.rep('d', 4 + 8 * n), ARGV[5])}
+  local k = struct.unpack('<d', ARGV[5], 1 + 8 * (4 + 8 * n))
+  bud = {struct.unpack('<' .. string.rep('d', 5 + 8 * n + k), ARGV[5])}
   spend = B.load(KEYS[4])
   for i = 0, n - 1 do
     local o = 5 + 8 * i
-    local p, u, limit, ch = bud[o], bud[o + 1], bud[o + 2], bud[o + 7]
+    local p, u, ch = bud[o], bud[o + 1], bud[o + 7]
     local ws, we = B.window(now, bud[o + 3], bud[o + 4], bud[o + 5], bud[o + 6])
+    local limit = B.limit(spend, p, ws, u, bud[o + 2])
     if ch > limit then
-      b_code, b_hint = 9 + p, 0
+      b_code, b_hint = 9 + p, limit
       break
     end
     if B.of(spend, p, ws, u) + ch > limit then
@@ -130,24 +136,30 @@ end
 local code, hint = 0, 0
 if calls >= max_calls then code = 3
 elseif outcome == 3 then code = 5
-elseif b_code >= 9 then code = b_code
+elseif b_code >= 9 then code, hint = b_code, b_hint
 elseif outcome == 2 and (b_code == 0 or x > b_hint) then code, hint = 4, x
 elseif b_code ~= 0 then code, hint = b_code, b_hint end
 
 if code == 0 then
   um, uc, up = usage_roll(um, uc, up, now, estimate)
   tok_save(KEYS[1], after, ts, now, amount, cap, period, um, uc, up)
-  local brec = nil
+  local brec, crossed = nil, 0
   if bud then
-    for i = 0, bud[1] - 1 do
+    local n = bud[1]
+    local at, k = 6 + 8 * n, bud[5 + 8 * n]
+    for i = 0, n - 1 do
       local o = 5 + 8 * i
+      local p, u = bud[o], bud[o + 1]
       local ws, we = B.window(now, bud[o + 3], bud[o + 4], bud[o + 5], bud[o + 6])
-      B.add(spend, bud[o], ws, we, bud[o + 1], bud[o + 7])
+      local was = B.peak(spend, p, ws, u)
+      B.add(spend, p, ws, we, u, bud[o + 7])
+      crossed = crossed + B.crossed(p, was, B.peak(spend, p, ws, u),
+        B.limit(spend, p, ws, u, bud[o + 2]), bud, at, k)
     end
     B.save(KEYS[4], spend, now)
     brec = bud_record(false)
   end
-  return struct.pack('<dddd', 1, record_call(estimate, x, brec), x, now)
+  return struct.pack('<ddddd', 1, record_call(estimate, x, brec), x, now, crossed)
 end
 -- Denied: take nothing; keep the refilled level.
 tok_save(KEYS[1], level, ts, now, amount, cap, period, um, uc, up)

@@ -9,15 +9,18 @@
 --   reservation retention ms
 -- ARGV[2] the budgets now ('' for none: a budget record is dropped
 --   unread), little-endian doubles: n, split given (0/1), input, output,
---   cached input tokens, then per budget: period, unit, current window
---   start, end, next window start, end. The reservation's record b<call>
+--   cached input tokens, then per budget: period, unit, limit, current
+--   window start, end, next window start, end; then k, the number of alert
+--   thresholds, and the k percents. The reservation's record b<call>
 --   (reserve_tokens.lua) says what it charged where, at what price: each
 --   budget still named moves by actual - charged in that window if the
 --   store clock is still in it, else the actual amount goes to the current
 --   window; a refund gives the charge back in its window only
 --   (tollgate-core/src/spend.rs, Spend::close).
--- Returns four little-endian doubles (struct '<dddd'): 1, balance, delta,
--- now applied | 2, balance, 0, 0 already closed | 0, 0, 0, 0 unknown.
+-- Returns little-endian doubles: 1, balance, delta, now, crossed applied
+-- ('<ddddd'; crossed: the alert thresholds the settle's charge crossed, bit
+-- 8 * period + i) | 2, balance, 0, 0 already closed | 0, 0, 0, 0 unknown
+-- ('<dddd').
 local o, amount, period, cap, call, actual, retention = struct.unpack('<ddddddd', ARGV[1])
 local now = now_ms(o)
 
@@ -40,11 +43,14 @@ if level > cap then level = cap end
 if level < -MAX_SCALED then level = -MAX_SCALED end
 um, uc, up = usage_roll(um, uc, up, now, delta)
 tok_save(KEYS[1], level, ts, now, amount, cap, period, um, uc, up)
+local crossed = 0
 if v[4] and ARGV[2] ~= '' then
   local rn = struct.unpack('<d', v[4])
   local r = {struct.unpack('<' .. string.rep('d', 4 + 4 * rn), v[4])}
   local qn = struct.unpack('<d', ARGV[2])
-  local q = {struct.unpack('<' .. string.rep('d', 5 + 6 * qn), ARGV[2])}
+  local k = struct.unpack('<d', ARGV[2], 1 + 8 * (5 + 7 * qn))
+  local q = {struct.unpack('<' .. string.rep('d', 6 + 7 * qn + k), ARGV[2])}
+  local at = 7 + 7 * qn
   local pin, pout, pc = r[2], r[3], r[4]
   local split, si, so, sc = q[2], q[3], q[4], q[5]
   local B = spend_lib()
@@ -52,9 +58,9 @@ if v[4] and ARGV[2] ~= '' then
   for j = 0, rn - 1 do
     local p, u, ws0, charged_b = r[5 + 4 * j], r[6 + 4 * j], r[7 + 4 * j], r[8 + 4 * j]
     for i = 0, qn - 1 do
-      local o = 6 + 6 * i
+      local o = 6 + 7 * i
       if q[o] == p and q[o + 1] == u then
-        local ws, we = B.window(now, q[o + 2], q[o + 3], q[o + 4], q[o + 5])
+        local ws, we = B.window(now, q[o + 3], q[o + 4], q[o + 5], q[o + 6])
         if actual < 0 then
           if ws == ws0 then B.add(spend, p, ws, we, u, -charged_b) end
         else
@@ -69,7 +75,10 @@ if v[4] and ARGV[2] ~= '' then
             real = B.price_cost(actual, math.max(pin, pout), 0, 0, 0, 0)
           end
           if ws == ws0 then real = real - charged_b end
+          local was = B.peak(spend, p, ws, u)
           B.add(spend, p, ws, we, u, real)
+          crossed = crossed + B.crossed(p, was, B.peak(spend, p, ws, u),
+            B.limit(spend, p, ws, u, q[o + 2]), q, at, k)
         end
         break
       end
@@ -77,4 +86,4 @@ if v[4] and ARGV[2] ~= '' then
   end
   B.save(KEYS[3], spend, now)
 end
-return struct.pack('<dddd', 1, floor_div(level, period), delta, now)
+return struct.pack('<ddddd', 1, floor_div(level, period), delta, now, crossed)

@@ -68,13 +68,17 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use proptest::prelude::*;
+
+/// Alert thresholds every budgeted request carries: crossings are part of
+/// what the stores answer.
+const ALERTS: &[u8] = &[1, 33, 50, 80, 99, 100];
 use proptest::test_runner::TestCaseError;
 use tollgate_core::aimd::AimdParams;
 use tollgate_core::bucket::BucketSpec;
 use tollgate_core::calendar::{Period, Window};
 use tollgate_core::lease::TurnParams;
 use tollgate_core::money::{Price, TokenSplit};
-use tollgate_core::spend::{BudgetCheck, BudgetRequest, BudgetUnit};
+use tollgate_core::spend::{BudgetAdjust, BudgetCheck, BudgetRequest, BudgetUnit};
 use tollgate_core::store::memory::MemoryConfig;
 use tollgate_core::store::{
     BucketRef, BucketTake, ClaimRequest, CooldownCheck, ReservationId, ReserveOutcome,
@@ -236,6 +240,13 @@ enum Op {
     },
     /// Clears the cooldown and the AIMD state together.
     ClearProvider,
+    /// A user's budgets read, after an operator's reset or top-up of the
+    /// `period`-th (modulo their number) with `adjust`.
+    BudgetSpent {
+        user: usize,
+        budget: BudgetUse,
+        adjust: Option<(usize, Option<Qty>)>,
+    },
     /// Counts a session against its user's cap.
     ClaimSession {
         user: usize,
@@ -556,6 +567,15 @@ fn op() -> impl Strategy<Value = Op> {
         5 => (user(), plan()).prop_map(|(user, plan)| Op::UserState { user, plan }),
         2 => user().prop_map(|user| Op::ResetUser { user }),
         3 => (0usize..=4).prop_map(|n| Op::TopUsers { n }),
+        3 => (
+            user(),
+            budget_use().prop_filter_map("named budgets", |b| b),
+            prop_oneof![
+                2 => Just(None),
+                1 => (0usize..3, prop_oneof![1 => Just(None), 3 => qty().prop_map(Some)]).prop_map(Some),
+            ],
+        )
+            .prop_map(|(user, budget, adjust)| Op::BudgetSpent { user, budget, adjust }),
     ]
 }
 
@@ -1005,6 +1025,7 @@ impl Run<'_> {
                         checks: &checks,
                         price: case.price,
                         split: estimate_split,
+                        alerts: ALERTS,
                     }),
                 };
                 let m = self.mem.reserve_tokens(req).await;
@@ -1061,6 +1082,7 @@ impl Run<'_> {
                         checks: &checks,
                         price: case.price,
                         split: split(budget),
+                        alerts: ALERTS,
                     }),
                 };
                 let m = self.mem.settle(req).await;
@@ -1346,6 +1368,31 @@ impl Run<'_> {
                     format!("user_state({user}, plan {plan})"),
                     m.map(sorted),
                     r.map(sorted),
+                )?;
+            }
+            Op::BudgetSpent {
+                user,
+                budget,
+                adjust,
+            } => {
+                let checks = checks(case, now, Some(budget));
+                let adjust = adjust.and_then(|(i, top_up)| {
+                    let c = checks.get(i % checks.len().max(1))?;
+                    Some((
+                        c.period,
+                        match top_up {
+                            None => BudgetAdjust::Reset,
+                            Some(q) => BudgetAdjust::TopUp(q.resolve(2 * c.limit, 1 << 53)),
+                        },
+                    ))
+                });
+                let u = USERS[user];
+                let m = self.mem.budget_spent(u, &checks, adjust).await;
+                let r = self.redis.budget_spent(u, &checks, adjust).await;
+                self.same(
+                    format!("budget_spent({user}, {budget:?}, {adjust:?})"),
+                    m,
+                    r,
                 )?;
             }
             Op::ResetUser { user } => {

@@ -114,6 +114,25 @@ fn app_with_metrics<S: Store + Clone>(
 ) -> Result<App<S>, ConfigError> {
     let verifier = verifier(config, wall)?;
     let limiter = Limiter::new(store, clock, config.plans.clone());
+    let m = metrics.clone();
+    limiter.on_budget_alert(move |a| {
+        m.budget_alerts
+            .get_or_create(&metrics::BudgetAlertLabels {
+                window: a.period.as_str(),
+                percent: a.percent,
+                plan: a.plan.into(),
+            })
+            .inc();
+        tracing::info!(
+            user = a.user,
+            plan = a.plan,
+            window = a.period.as_str(),
+            percent = a.percent,
+            "budget alert: the user's spend reached {}% of their {} budget",
+            a.percent,
+            a.period
+        );
+    });
     Ok(App::with_metrics(
         limiter,
         config.providers.clone(),

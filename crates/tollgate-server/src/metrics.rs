@@ -25,6 +25,17 @@ pub struct DecisionLabels {
     pub plan: Arc<str>,
 }
 
+/// Labels of a budget alert threshold reached.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BudgetAlertLabels {
+    /// `daily`, `weekly` or `monthly`.
+    pub window: &'static str,
+    /// The threshold, percent of the window's limit.
+    pub percent: u8,
+    /// The user's plan.
+    pub plan: Arc<str>,
+}
+
 /// Labels naming an operation.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OpLabels {
@@ -163,6 +174,9 @@ pub struct Metrics {
     pub journal_expired: Counter,
     /// Users whose fallback charges wait to be reconciled.
     pub owed_users: Gauge,
+    /// Users whose spend reached a budget alert threshold, once per user,
+    /// window and threshold (no user id: the log line names them).
+    pub budget_alerts: Family<BudgetAlertLabels, Counter>,
     health: std::sync::OnceLock<HealthProbe>,
 }
 
@@ -332,8 +346,15 @@ impl Metrics {
             "Users whose fallback decisions wait to be charged to the shared store, or whose refused reserves (sent, then failed) wait to be checked there",
             owed_users.clone(),
         );
+        let budget_alerts = Family::<BudgetAlertLabels, Counter>::default();
+        registry.register(
+            "budget_alerts",
+            "Users whose spend in a budget window reached an alert threshold ([budgets] alert_percent), counted once per window",
+            budget_alerts.clone(),
+        );
         Self {
             registry,
+            budget_alerts,
             breaker_state,
             breaker_transitions,
             journal_depth,

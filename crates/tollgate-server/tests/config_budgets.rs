@@ -230,3 +230,47 @@ fn the_docs_budget_example_is_valid() {
     let cfg = parse(text).unwrap_or_else(|e| panic!("{e}"));
     assert!(cfg.plans.resolve("bob").unwrap().budgets.is_some());
 }
+
+#[test]
+fn alert_thresholds_are_validated_with_their_path() {
+    let with = |a: &str| {
+        BASE.replace(
+            "time_zone = \"Europe/Paris\"",
+            &format!("time_zone = \"Europe/Paris\"\nalert_percent = {a}"),
+        )
+    };
+    assert_eq!(
+        parse(&with("[50, 90, 100]")).unwrap().plans.budget_alerts(),
+        [50, 90, 100]
+    );
+    assert_eq!(
+        parse(&with("[]")).unwrap().plans.budget_alerts(),
+        [] as [u8; 0]
+    );
+    assert_eq!(
+        parse(BASE).unwrap().plans.budget_alerts(),
+        [80, 100],
+        "the default"
+    );
+    for (a, says) in [
+        (
+            "[100, 80]",
+            "budgets.alert_percent: must be ascending without repeats (got [100, 80])",
+        ),
+        (
+            "[0, 50]",
+            "budgets.alert_percent: each must be 1 to 100 (got 0)",
+        ),
+        (
+            "[50, 101]",
+            "budgets.alert_percent: each must be 1 to 100 (got 101)",
+        ),
+        (
+            "[1, 2, 3, 4, 5, 6, 7, 8, 9]",
+            "budgets.alert_percent: at most 8 thresholds (got 9)",
+        ),
+    ] {
+        has(&errors(&with(a)), says);
+    }
+    has(&errors(&with("[300]")), "budgets.alert_percent");
+}

@@ -1610,8 +1610,8 @@ async fn a_configured_budget_over_grpc_and_http() {
     assert_eq!(
         view["budgets"],
         json!([
-            {"window": "daily", "unit": "tokens", "limit": 10_000, "spent": 6_000, "resets_at_ms": midnight},
-            {"window": "monthly", "unit": "micros", "currency": "USD", "limit": 100_000, "spent": 30_000, "resets_at_ms": month_end},
+            {"window": "daily", "unit": "tokens", "limit": 10_000, "granted": 0, "spent": 6_000, "resets_at_ms": midnight},
+            {"window": "monthly", "unit": "micros", "currency": "USD", "limit": 100_000, "granted": 0, "spent": 30_000, "resets_at_ms": month_end},
         ])
     );
     // HTTP: 4,000 unsplit tokens at the higher price, $0.04: the day's

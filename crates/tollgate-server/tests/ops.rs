@@ -533,7 +533,7 @@ async fn a_reload_lowering_a_budget_applies_at_once() {
     let (_, u) = s.admin(Method::GET, "/admin/users/bea", Some(ADMIN)).await;
     assert_eq!(
         u["budgets"],
-        json!([{"window": "daily", "unit": "tokens", "limit": 10_000, "spent": 4_000, "resets_at_ms": midnight}])
+        json!([{"window": "daily", "unit": "tokens", "limit": 10_000, "granted": 0, "spent": 4_000, "resets_at_ms": midnight}])
     );
     // 4,000 + 2,000 fits 10,000, not 5,000.
     write_atomically(&s.file(), &budgeted("daily = { tokens = 5000 }"));
@@ -670,4 +670,194 @@ fn sighup_reloads_the_config_of_a_running_server() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(hup, "no SIGHUP reload was logged");
     assert!(ok, "the reload did not land");
+}
+
+/// Log lines, captured for the test's thread (a current-thread runtime:
+/// the server's tasks run on it).
+#[derive(Clone, Default)]
+struct Captured(Arc<parking_lot::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn lines(&self, containing: &str) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock())
+            .lines()
+            .filter(|l| l.contains(containing))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+/// Budget alerts (80 % and 100 %, once per window, counted without a user
+/// id and logged with it), an operator's top-up and reset (logged), their
+/// refusals, and shadow mode over a spent budget (issue #21).
+#[tokio::test]
+async fn budget_alerts_top_ups_resets_and_shadow_mode() {
+    use reqwest::Method;
+    let logs = Captured::default();
+    let w = logs.clone();
+    let _guard = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || w.clone())
+            .finish(),
+    );
+    let s = Server::start("budget-alerts", &budgeted("daily = { tokens = 10000 }")).await;
+    let alerts = |percent: u8| {
+        let s = &s;
+        async move {
+            metric(
+                &s.metrics().await,
+                &format!(
+                    r#"tollgate_budget_alerts_total{{window="daily",percent="{percent}",plan="std"}}"#
+                ),
+            )
+        }
+    };
+    assert_eq!(s.admit("cid", "r1").await, StatusCode::OK);
+    assert_eq!(s.reserve("cid", "r1", 7_999).await.0, StatusCode::OK);
+    assert_eq!(alerts(80).await, None, "79.99 %");
+    assert_eq!(s.reserve("cid", "r1", 1).await.0, StatusCode::OK);
+    assert_eq!(alerts(80).await, Some(1.0));
+    assert_eq!(s.reserve("cid", "r1", 2_000).await.0, StatusCode::OK);
+    assert_eq!(alerts(100).await, Some(1.0));
+    let logged = logs.lines("budget alert");
+    assert_eq!(logged.len(), 2, "{logged:#?}");
+    assert!(
+        logged[0].contains("user=\"cid\"") && logged[0].contains("percent=80"),
+        "{logged:#?}"
+    );
+    let (st, v) = s.reserve("cid", "r1", 1).await;
+    assert_eq!(
+        (st, v["limit"].clone()),
+        (StatusCode::TOO_MANY_REQUESTS, json!("budget_daily"))
+    );
+    let text = s.metrics().await;
+    assert_eq!(
+        metric(
+            &text,
+            r#"tollgate_decisions_total{op="reserve",limit="budget_daily",outcome="denied",plan="std"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(!text.contains("cid"), "no user id in a label");
+
+    // A top-up of 500 tokens for today: 500 more fit, not 501.
+    let top_up = |body: Value| {
+        let s = &s;
+        async move {
+            let r = s
+                .client
+                .post(format!("{}/admin/users/cid/budgets/daily/top_up", s.url))
+                .bearer_auth(ADMIN)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            (r.status(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let (st, v) = top_up(json!({"tokens": 500})).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["budgets"][0]["granted"], 500);
+    assert_eq!(v["budgets"][0]["spent"], 10_000);
+    assert_eq!(
+        s.reserve("cid", "r1", 501).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(s.reserve("cid", "r1", 500).await.0, StatusCode::OK);
+    assert_eq!(logs.lines("admin: budget window topped up").len(), 1);
+    // Wrong shapes and windows are the client's mistake.
+    for (body, field) in [
+        (json!({"cost": "1.00"}), "tokens"),
+        (json!({"tokens": 0}), "amount"),
+        (json!({"tokens": 1, "cost": "1"}), "tokens"),
+        (json!({"tokenz": 1}), "body"),
+    ] {
+        let (st, v) = top_up(body.clone()).await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{body}: {v}");
+        assert_eq!(v["field"], field, "{body}: {v}");
+    }
+    for path in ["budgets/weekly/reset", "budgets/yearly/reset"] {
+        let (st, v) = s
+            .admin(
+                Method::POST,
+                &format!("/admin/users/cid/{path}"),
+                Some(ADMIN),
+            )
+            .await;
+        assert_eq!(
+            (st, v["field"].clone()),
+            (StatusCode::BAD_REQUEST, json!("window")),
+            "{path}: {v}"
+        );
+    }
+    let (st, _) = s
+        .admin(Method::POST, "/admin/users/cid/budgets/daily/reset", None)
+        .await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED);
+    // A reset: the day starts afresh, and its 80 % can be reached again.
+    let (st, v) = s
+        .admin(
+            Method::POST,
+            "/admin/users/cid/budgets/daily/reset",
+            Some(ADMIN),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(
+        (
+            v["budgets"][0]["spent"].clone(),
+            v["budgets"][0]["granted"].clone()
+        ),
+        (json!(0), json!(0))
+    );
+    assert_eq!(logs.lines("admin: budget window reset").len(), 1);
+    assert_eq!(s.reserve("cid", "r1", 8_000).await.0, StatusCode::OK);
+    assert_eq!(alerts(80).await, Some(2.0));
+    s.stop().await;
+
+    // Shadow mode: a spent budget is reported, not enforced.
+    let text = budgeted("daily = { tokens = 10000 }").replace("shadow = false", "shadow = true");
+    let s = Server::start("budget-shadow", &text).await;
+    assert_eq!(s.admit("cid", "r1").await, StatusCode::OK);
+    assert_eq!(s.reserve("cid", "r1", 10_000).await.0, StatusCode::OK);
+    let r = s
+        .client
+        .post(format!("{}/v1/tokens/reserve", s.url))
+        .bearer_auth(s.token("cid"))
+        .json(&json!({"invocation_id": "r1", "estimate": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK, "shadow mode never refuses");
+    assert_eq!(
+        r.headers().get("x-tollgate-shadow-denied").unwrap(),
+        "budget_daily"
+    );
+    let text = s.metrics().await;
+    assert_eq!(
+        metric(
+            &text,
+            r#"tollgate_decisions_total{op="reserve",limit="budget_daily",outcome="shadow_denied",plan="std"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    let (_, u) = s.admin(Method::GET, "/admin/users/cid", Some(ADMIN)).await;
+    assert_eq!(
+        u["budgets"][0]["spent"], 10_000,
+        "a shadow reservation charges nothing"
+    );
+    s.stop().await;
 }

@@ -88,6 +88,7 @@ macro_rules! for_each_scenario {
             session_delete_writes_its_group_in_one_step,
             grouped_logs_live_as_long_as_they_are_written,
             budgets_charge_and_refuse,
+            budgets_top_up_reset_and_alerts,
             example_5_budgets
         );
     };

@@ -375,8 +375,12 @@ impl Store for Flaky {
         &self,
         user: &str,
         checks: &[tollgate_core::spend::BudgetCheck],
-    ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send {
-        self.inner.budget_spent(user, checks)
+        adjust: Option<(
+            tollgate_core::calendar::Period,
+            tollgate_core::spend::BudgetAdjust,
+        )>,
+    ) -> impl Future<Output = Result<Vec<tollgate_core::spend::SpentNow>, StoreError>> + Send {
+        self.inner.budget_spent(user, checks, adjust)
     }
     fn top_users(&self, n: usize) -> impl Future<Output = Result<Vec<TopUser>, StoreError>> + Send {
         self.inner.top_users(n)

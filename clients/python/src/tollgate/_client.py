@@ -239,6 +239,20 @@ class _Operations:
         """Fills a user's buckets again; ``True`` when reset."""
         return self._run(_ops.admin_reset(user), None)
 
+    def admin_budget_reset(self, user: str, window: str) -> Any:
+        """Starts a user's current ``window`` (``daily``, ``weekly``,
+        ``monthly``) of that budget afresh: the user's budgets after it, a
+        tuple of :class:`tollgate.BudgetView`."""
+        return self._run(_ops.admin_budget_reset(user, window), None)
+
+    def admin_budget_top_up(
+        self, user: str, window: str, *, tokens: Optional[int] = None, cost: Optional[str] = None
+    ) -> Any:
+        """Grants a user's current ``window`` of that budget ``tokens`` (a
+        token budget) or ``cost`` (a decimal string, a cost budget) more:
+        the user's budgets after it, a tuple of :class:`tollgate.BudgetView`."""
+        return self._run(_ops.admin_budget_top_up(user, window, tokens=tokens, cost=cost), None)
+
     def admin_release_lease(self, user: str, invocation_id: str) -> Any:
         """Releases a user's run lease: :class:`tollgate.Released`."""
         return self._run(_ops.admin_release_lease(user, invocation_id), None)

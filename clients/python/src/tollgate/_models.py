@@ -176,6 +176,29 @@ class LeaseView:
 
 
 @dataclass(frozen=True)
+class BudgetView:
+    """One spend budget in a user's admin view, in its current window.
+
+    Attributes:
+        window: ``daily``, ``weekly`` or ``monthly``.
+        unit: ``tokens``, or ``micros`` (micro-units of ``currency``).
+        currency: The config's currency, for a ``micros`` budget.
+        limit: The plan's limit per window.
+        granted: Top-ups for this window (its limit is ``limit + granted``).
+        spent: Spent in this window.
+        resets_at_ms: When the window ends, ms since the epoch.
+    """
+
+    window: str
+    unit: str
+    currency: Optional[str]
+    limit: int
+    granted: int
+    spent: int
+    resets_at_ms: int
+
+
+@dataclass(frozen=True)
 class UserView:
     """A user's state (``GET /admin/users/{user}``).
 
@@ -186,6 +209,7 @@ class UserView:
         tokens_available: Whole tokens in the token bucket (negative in debt).
         tokens_last_minute: The sliding-minute token estimate.
         leases: The live run leases.
+        budgets: The plan's spend budgets now (empty: none).
     """
 
     user: str
@@ -194,6 +218,7 @@ class UserView:
     tokens_available: int
     tokens_last_minute: int
     leases: tuple[LeaseView, ...]
+    budgets: tuple[BudgetView, ...] = ()
 
 
 @dataclass(frozen=True)

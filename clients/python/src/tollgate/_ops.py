@@ -23,6 +23,7 @@ from ._models import (
     Closed,
     FeedbackResult,
     FenceCurrent,
+    BudgetView,
     LeaseView,
     ProviderCleared,
     ProviderPermit,
@@ -373,9 +374,57 @@ def admin_user(user: str) -> Call:
                 LeaseView(invocation_id=str(x["invocation_id"]), expires_at_ms=int(x["expires_at_ms"]))
                 for x in b.get("leases", [])
             ),
+            budgets=_budgets(b),
         )
 
     return Call("admin_user", "GET", f"/admin/users/{_seg(user)}", parse, admin=True)
+
+
+def _budgets(b: Any) -> tuple[BudgetView, ...]:
+    return tuple(
+        BudgetView(
+            window=str(x["window"]),
+            unit=str(x["unit"]),
+            currency=x.get("currency"),
+            limit=int(x["limit"]),
+            granted=int(x.get("granted", 0)),
+            spent=int(x["spent"]),
+            resets_at_ms=int(x["resets_at_ms"]),
+        )
+        for x in b.get("budgets", [])
+    )
+
+
+def admin_budget_reset(user: str, window: str) -> Call:
+    """``POST /admin/users/{user}/budgets/{window}/reset``."""
+    return Call(
+        "admin_budget_reset",
+        "POST",
+        f"/admin/users/{_seg(user)}/budgets/{_seg(window)}/reset",
+        _budgets,
+        admin=True,
+    )
+
+
+def admin_budget_top_up(
+    user: str, window: str, *, tokens: Optional[int] = None, cost: Optional[str] = None
+) -> Call:
+    """``POST /admin/users/{user}/budgets/{window}/top_up``."""
+    body: dict[str, Any] = {}
+    if tokens is not None:
+        body["tokens"] = tokens
+    if cost is not None:
+        body["cost"] = cost
+    return Call(
+        "admin_budget_top_up",
+        "POST",
+        f"/admin/users/{_seg(user)}/budgets/{_seg(window)}/top_up",
+        _budgets,
+        body=body,
+        # A top-up adds: a retry of one that was applied would grant twice.
+        retry_safe=False,
+        admin=True,
+    )
 
 
 def admin_top(n: Optional[int] = None) -> Call:

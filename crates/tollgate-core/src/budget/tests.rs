@@ -40,6 +40,7 @@ fn example() -> PlansConfig {
         currency: Some("USD".into()),
         budgets: BudgetSettingsConfig {
             time_zone: Some("Europe/Paris".into()),
+            alert_percent: None,
         },
         ..Default::default()
     };

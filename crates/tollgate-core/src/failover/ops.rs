@@ -3,8 +3,9 @@
 //! and which always fail closed (SPEC §6).
 
 use crate::aimd::AimdParams;
+use crate::calendar::Period;
 use crate::lease::{Admit, SessionAcquire, SessionGrant, TurnParams};
-use crate::spend::BudgetCheck;
+use crate::spend::{BudgetAdjust, BudgetCheck, SpentNow};
 use crate::store::{
     AppendOutcome, BucketRef, BucketTake, Claim, ClaimRequest, CooldownCheck, FenceCheck,
     MultiTake, ProviderCleared, ReconcileRequest, Reconciled, Release, ReservationId,
@@ -437,9 +438,13 @@ impl<S: Store + Clone> Store for Failover<S> {
         &self,
         user: &str,
         checks: &[BudgetCheck],
-    ) -> Result<Vec<u64>, StoreError> {
-        self.closed_only("budget_spent", self.primary.budget_spent(user, checks))
-            .await
+        adjust: Option<(Period, BudgetAdjust)>,
+    ) -> Result<Vec<SpentNow>, StoreError> {
+        self.closed_only(
+            "budget_spent",
+            self.primary.budget_spent(user, checks, adjust),
+        )
+        .await
     }
 
     async fn user_state(
@@ -497,9 +502,11 @@ impl<S: Store + Clone> Failover<S> {
             ReserveOutcome::Granted {
                 reservation,
                 wait_ms,
+                crossed,
             } => ReserveOutcome::Granted {
                 reservation: self.local_id(reservation),
                 wait_ms,
+                crossed,
             },
             ReserveOutcome::Denied {
                 denial,

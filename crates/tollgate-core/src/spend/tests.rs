@@ -53,6 +53,7 @@ fn req<'a>(checks: &'a [BudgetCheck], split: Option<TokenSplit>) -> BudgetReques
         checks,
         price: Some(price()),
         split,
+        alerts: &[80, 100],
     }
 }
 
@@ -362,4 +363,36 @@ fn a_settle_closes_the_budget_charge_exactly_once() {
         SettleOutcome::AlreadyClosed { .. }
     ));
     assert_eq!(state.spend.as_ref().unwrap().spent(&checks[0], now), 9_000);
+}
+
+#[test]
+fn thresholds_are_exact_ceilings_up_to_2_pow_53() {
+    for limit in [
+        1,
+        7,
+        99,
+        100,
+        101,
+        10_000,
+        123_456_789,
+        MAX_AMOUNT - 1,
+        MAX_AMOUNT,
+    ] {
+        for pct in [1u8, 33, 50, 80, 99, 100] {
+            let exact = (u128::from(limit) * u128::from(pct)).div_ceil(100);
+            assert_eq!(
+                u128::from(threshold(limit, pct)),
+                exact,
+                "{limit} × {pct} %"
+            );
+        }
+    }
+}
+
+#[test]
+fn crossings_name_their_period_and_threshold() {
+    let c = Crossed((1 << 1) | (1 << 16));
+    let got: Vec<_> = c.iter(&[80, 100]).collect();
+    assert_eq!(got, [(Period::Daily, 100), (Period::Monthly, 80)]);
+    assert!(Crossed::NONE.is_empty() && Crossed::NONE.iter(&[80]).next().is_none());
 }

@@ -12,9 +12,12 @@ use redis::{
 };
 use tollgate_core::aimd::{self, AimdParams};
 use tollgate_core::bucket::{Take, clamp_ttl};
+use tollgate_core::calendar::Period;
 use tollgate_core::lease::{Admit, SessionAcquire, SessionGrant};
 use tollgate_core::money::Price;
-use tollgate_core::spend::{self, BudgetCheck, BudgetRequest, BudgetUnit};
+use tollgate_core::spend::{
+    self, BudgetAdjust, BudgetCheck, BudgetRequest, BudgetUnit, Crossed, SpentNow,
+};
 use tollgate_core::store::{
     AppendOutcome, BucketRef, BucketTake, CLAIM_SLACK_MS, Claim, ClaimRequest, CooldownCheck,
     FenceCheck, MAX_TRACKED_RUNS, MultiTake, ProviderCleared, RESERVATION_RETENTION_MS,
@@ -247,7 +250,18 @@ impl Packed {
             p.check(c, true)
                 .push(spend::amount(c.unit, b.price.as_ref(), estimate, b.split));
         }
+        p.alerts(b.alerts);
         p.0
+    }
+
+    /// The alert thresholds: k, then the k percents.
+    fn alerts(&mut self, alerts: &[u8]) -> &mut Self {
+        let alerts = &alerts[..alerts.len().min(spend::MAX_ALERTS)];
+        self.push(alerts.len() as u64);
+        for a in alerts {
+            self.push(u64::from(*a));
+        }
+        self
     }
 
     /// The budget block of settle.lua (empty: none).
@@ -263,8 +277,9 @@ impl Packed {
             .push(s.output)
             .push(s.cached_input);
         for c in b.checks {
-            p.check(c, false);
+            p.check(c, true);
         }
+        p.alerts(b.alerts);
         p.0
     }
 

@@ -101,23 +101,25 @@ impl Store for RedisStore {
             .arg(req.request_id.unwrap_or(""))
             .arg(Packed::reserve_budgets(req.budget.as_ref(), req.estimate));
         let r: Vec<u8> = self.run("reserve_tokens", &inv).await?;
+        let reservation = |call: i64| ReservationId::new(req.invocation_id, u(call));
+        if let Some([1, call, wait, now, crossed]) = unpacked::<5>(&r) {
+            self.count_top(req.user, u(now), req.estimate as i64);
+            return Ok(ReserveOutcome::Granted {
+                reservation: reservation(call),
+                wait_ms: u(wait),
+                crossed: Crossed(u32::try_from(crossed).unwrap_or(0)),
+            });
+        }
         let Some(r) = unpacked::<4>(&r) else {
             return Err(bad_reply("reserve_tokens", format!("{r:?}")));
         };
-        let reservation = |call: i64| ReservationId::new(req.invocation_id, u(call));
         match r {
             [2, ..] => Ok(ReserveOutcome::Superseded),
             [3, call, wait, _] => Ok(ReserveOutcome::Granted {
                 reservation: reservation(call),
                 wait_ms: u(wait),
+                crossed: Crossed::NONE,
             }),
-            [1, call, wait, now] => {
-                self.count_top(req.user, u(now), req.estimate as i64);
-                Ok(ReserveOutcome::Granted {
-                    reservation: reservation(call),
-                    wait_ms: u(wait),
-                })
-            }
             [0, code, hint, call] => {
                 let denial = match code {
                     3 => Denial::CapReached {
@@ -150,7 +152,8 @@ impl Store for RedisStore {
                                     req.estimate,
                                     b.split,
                                 ),
-                                max_cost: c.limit,
+                                // The limit with the window's top-ups.
+                                max_cost: u(hint),
                             })
                         });
                         b.ok_or_else(|| bad_reply("reserve_tokens", format!("{r:?}")))?
@@ -185,11 +188,14 @@ impl Store for RedisStore {
         inv.arg(args.0)
             .arg(Packed::settle_budgets(req.budget.as_ref()));
         let r: Vec<u8> = self.run("settle", &inv).await?;
+        if let Some([1, balance, delta, now, crossed]) = unpacked::<5>(&r) {
+            self.count_top(req.user, u(now), delta);
+            return Ok(SettleOutcome::Applied {
+                balance,
+                crossed: Crossed(u32::try_from(crossed).unwrap_or(0)),
+            });
+        }
         match unpacked::<4>(&r) {
-            Some([1, balance, delta, now]) => {
-                self.count_top(req.user, u(now), delta);
-                Ok(SettleOutcome::Applied { balance })
-            }
             Some([2, balance, ..]) => Ok(SettleOutcome::AlreadyClosed { balance }),
             Some([0, ..]) => Ok(SettleOutcome::Unknown),
             _ => Err(bad_reply("settle", format!("{r:?}"))),
@@ -459,7 +465,8 @@ impl Store for RedisStore {
         &self,
         user: &str,
         checks: &[BudgetCheck],
-    ) -> Result<Vec<u64>, StoreError> {
+        adjust: Option<(Period, BudgetAdjust)>,
+    ) -> Result<Vec<SpentNow>, StoreError> {
         if checks.is_empty() {
             return Ok(Vec::new());
         }
@@ -468,19 +475,31 @@ impl Store for RedisStore {
         for c in checks {
             args.check(c, false);
         }
+        let at = adjust.and_then(|(p, a)| Some((checks.iter().position(|c| c.period == p)?, a)));
+        match at {
+            None => args.push(0).push(0).push(0),
+            Some((i, BudgetAdjust::Reset)) => args.push(1).push(i as u64).push(0),
+            Some((i, BudgetAdjust::TopUp(n))) => {
+                args.push(2).push(i as u64).push(n.min(spend::MAX_AMOUNT))
+            }
+        };
         let mut inv = self.inner.scripts.budget_spent.prepare_invoke();
         inv.key(self.inner.keys.spend(user))
             .arg(self.now_arg())
             .arg(args.0);
         let r: Vec<u8> = self.run("budget_spent", &inv).await?;
-        if r.len() != 8 * checks.len() {
+        if r.len() != 16 * checks.len() {
             return Err(bad_reply("budget_spent", format!("{r:?}")));
         }
-        Ok(r.chunks_exact(8)
-            .map(|c| {
-                let mut b = [0u8; 8];
-                b.copy_from_slice(c);
-                f64::from_le_bytes(b) as u64
+        let n = |c: &[u8]| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(c);
+            f64::from_le_bytes(b) as u64
+        };
+        Ok(r.chunks_exact(16)
+            .map(|c| SpentNow {
+                spent: n(&c[..8]),
+                granted: n(&c[8..]),
             })
             .collect())
     }

@@ -16,6 +16,10 @@ use axum::routing::{delete, get, post};
 use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
 use tollgate_core::Store;
+use tollgate_core::calendar::Period;
+use tollgate_core::limiter::BudgetStatus;
+use tollgate_core::money;
+use tollgate_core::spend::{BudgetAdjust, BudgetUnit};
 use tollgate_provider::{ExhaustionHold, ProviderStatus};
 
 use crate::ops::check_id;
@@ -90,8 +94,11 @@ pub struct BudgetView {
     /// The config's currency, for a `micros` budget.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub currency: Option<String>,
-    /// The most the user may spend per window.
+    /// The most the user may spend per window, as the plan says.
     pub limit: u64,
+    /// Top-ups granted for the current window (its limit is `limit +
+    /// granted`).
+    pub granted: u64,
     /// Spent in the current window.
     pub spent: u64,
     /// When the current window ends, ms since the Unix epoch.
@@ -110,24 +117,7 @@ async fn user<S: Store + Clone>(
     path_id(&id, "user")?;
     let plan = app.limiter().plan_for(&id)?;
     let st = app.store().user_state(&id, plan.turns, plan.tokens).await?;
-    let currency = app.limiter().plans().currency().map(str::to_owned);
-    let budgets = app
-        .limiter()
-        .budgets(&id)
-        .await?
-        .into_iter()
-        .map(|b| {
-            let cost = b.unit == tollgate_core::spend::BudgetUnit::Cost;
-            BudgetView {
-                window: b.period.as_str(),
-                unit: if cost { "micros" } else { "tokens" },
-                currency: if cost { currency.clone() } else { None },
-                limit: b.limit,
-                spent: b.spent,
-                resets_at_ms: b.resets_at_ms,
-            }
-        })
-        .collect();
+    let budgets = budget_views(&app, app.limiter().budgets(&id).await?);
     Ok(Json(UserView {
         user: id,
         plan: plan.name.to_string(),
@@ -144,6 +134,120 @@ async fn user<S: Store + Clone>(
             .collect(),
         budgets,
     }))
+}
+
+fn budget_views<S: Store + Clone>(app: &App<S>, budgets: Vec<BudgetStatus>) -> Vec<BudgetView> {
+    let currency = app.limiter().plans().currency().map(str::to_owned);
+    budgets
+        .into_iter()
+        .map(|b| {
+            let cost = b.unit == BudgetUnit::Cost;
+            BudgetView {
+                window: b.period.as_str(),
+                unit: if cost { "micros" } else { "tokens" },
+                currency: if cost { currency.clone() } else { None },
+                limit: b.limit,
+                granted: b.granted,
+                spent: b.spent,
+                resets_at_ms: b.resets_at_ms,
+            }
+        })
+        .collect()
+}
+
+/// The window named in a budget route.
+fn window(w: &str) -> Result<Period, ApiError> {
+    Period::ALL
+        .into_iter()
+        .find(|p| p.as_str() == w)
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "window",
+                format!("must be daily, weekly or monthly (got {w:?})"),
+            )
+        })
+}
+
+/// `POST /admin/users/{id}/budgets/{window}/reset`: the user's current
+/// window of that budget starts afresh (nothing spent, no top-up).
+async fn budget_reset<S: Store + Clone>(
+    _: Admin,
+    State(app): State<App<S>>,
+    Path((id, w)): Path<(String, String)>,
+) -> Result<Json<serde_json::Value>, HttpError> {
+    path_id(&id, "user")?;
+    let period = window(&w)?;
+    let after = app
+        .limiter()
+        .adjust_budget(&id, period, BudgetAdjust::Reset)
+        .await?;
+    tracing::info!(user = %id, window = %period, "admin: budget window reset");
+    Ok(Json(
+        serde_json::json!({ "budgets": budget_views(&app, after) }),
+    ))
+}
+
+/// The body of a top-up: an amount in the budget's unit.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TopUp {
+    /// For a token budget.
+    #[serde(default)]
+    tokens: Option<u64>,
+    /// For a cost budget: a decimal string in the config's currency.
+    #[serde(default)]
+    cost: Option<String>,
+}
+
+/// `POST /admin/users/{id}/budgets/{window}/top_up` with `{"tokens": N}`
+/// or `{"cost": "5.00"}`: the user's current window of that budget may
+/// spend that much more; the top-up ends with the window.
+async fn budget_top_up<S: Store + Clone>(
+    _: Admin,
+    State(app): State<App<S>>,
+    Path((id, w)): Path<(String, String)>,
+    body: Result<Json<TopUp>, axum::extract::rejection::JsonRejection>,
+) -> Result<Json<serde_json::Value>, HttpError> {
+    path_id(&id, "user")?;
+    let period = window(&w)?;
+    let Json(body) = body.map_err(|e| ApiError::invalid("body", e.body_text()))?;
+    let unit = app
+        .limiter()
+        .budgets(&id)
+        .await?
+        .into_iter()
+        .find(|b| b.period == period)
+        .map(|b| b.unit);
+    let amount = match (unit, body.tokens, body.cost.as_deref()) {
+        (Some(BudgetUnit::Tokens), Some(n), None) => n,
+        (Some(BudgetUnit::Cost), None, Some(c)) => {
+            money::parse_micros(c).map_err(|e| ApiError::invalid("cost", e.to_string()))?
+        }
+        (Some(BudgetUnit::Tokens), ..) => {
+            return Err(ApiError::invalid(
+                "tokens",
+                "the budget counts tokens: give exactly {\"tokens\": N}",
+            )
+            .into());
+        }
+        (Some(BudgetUnit::Cost), ..) => {
+            return Err(ApiError::invalid(
+                "cost",
+                "the budget counts money: give exactly {\"cost\": \"5.00\"}",
+            )
+            .into());
+        }
+        // No such budget: the limiter names it.
+        (None, ..) => 0,
+    };
+    let after = app
+        .limiter()
+        .adjust_budget(&id, period, BudgetAdjust::TopUp(amount))
+        .await?;
+    tracing::info!(user = %id, window = %period, amount, "admin: budget window topped up");
+    Ok(Json(
+        serde_json::json!({ "budgets": budget_views(&app, after) }),
+    ))
 }
 
 #[derive(Debug, Deserialize)]
@@ -351,6 +455,14 @@ pub fn router<S: Store + Clone>() -> Router<App<S>> {
     Router::new()
         .route("/admin/users/{id}", get(user::<S>))
         .route("/admin/users/{id}/reset", post(reset::<S>))
+        .route(
+            "/admin/users/{id}/budgets/{window}/reset",
+            post(budget_reset::<S>),
+        )
+        .route(
+            "/admin/users/{id}/budgets/{window}/top_up",
+            post(budget_top_up::<S>),
+        )
         .route(
             "/admin/users/{id}/leases/{invocation_id}",
             delete(release::<S>),

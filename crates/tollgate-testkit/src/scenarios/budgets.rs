@@ -5,7 +5,9 @@
 
 use tollgate_core::calendar::{BudgetZone, Period};
 use tollgate_core::money::{Price, TokenSplit};
-use tollgate_core::spend::{BudgetCheck, BudgetRequest, BudgetUnit};
+use tollgate_core::spend::{
+    BudgetAdjust, BudgetCheck, BudgetRequest, BudgetUnit, Crossed, SpentNow,
+};
 use tollgate_core::store::{
     ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome, SettleRequest, TurnRequest,
 };
@@ -45,6 +47,25 @@ const PRICE: Price = Price {
     cached_input: 300_000,
 };
 
+/// The alert thresholds the scenarios pass: 50 % and 100 %.
+const ALERTS: &[u8] = &[50, 100];
+
+/// The crossing bit of the `i`-th alert of `period`.
+fn bit(period: Period, i: usize) -> u32 {
+    1 << (8 * period.index() + i)
+}
+
+/// Spent amounts, no top-ups.
+fn spent(amounts: &[u64]) -> Vec<SpentNow> {
+    amounts
+        .iter()
+        .map(|a| SpentNow {
+            spent: *a,
+            granted: 0,
+        })
+        .collect()
+}
+
 fn tokens() -> BucketSpec {
     BucketSpec::new(1_000_000, 60_000, 1_000_000).expect("valid")
 }
@@ -70,6 +91,7 @@ async fn reserve<S: Store>(
                 checks: &checks,
                 price: Some(PRICE),
                 split,
+                alerts: ALERTS,
             }),
         })
         .await
@@ -94,6 +116,7 @@ async fn close<S: Store>(
                 checks: &checks,
                 price: Some(PRICE),
                 split,
+                alerts: ALERTS,
             }),
         })
         .await
@@ -182,8 +205,11 @@ pub async fn budgets_charge_and_refuse<S: Store + Clone>(store: S, clock: FakeCl
     // 36,000).
     let _c = granted(reserve(&store, now, 6_500, Some(TokenSplit::new(6_500, 0, 0))).await);
     assert_eq!(
-        store.budget_spent("u1", &checks(now)).await.expect("read"),
-        vec![10_000, 36_000],
+        store
+            .budget_spent("u1", &checks(now), None)
+            .await
+            .expect("read"),
+        spent(&[10_000, 36_000]),
         "the day full, the month 16,500 + 19,500 µ"
     );
     assert_eq!(
@@ -232,6 +258,7 @@ pub async fn budgets_charge_and_refuse<S: Store + Clone>(store: S, clock: FakeCl
                     checks: &checks_then,
                     price: Some(PRICE),
                     split: Some(TokenSplit::new(9_000, 0, 0)),
+                    alerts: ALERTS,
                 }),
             })
             .await
@@ -270,15 +297,170 @@ pub async fn budgets_charge_and_refuse<S: Store + Clone>(store: S, clock: FakeCl
     // input) + 30,000 − 19,500 (call 3 settled at its kept price, 2,000
     // unsplit at the output price, in its own month) = 73,500 µ.
     assert_eq!(
-        store.budget_spent("u1", &checks(now)).await.expect("read"),
-        vec![11_000, 73_500]
+        store
+            .budget_spent("u1", &checks(now), None)
+            .await
+            .expect("read"),
+        spent(&[11_000, 73_500])
     );
     assert_eq!(
         store
-            .budget_spent("nobody", &checks(now))
+            .budget_spent("nobody", &checks(now), None)
             .await
             .expect("read"),
-        vec![0, 0]
+        spent(&[0, 0])
+    );
+}
+
+/// Alert thresholds are crossed once per window, by the peak spend (a
+/// refund does not let the same threshold be crossed again); a top-up
+/// raises one window's limit (and the thresholds with it) and is gone
+/// with the window; a reset starts the window afresh. To the unit.
+pub async fn budgets_top_up_reset_and_alerts<S: Store + Clone>(store: S, clock: FakeClock) {
+    let now = DAY_END - 600_000;
+    clock.set(now);
+    let crossed = |o: &ReserveOutcome| match o {
+        ReserveOutcome::Granted { crossed, .. } => *crossed,
+        other => panic!("expected a grant, got {other:?}"),
+    };
+    // 4,000 tokens unsplit: the day at 40 %, the month at 60,000 µ (60 %:
+    // past 50 %).
+    let a = reserve(&store, now, 4_000, None).await;
+    assert_eq!(crossed(&a), Crossed(bit(Period::Monthly, 0)));
+    // 1,000 input tokens: the day at 50 % exactly (crossed), the month
+    // 63,000 µ (nothing new).
+    let b = reserve(&store, now, 1_000, Some(TokenSplit::new(1_000, 0, 0))).await;
+    assert_eq!(crossed(&b), Crossed(bit(Period::Daily, 0)));
+    // Refunded: the day back to 40 %; 1,000 more brings it to 50 % again,
+    // which is not a new crossing.
+    let b = granted(b);
+    assert!(matches!(
+        close(&store, now, &b, None, None).await,
+        SettleOutcome::Applied {
+            crossed: Crossed(0),
+            ..
+        }
+    ));
+    let c = reserve(&store, now, 1_000, Some(TokenSplit::new(1_000, 0, 0))).await;
+    assert_eq!(
+        crossed(&c),
+        Crossed::NONE,
+        "50 % of the day was reached before"
+    );
+    // A settle that crosses: call 1 (4,000 estimated) settles at 9,000
+    // tokens, 3,000 output: the day 10,000 (100 %), the month 3,000 (the
+    // second call) + 45,000 + 6,000 x 3 ... exactly: 6,000 input x 3 +
+    // 3,000 output x 15 = 63,000 µ, so 3,000 + 63,000 = 66,000 µ.
+    assert_eq!(
+        close(
+            &store,
+            now,
+            &granted(a),
+            Some(9_000),
+            Some(TokenSplit::new(6_000, 3_000, 0))
+        )
+        .await,
+        SettleOutcome::Applied {
+            balance: 1_000_000 - 10_000,
+            crossed: Crossed(bit(Period::Daily, 1)),
+        }
+    );
+    let read = |adjust| {
+        let store = store.clone();
+        async move {
+            store
+                .budget_spent("u1", &checks(now), adjust)
+                .await
+                .expect("budget_spent")
+        }
+    };
+    assert_eq!(read(None).await, spent(&[10_000, 66_000]));
+    assert_eq!(
+        reserve(&store, now, 1, None).await,
+        ReserveOutcome::Denied {
+            denial: limited(Limit::BudgetDaily, DAY_END - now),
+            shadow_reservation: None,
+        }
+    );
+    assert_eq!(
+        admit(&store, now, "t1").await,
+        Some(limited(Limit::BudgetDaily, DAY_END - now))
+    );
+    // A top-up of 5,000 tokens for today: the limit is 15,000, so 5,000
+    // fits, and 100 % of the raised limit is crossed when it is reached.
+    assert_eq!(
+        read(Some((Period::Daily, BudgetAdjust::TopUp(5_000)))).await,
+        vec![
+            SpentNow {
+                spent: 10_000,
+                granted: 5_000
+            },
+            SpentNow {
+                spent: 66_000,
+                granted: 0
+            }
+        ]
+    );
+    assert_eq!(
+        admit(&store, now, "t2").await,
+        None,
+        "the top-up lets turns in"
+    );
+    let d = reserve(&store, now, 5_000, Some(TokenSplit::new(5_000, 0, 0))).await;
+    assert_eq!(crossed(&d), Crossed(bit(Period::Daily, 1)));
+    assert_eq!(
+        reserve(&store, now, 15_001, Some(TokenSplit::new(15_001, 0, 0))).await,
+        ReserveOutcome::Denied {
+            denial: Denial::ExceedsCapacity {
+                limit: Limit::BudgetDaily,
+                cost: 15_001,
+                max_cost: 15_000,
+            },
+            shadow_reservation: None,
+        },
+        "a whole budget is the limit with the window's top-ups"
+    );
+    // A reset of the month: nothing spent in it, no top-up; its 50 % is
+    // crossed anew.
+    assert_eq!(
+        read(Some((Period::Monthly, BudgetAdjust::Reset))).await,
+        vec![
+            SpentNow {
+                spent: 15_000,
+                granted: 5_000
+            },
+            SpentNow::default()
+        ]
+    );
+    // The next day: the top-up is gone with its window.
+    clock.set(DAY_END);
+    let next = DAY_END;
+    let e = reserve(&store, next, 5_000, Some(TokenSplit::new(5_000, 0, 0))).await;
+    assert_eq!(
+        crossed(&e),
+        Crossed(bit(Period::Daily, 0)),
+        "15,000 µ of the month is under 50 %; 5,000 is 50 % of the new day"
+    );
+    assert_eq!(
+        store
+            .budget_spent("u1", &checks(next), None)
+            .await
+            .expect("read"),
+        spent(&[5_000, 15_000])
+    );
+    let f = reserve(&store, next, 5_001, Some(TokenSplit::new(5_001, 0, 0))).await;
+    assert!(
+        matches!(
+            f,
+            ReserveOutcome::Denied {
+                denial: Denial::Limited {
+                    limit: Limit::BudgetDaily,
+                    ..
+                },
+                ..
+            }
+        ),
+        "{f:?}"
     );
 }
 
@@ -457,6 +639,7 @@ pub async fn example_5_budgets<S: Store + Clone>(store: S, clock: FakeClock) {
         l.budgets("alice").await.expect("budgets"),
         vec![
             BudgetStatus {
+                granted: 0,
                 period: Period::Daily,
                 unit: BudgetUnit::Tokens,
                 limit: 2_000_000,
@@ -464,6 +647,7 @@ pub async fn example_5_budgets<S: Store + Clone>(store: S, clock: FakeClock) {
                 resets_at_ms: 1_804_204_800_000,
             },
             BudgetStatus {
+                granted: 0,
                 period: Period::Monthly,
                 unit: BudgetUnit::Cost,
                 limit: 50_000_000,

@@ -36,7 +36,8 @@
 //! claims), `sessions.rs` session entries and grouped writes, `named.rs`
 //! named buckets, cooldowns and AIMD states.
 
-use crate::spend::BudgetCheck;
+use crate::calendar::Period;
+use crate::spend::{BudgetAdjust, BudgetCheck, Spend, SpentNow};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -422,15 +423,30 @@ impl Store for MemoryStore {
         &self,
         user: &str,
         checks: &[BudgetCheck],
-    ) -> Result<Vec<u64>, StoreError> {
+        adjust: Option<(Period, BudgetAdjust)>,
+    ) -> Result<Vec<SpentNow>, StoreError> {
         let now = self.now();
-        Ok(self.inner.users.read(user, now, |u| {
-            let spend = u.and_then(UserEntry::spend);
+        let read = |spend: Option<&Spend>| -> Vec<SpentNow> {
             checks
                 .iter()
-                .map(|c| spend.map_or(0, |s| s.spent(c, now)))
+                .map(|c| spend.map_or(SpentNow::default(), |s| s.now(c, now)))
                 .collect()
-        }))
+        };
+        let Some((period, adjust)) = adjust else {
+            return Ok(self
+                .inner
+                .users
+                .read(user, now, |u| read(u.and_then(UserEntry::spend))));
+        };
+        let Some(check) = checks.iter().find(|c| c.period == period) else {
+            return Ok(self
+                .inner
+                .users
+                .read(user, now, |u| read(u.and_then(UserEntry::spend))));
+        };
+        self.room("budget_spent", || {
+            self.adjust_budget_now(user, check, now, adjust, read)
+        })
     }
 
     async fn top_users(&self, n: usize) -> Result<Vec<TopUser>, StoreError> {

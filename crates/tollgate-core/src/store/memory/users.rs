@@ -8,7 +8,7 @@ use super::shards::{Expiring, Full};
 use crate::bucket::{self, BucketSpec, BucketState};
 use crate::lease::{self, Admit, LeaseSet};
 use crate::reserve::{self, CallState};
-use crate::spend::Spend;
+use crate::spend::{BudgetAdjust, BudgetCheck, Spend};
 use crate::store::{
     CLAIM_SLACK_MS, Claim, ClaimRequest, ReconcileRequest, Reconciled, Release, ReserveOutcome,
     ReserveRequest, SettleOutcome, SettleRequest, TakeOutcome, TopUser, TurnOutcome, TurnRequest,
@@ -269,6 +269,22 @@ impl MemoryStore {
                 u.turns = save;
             }
             outcome
+        })
+    }
+
+    /// Applies an operator's `adjust` to `check`'s window, then answers
+    /// `read` of the user's spend.
+    pub(super) fn adjust_budget_now<R>(
+        &self,
+        user: &str,
+        check: &BudgetCheck,
+        now: u64,
+        adjust: BudgetAdjust,
+        read: impl Fn(Option<&Spend>) -> R,
+    ) -> Result<R, Full> {
+        self.inner.users.with(user, now, |u| {
+            let _ = u.calls().spend().adjust(check, now, adjust);
+            read(u.spend())
         })
     }
 
