@@ -629,24 +629,7 @@ impl PlanBook {
     }
 }
 
-impl PlansConfig {
-    /// The field paths of every budget written (`plans.pro.budgets`,
-    /// `overrides.bob.budgets`), in file order: what a component that does
-    /// not enforce budgets yet must refuse rather than silently ignore.
-    pub fn budget_paths(&self) -> Vec<String> {
-        let plans = self
-            .plans
-            .iter()
-            .filter(|(_, p)| p.budgets.is_some())
-            .map(|(name, _)| format!("plans.{name}.budgets"));
-        let overrides = self
-            .overrides
-            .iter()
-            .filter(|(_, o)| o.budgets.is_some())
-            .map(|(user, _)| format!("overrides.{user}.budgets"));
-        plans.chain(overrides).collect()
-    }
-}
+impl PlansConfig {}
 
 #[cfg(test)]
 pub(crate) mod tests;

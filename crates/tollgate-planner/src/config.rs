@@ -3,9 +3,8 @@
 //! `simulate` reads the same TOML file as the server (docs/config.md) but
 //! only its limits: top-level `default_plan`, `[plans.<name>]`, `[users]`,
 //! `[overrides.<user>]`, `[providers."<provider>:<model>"]`, and the budget
-//! data `currency`, `[prices."<provider>:<model>"]` and `[budgets]` (a plan
-//! that sets a spend budget is refused, as by the server: neither models
-//! budgets yet, issue #21). The server-only settings (`listen`, `grpc_listen`, `admin_listen`,
+//! data `currency`, `[prices."<provider>:<model>"]` and `[budgets]` with
+//! the plans' and overrides' spend budgets. The server-only settings (`listen`, `grpc_listen`, `admin_listen`,
 //! `rls_listen`, `admin_token`, `max_in_flight`, `[store]`, `[identity]`,
 //! `[rls]`, `[limits]`) are accepted and ignored; any other top-level key is
 //! an error, as in the server, so a typo is never silently dropped. The
@@ -151,19 +150,7 @@ impl Limits {
             }
         }
         let mut errors = Vec::new();
-        let budget_paths = plans.budget_paths();
         let plans = plans.validate().map_err(|e| errors.extend(e.errors)).ok();
-        // As the server does: a budget is refused, never silently left out
-        // of a simulation.
-        errors.extend(budget_paths.into_iter().map(|path| {
-            FieldError {
-                path,
-                reason:
-                    "spend budgets are not modelled by simulate or derive yet (issue #21), nor \
-                     enforced by tollgate serve"
-                        .into(),
-            }
-        }));
         let providers = validate_providers(&self.providers)
             .map_err(|e| errors.extend(e.errors))
             .ok();
@@ -261,7 +248,7 @@ limit = "user_turns"
     }
 
     #[test]
-    fn budget_data_is_read_and_a_budget_is_refused_as_not_modelled() {
+    fn budget_data_and_budgets_are_read() {
         let priced = SERVER_FILE.replace(
             "default_plan = \"support\"",
             "default_plan = \"support\"\ncurrency = \"USD\"",
@@ -272,15 +259,17 @@ limit = "user_turns"
         assert!(l.plans.prices.contains_key("openai:gpt-4o"));
         let (book, _) = l.validate(false).unwrap();
         assert_eq!(book.budget_zone().name(), "Europe/Paris");
-        let budgeted = priced + "\n[plans.support.budgets]\ndaily = { tokens = 0 }\n";
+        let budgeted = priced.clone() + "\n[plans.support.budgets]\ndaily = { tokens = 0 }\n";
         let e = Limits::parse(&budgeted, "c.toml").unwrap_err();
         let text = e.to_string();
-        for want in [
-            "plans.support.budgets.daily.tokens: must be at least 1 (got 0)",
-            "plans.support.budgets: spend budgets are not modelled by simulate or derive yet",
-        ] {
-            assert!(text.contains(want), "{want} not in {text}");
-        }
+        let want = "plans.support.budgets.daily.tokens: must be at least 1 (got 0)";
+        assert!(text.contains(want), "{want} not in {text}");
+        let budgeted = priced + "\n[plans.support.budgets]\nmonthly = { cost = \"50\" }\n";
+        let (book, _) = Limits::parse(&budgeted, "c.toml")
+            .unwrap()
+            .validate(false)
+            .unwrap();
+        assert!(book.plan("support").unwrap().budgets.is_some());
     }
 
     #[test]

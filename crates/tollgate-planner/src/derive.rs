@@ -21,6 +21,7 @@
 //! | `max_llm_calls` | the most model calls of one turn × multiple |
 //! | `estimate_tokens` | mean tokens per model call, at most `tokens.amount` |
 //! | `max_wait_ms` | 2,000: not derived from usage |
+//! | `budgets.monthly` (tokens) | p95 of the busiest calendar month's tokens (UTC) × multiple; when the records span less than 28 days, each user's tokens are scaled to 30 days first (× 30 d / span) |
 //!
 //! ```
 //! use tollgate_planner::derive::{DEFAULT_MULTIPLE, derive};
@@ -40,8 +41,15 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+use tollgate_core::budget::{BudgetAmountConfig, BudgetsConfig};
+use tollgate_core::calendar::{BudgetZone, Period};
 use tollgate_core::plan::toml_key;
 use tollgate_core::{PlanConfig, RateConfig};
+
+/// The suggested monthly token budget of `s`.
+fn monthly_tokens(s: &PlanConfig) -> Option<i64> {
+    s.budgets.as_ref()?.monthly.as_ref()?.tokens
+}
 
 use crate::jsonl::{self, Lines};
 use crate::rational::group;
@@ -80,6 +88,9 @@ struct UserUsage {
     peak_turns_10s: u64,
     running: BinaryHeap<Reverse<u64>>,
     peak_running: u64,
+    month_end: u64,
+    month_tokens: u64,
+    peak_tokens_month: u64,
 }
 
 impl UserUsage {
@@ -101,6 +112,13 @@ impl UserUsage {
         }
         self.ten_turns += 1;
         self.peak_turns_10s = self.peak_turns_10s.max(self.ten_turns);
+        if t >= self.month_end {
+            // A new calendar month (UTC); its end is computed once per month.
+            self.month_end = month_end(t);
+            self.month_tokens = 0;
+        }
+        self.month_tokens = self.month_tokens.saturating_add(tokens);
+        self.peak_tokens_month = self.peak_tokens_month.max(self.month_tokens);
         if let Some(d) = duration {
             while self.running.peek().is_some_and(|Reverse(end)| *end <= t) {
                 self.running.pop();
@@ -110,6 +128,19 @@ impl UserUsage {
         }
     }
 }
+
+/// The end of the calendar month (UTC) holding `t`, ms.
+fn month_end(t: u64) -> u64 {
+    BudgetZone::default()
+        .windows(Period::Monthly, t)
+        .map_or(u64::MAX, |w| w.current.end_ms)
+}
+
+/// 30 days, ms: the month records spanning less than [`FULL_MONTH_MS`] are
+/// scaled to.
+const MONTH_MS: u64 = 30 * 86_400_000;
+/// 28 days, ms: records spanning less are scaled to a month.
+const FULL_MONTH_MS: u64 = 28 * 86_400_000;
 
 #[derive(Default)]
 struct PlanAcc {
@@ -185,6 +216,9 @@ pub struct PlanUsage {
     pub max_calls_per_turn: u64,
     /// Mean tokens per model call, rounded up; `None` without calls.
     pub tokens_per_call: Option<u64>,
+    /// Per user, tokens in the busiest calendar month (UTC) the records
+    /// cover, as recorded (not scaled).
+    pub tokens_per_month: Dist,
     /// The suggested plan.
     pub suggested: PlanConfig,
 }
@@ -200,6 +234,13 @@ pub struct DeriveReport {
     pub multiple: Rational,
     /// Records read.
     pub records: u64,
+    /// From the first record's time to the last's, ms.
+    pub span_ms: u64,
+    /// What the monthly tokens are scaled by before the multiple: 30 days
+    /// over `span_ms` when the records span less than 28 days (at least
+    /// one hour is assumed), else 1.
+    #[serde(serialize_with = "ser_rational")]
+    pub month_scale: Rational,
     /// Per plan, by name.
     pub plans: BTreeMap<String, PlanUsage>,
 }
@@ -227,6 +268,7 @@ pub fn derive<R: BufRead>(
     let mut lines = Lines::new(usage, source_name);
     let mut records = 0u64;
     let mut last_t = None;
+    let mut first_t = None;
     while let Some((line, text)) = lines.next_line()? {
         let raw: RawUsage<'_> = jsonl::parse(source_name, line, text)?;
         let err =
@@ -255,6 +297,7 @@ pub fn derive<R: BufRead>(
             ));
         }
         last_t = Some(t);
+        first_t.get_or_insert(t);
         records += 1;
         let acc = match plans.get_mut(&*plan) {
             Some(a) => a,
@@ -279,6 +322,13 @@ pub fn derive<R: BufRead>(
             .map(round_up)
             .map_err(|_| PlanError::input("--multiple", "too large"))
     };
+    let span_ms = last_t.unwrap_or(0) - first_t.unwrap_or(0);
+    let month_scale = if span_ms < FULL_MONTH_MS {
+        Rational::new(u128::from(MONTH_MS), u128::from(span_ms.max(3_600_000)))
+            .unwrap_or(Rational::int(1))
+    } else {
+        Rational::int(1)
+    };
     let mut out = BTreeMap::new();
     for (name, p) in plans {
         let pick = |f: fn(&UserUsage) -> u64| dist(p.users.values().map(f).collect());
@@ -287,6 +337,13 @@ pub fn derive<R: BufRead>(
         let tokens_per_min = pick(|u| u.peak_tokens_min);
         let concurrent_turns = (p.without_duration == 0).then(|| pick(|u| u.peak_running));
         let tokens_per_call = (p.calls > 0).then(|| p.tokens.div_ceil(p.calls));
+        let tokens_per_month = pick(|u| u.peak_tokens_month);
+        let monthly = Rational::int(tokens_per_month.p95)
+            .try_mul(month_scale)
+            .and_then(|m| m.try_mul(multiple))
+            .map(round_up)
+            .map_err(|_| PlanError::input("--multiple", "too large"))?
+            .clamp(1, tollgate_core::spend::MAX_AMOUNT);
         let turns_amount = times(turns_per_min.p95)?.max(1);
         let tokens_amount = times(tokens_per_min.p95)?.max(1);
         let to_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
@@ -316,7 +373,13 @@ pub fn derive<R: BufRead>(
                 .map(|e| to_i64(round_up(Rational::int(e)).clamp(1, tokens_amount))),
             max_sessions: None,
             shadow: false,
-            budgets: None,
+            budgets: Some(BudgetsConfig {
+                monthly: Some(BudgetAmountConfig {
+                    tokens: Some(to_i64(monthly)),
+                    cost: None,
+                }),
+                ..BudgetsConfig::default()
+            }),
         };
         out.insert(
             name,
@@ -331,6 +394,7 @@ pub fn derive<R: BufRead>(
                 concurrent_turns,
                 max_calls_per_turn: p.max_calls,
                 tokens_per_call,
+                tokens_per_month,
                 suggested,
             },
         );
@@ -339,6 +403,8 @@ pub fn derive<R: BufRead>(
         source: source_name.to_owned(),
         multiple,
         records,
+        span_ms,
+        month_scale,
         plans: out,
     })
 }
@@ -375,8 +441,9 @@ impl DeriveReport {
         );
         out.push_str(
             "# percentile over each plan's users (nearest rank). Per user: the busiest\n\
-             # calendar minute (turns/min, tokens/min), the busiest 10 s (burst) and the\n\
-             # most turns at once (concurrency). Review before use.\n",
+             # calendar minute (turns/min, tokens/min), the busiest 10 s (burst), the\n\
+             # most turns at once (concurrency) and the busiest calendar month (a\n\
+             # monthly token budget). Review before use.\n",
         );
         for (name, p) in &self.plans {
             let s = &p.suggested;
@@ -429,8 +496,32 @@ impl DeriveReport {
                 let _ = writeln!(out, "# mean tokens per model call: {}", n(mean));
                 let _ = writeln!(out, "estimate_tokens = {e}");
             }
+            if let Some(tokens) = monthly_tokens(s) {
+                let _ = writeln!(out, "\n[plans.{}.budgets]", toml_key(name));
+                let _ = writeln!(
+                    out,
+                    "# tokens in the busiest calendar month (UTC) p95 {} (max {}){}",
+                    n(p.tokens_per_month.p95),
+                    n(p.tokens_per_month.max),
+                    self.scale_note()
+                );
+                let _ = writeln!(out, "monthly = {{ tokens = {tokens} }}");
+            }
         }
         out
+    }
+
+    /// How the monthly tokens were scaled, for a comment ("" when not).
+    fn scale_note(&self) -> String {
+        if self.month_scale == Rational::int(1) {
+            String::new()
+        } else {
+            format!(
+                "; the records span {} h, so each user's month is scaled ×{} to 30 days",
+                self.span_ms.div_ceil(3_600_000),
+                self.month_scale.display(2)
+            )
+        }
     }
 
     /// The report as JSON.
@@ -482,6 +573,13 @@ impl DeriveReport {
                 &p.tokens_per_min,
                 format!("tokens.amount = {}", s.tokens.amount),
             );
+            if let Some(tokens) = monthly_tokens(s) {
+                row(
+                    "tokens/month (busiest month)",
+                    &p.tokens_per_month,
+                    format!("budgets.monthly = {{ tokens = {tokens} }}"),
+                );
+            }
             if let Some(c) = &p.concurrent_turns {
                 row(
                     "turns at once",

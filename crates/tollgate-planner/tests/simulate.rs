@@ -531,3 +531,95 @@ max_wait_ms = 4000
     // Only the two calls that went ahead are charged.
     assert_eq!(r.top_users[0].tokens, 61_000);
 }
+
+/// Spend budgets in a replay (issue #21): the real limiter charges each
+/// model call to the plan's budgets at its model's price, refuses what
+/// would go over until the window resets (`budget_daily` in the report),
+/// and a turn admission under `deny_turns`; a trace of a budgeted config
+/// must be in Unix time.
+#[test]
+fn budgets_are_replayed_at_the_models_prices_in_calendar_windows() {
+    let limits = Limits::parse(
+        r#"default_plan = "pro"
+currency = "USD"
+
+[prices."openai:gpt-4o"]
+input = "2.50"
+output = "10.00"
+
+[budgets]
+time_zone = "Europe/Paris"
+
+[plans.pro]
+turns = { amount = 600, period_ms = 60000, burst = 100 }
+tokens = { amount = 10000000, period_ms = 60000 }
+concurrent_runs = 10
+
+[plans.pro.budgets]
+daily = { cost = "0.10" }
+on_exhausted = "deny_turns"
+"#,
+        "c.toml",
+    )
+    .unwrap();
+    // 2026-12-02 22:00 UTC = 23:00 in Paris: an hour before the local day
+    // ends. Calls of 3,000, 3,000, 3,000 and 1,000 tokens at $10/M
+    // (unsplit: the higher price) spend the $0.10 exactly; a fifth of one
+    // token is refused.
+    let t0: u64 = 1_796_248_800_000;
+    let mut trace = format!(
+        r#"{{"t_ms": {t0}, "event": "turn_start", "user": "u1", "invocation": "i1"}}
+"#
+    );
+    for (k, estimate) in [3_000, 3_000, 3_000, 1_000, 1].into_iter().enumerate() {
+        trace += &format!(
+            r#"{{"t_ms": {}, "event": "model_call", "user": "u1", "invocation": "i1", "estimate": {estimate}, "provider": "openai", "model": "gpt-4o"}}
+"#,
+            t0 + 1_000 * (k as u64 + 1)
+        );
+    }
+    trace += &format!(
+        r#"{{"t_ms": {}, "event": "turn_end", "user": "u1", "invocation": "i1"}}
+{{"t_ms": {}, "event": "turn_start", "user": "u1", "invocation": "i2"}}
+{{"t_ms": {}, "event": "turn_start", "user": "u1", "invocation": "i3"}}
+{{"t_ms": {}, "event": "model_call", "user": "u1", "invocation": "i3", "estimate": 3000, "provider": "openai", "model": "gpt-4o"}}
+"#,
+        t0 + 10_000,
+        t0 + 20_000,
+        // Local midnight in Paris: a new day, a new budget.
+        t0 + 3_600_000,
+        t0 + 3_600_001,
+    );
+    let r = run(&limits, &trace).unwrap();
+    let pro = &r.plans["pro"];
+    assert_eq!(counts(&pro.model_calls), (5, 0, 1, 0), "{pro:?}");
+    // The fifth call and the turn i2 (deny_turns): both refused until
+    // local midnight, 3,595,000 and 3,580,000 ms later; i3's call after
+    // midnight goes ahead.
+    let budget = &pro.limits["budget_daily"];
+    assert_eq!(retries(budget), (2, 3_580_000, 3_595_000));
+    assert_eq!(counts(&pro.turns), (2, 0, 1, 0));
+
+    // A trace from 0 cannot name calendar windows.
+    let e = run(
+        &limits,
+        r#"{"t_ms": 0, "event": "turn_start", "user": "u1", "invocation": "i1"}"#,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("line 1: field \"t_ms\": 0 is not Unix time"),
+        "{e}"
+    );
+    // A model with no price against the cost budget names its line.
+    let unpriced = format!(
+        r#"{{"t_ms": {t0}, "event": "turn_start", "user": "u1", "invocation": "i1"}}
+{{"t_ms": {t0}, "event": "model_call", "user": "u1", "invocation": "i1", "provider": "openai", "model": "o3"}}
+"#
+    );
+    let e = run(&limits, &unpriced).unwrap_err().to_string();
+    assert!(
+        e.contains("line 2: field \"model\": openai:o3 has no price"),
+        "{e}"
+    );
+}

@@ -119,15 +119,6 @@ fn without_a_zone_windows_are_in_utc() {
 }
 
 #[test]
-fn budget_paths_name_every_budget_written() {
-    assert_eq!(
-        example().budget_paths(),
-        ["plans.pro.budgets", "overrides.bob.budgets"]
-    );
-    assert!(PlansConfig::default().budget_paths().is_empty());
-}
-
-#[test]
 fn every_budget_problem_is_reported_with_its_path() {
     let mut cfg = example();
     cfg.currency = Some("usd".into());

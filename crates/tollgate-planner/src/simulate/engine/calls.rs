@@ -22,8 +22,21 @@ impl Engine {
         let (user, plan) = (Arc::clone(&run.user), Arc::clone(&run.plan));
         let estimate = estimate.unwrap_or(plan.estimate_tokens);
         let actual = actual.unwrap_or(estimate);
-        let decision = ready(self.limiter.reserve_tokens(&user, invocation, estimate))?
-            .map_err(|e| self.limiter_err(line, e))?;
+        // The model prices the call for the plan's cost budgets.
+        let model = provider.as_ref().map(|p| ModelRef {
+            provider: &p.provider,
+            model: &p.model,
+        });
+        let call = Reserve {
+            invocation_id: invocation,
+            estimate,
+            request_id: None,
+            wait: false,
+            model,
+            split: None,
+        };
+        let decision =
+            ready(self.limiter.reserve(&user, call))?.map_err(|e| self.limiter_err(line, e))?;
         self.decided(t, decision.outcome());
         self.touch(&user)?;
         let (grant, user_shadow) = match decision {

@@ -14,6 +14,7 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
+use tollgate_core::limiter::{ModelRef, Reserve};
 use tollgate_core::session::{
     SessionAdmit, SessionLease, renew_every_ms, renewable_ttl, session_key,
 };
@@ -62,7 +63,12 @@ fn replay_err(e: impl std::error::Error + Send + Sync + 'static) -> PlanError {
 fn label(d: &Denial, provider: bool) -> &'static str {
     match (d, provider) {
         (Denial::ExceedsCapacity { .. }, true) => "provider_exceeds_capacity",
-        (Denial::ExceedsCapacity { .. }, false) => "token_exceeds_capacity",
+        (Denial::ExceedsCapacity { limit, .. }, false) => match limit {
+            Limit::BudgetDaily | Limit::BudgetWeekly | Limit::BudgetMonthly => {
+                "budget_exceeds_capacity"
+            }
+            _ => "token_exceeds_capacity",
+        },
         (_, true) => match d.limit() {
             Limit::Cooldown => "provider_cooldown",
             _ => "provider_rate",
@@ -281,7 +287,12 @@ pub(super) struct Engine {
     run_counts: RunCounts,
     skipped: Skipped,
     chart: Option<ChartRecorder>,
+    /// The config has spend budgets: the trace must be in Unix time.
+    budgeted: bool,
 }
+
+/// 2000-01-01T00:00Z: a trace of a budgeted config starts after it.
+const UNIX_2000_MS: u64 = 946_684_800_000;
 
 impl Engine {
     pub(super) fn new(
@@ -296,6 +307,8 @@ impl Engine {
                     source_name: "the config".into(),
                     errors,
                 })?;
+        let budgeted = limits.plans.plans.values().any(|p| p.budgets.is_some())
+            || limits.plans.overrides.values().any(|o| o.budgets.is_some());
         let clock = FakeClock::new(0);
         // A replay holds a whole trace's users: no entry bound (the
         // sidecar's `[store] max_entries` protects a live process).
@@ -313,6 +326,7 @@ impl Engine {
             governor: ProviderGovernor::new(store, clock.clone(), providers),
             clock,
             shadow: opts.shadow,
+            budgeted,
             session_ttl_ms: renewable_ttl(opts.session_ttl_ms),
             runs: HashMap::new(),
             next_run: 0,
@@ -385,6 +399,17 @@ impl Engine {
             ));
         }
         if self.first_t.is_none() {
+            if self.budgeted && t < UNIX_2000_MS {
+                return Err(self.line_err(
+                    line,
+                    "t_ms",
+                    format!(
+                        "{t} is not Unix time: the config has spend budgets, whose calendar \
+                         windows (a day, a week, a month in [budgets] time_zone) need the \
+                         events' real times, in ms since 1970 (from 2000 on)"
+                    ),
+                ));
+            }
             self.clock.set(t);
             self.first_t = Some(t);
         }
