@@ -89,6 +89,7 @@ macro_rules! for_each_scenario {
             grouped_logs_live_as_long_as_they_are_written,
             budgets_charge_and_refuse,
             budgets_top_up_reset_and_alerts,
+            budget_windows_follow_the_calendar,
             example_5_budgets
         );
     };

@@ -464,6 +464,135 @@ pub async fn budgets_top_up_reset_and_alerts<S: Store + Clone>(store: S, clock: 
     );
 }
 
+/// Budget windows are calendar windows in the configured zone, through the
+/// `Limiter` on the store's clock: in New York, a day of 23 hours (DST
+/// starts on 14 March 2027) and one of 25 (it ends on 7 November), the
+/// last millisecond of a 31-day March and the 30-day April after it, and 29
+/// February 2028. 5,000 tokens a day, 10,000 a month.
+pub async fn budget_windows_follow_the_calendar<S: Store + Clone>(store: S, clock: FakeClock) {
+    use tollgate_core::budget::{BudgetAmountConfig, BudgetSettingsConfig, BudgetsConfig};
+    use tollgate_core::limiter::Reserve;
+    use tollgate_core::{Decision, Limiter};
+
+    const H: u64 = 3_600_000;
+    // 00:00 in New York (ms since the epoch).
+    const MAR_14: u64 = 1_805_000_400_000;
+    const MAR_15: u64 = MAR_14 + 23 * H;
+    const APR_1: u64 = 1_806_552_000_000;
+    const MAY_1: u64 = 1_809_144_000_000;
+    const NOV_7: u64 = 1_825_560_000_000;
+    const FEB_29: u64 = 1_835_413_200_000;
+    const MAR_1_2028: u64 = 1_835_499_600_000;
+
+    let mut plan = super::support();
+    plan.tokens = tollgate_core::RateConfig {
+        amount: 10_000_000,
+        period_ms: 60_000,
+        burst: Some(10_000_000),
+    };
+    plan.max_wait_ms = 0;
+    let tokens = |n| BudgetAmountConfig {
+        tokens: Some(n),
+        cost: None,
+    };
+    plan.budgets = Some(BudgetsConfig {
+        daily: Some(tokens(5_000)),
+        monthly: Some(tokens(10_000)),
+        ..BudgetsConfig::default()
+    });
+    let mut cfg = tollgate_core::PlansConfig {
+        default_plan: Some("p".into()),
+        budgets: BudgetSettingsConfig {
+            time_zone: Some("America/New_York".into()),
+            alert_percent: None,
+        },
+        ..tollgate_core::PlansConfig::default()
+    };
+    cfg.plans.insert("p".into(), plan);
+    let l = Limiter::new(store, clock.clone(), cfg.validate().expect("valid plan"));
+    let reserve = |estimate: u64| {
+        let l = &l;
+        async move {
+            match l
+                .reserve(
+                    "nyc",
+                    Reserve {
+                        invocation_id: "run",
+                        estimate,
+                        request_id: None,
+                        wait: false,
+                        model: None,
+                        split: None,
+                    },
+                )
+                .await
+                .expect("reserve")
+            {
+                Decision::Allowed { .. } => None,
+                Decision::Denied(d) => Some(d),
+            }
+        }
+    };
+    let at = |t: u64| {
+        clock.set(t);
+    };
+    // The day DST starts lasts 23 hours.
+    at(MAR_14);
+    assert_eq!(reserve(5_000).await, None);
+    assert_eq!(reserve(1).await, Some(limited(Limit::BudgetDaily, 23 * H)));
+    // Its last millisecond, then the next day.
+    at(MAR_15 - 1);
+    assert_eq!(reserve(1).await, Some(limited(Limit::BudgetDaily, 1)));
+    at(MAR_15);
+    assert_eq!(reserve(5_000).await, None);
+    // The month's 10,000 are spent: refused until 1 April, the later reset.
+    assert_eq!(
+        reserve(1).await,
+        Some(limited(Limit::BudgetMonthly, APR_1 - MAR_15))
+    );
+    // The last millisecond of March (31 days, one of them 23 hours long).
+    assert_eq!(APR_1 - 1_803_877_200_000, 31 * 24 * H - H);
+    at(APR_1 - 1);
+    assert_eq!(reserve(1).await, Some(limited(Limit::BudgetMonthly, 1)));
+    at(APR_1);
+    assert_eq!(reserve(5_000).await, None);
+    let view: Vec<_> = l
+        .budgets("nyc")
+        .await
+        .expect("budgets")
+        .iter()
+        .map(|b| (b.period, b.spent, b.resets_at_ms))
+        .collect();
+    assert_eq!(
+        view,
+        [
+            (Period::Daily, 5_000, APR_1 + 24 * H),
+            (Period::Monthly, 5_000, MAY_1)
+        ],
+        "April has 30 days"
+    );
+    assert_eq!(MAY_1 - APR_1, 30 * 24 * H);
+    // The day DST ends lasts 25 hours.
+    at(NOV_7);
+    assert_eq!(reserve(5_000).await, None);
+    assert_eq!(reserve(1).await, Some(limited(Limit::BudgetDaily, 25 * H)));
+    // 29 February 2028: a day of its own, the last of the month.
+    at(FEB_29);
+    assert_eq!(reserve(5_000).await, None);
+    let view: Vec<_> = l
+        .budgets("nyc")
+        .await
+        .expect("budgets")
+        .iter()
+        .map(|b| (b.spent, b.resets_at_ms))
+        .collect();
+    assert_eq!(view, [(5_000, MAR_1_2028), (5_000, MAR_1_2028)]);
+    at(MAR_1_2028 - 1);
+    assert_eq!(reserve(1).await, Some(limited(Limit::BudgetDaily, 1)));
+    at(MAR_1_2028);
+    assert_eq!(reserve(5_000).await, None);
+}
+
 /// Plan "pro" of the budget example (docs/spec.md §7, example 5): a
 /// generous token rate, 2,000,000 tokens a day and $50.00 a month (UTC),
 /// `openai:gpt-4o` at $2.50 / $10.00 / $1.25 per million input / output /

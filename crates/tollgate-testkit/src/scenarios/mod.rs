@@ -25,7 +25,10 @@ pub use buckets::{
     clock_steps_back, exceeds_capacity, inspection_and_reset, lowered_capacity_applies_at_refill,
     period_change_keeps_tokens, shadow_mode, take_many_all_or_nothing, take_one_shares_budgets,
 };
-pub use budgets::{budgets_charge_and_refuse, budgets_top_up_reset_and_alerts, example_5_budgets};
+pub use budgets::{
+    budget_windows_follow_the_calendar, budgets_charge_and_refuse, budgets_top_up_reset_and_alerts,
+    example_5_budgets,
+};
 pub use examples::{
     example_1_turn_burst, example_2_steady_turns, example_3_token_wait_boundary,
     example_4_concurrency, provider_example,
