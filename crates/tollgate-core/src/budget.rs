@@ -52,6 +52,22 @@ pub enum OnExhausted {
     DenyTurns,
 }
 
+/// What decides a budget while the shared store fails under `fail_open`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnOutage {
+    /// Nothing: a request naming the budget fails (503) until the store
+    /// answers, as a fresh window would forget what the user spent. The
+    /// default.
+    #[default]
+    FailClosed,
+    /// The replica's fallback, like the rates: at its `fallback_share` of
+    /// the limit, from a fresh window (what was spent before the outage is
+    /// not known there), its charges added to the shared store's window
+    /// when it answers again.
+    Fallback,
+}
+
 /// `[plans.<name>.budgets]` (and `[overrides.<user>.budgets]`) as written.
 /// In an override, each field given replaces the plan's; the others are
 /// the plan's (an override cannot remove a window, only set another).
@@ -71,6 +87,10 @@ pub struct BudgetsConfig {
     /// `deny_model_calls`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_exhausted: Option<OnExhausted>,
+    /// What decides the budgets while the shared store fails under
+    /// `fail_open` (default `fail_closed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_outage: Option<OnOutage>,
     /// The price of a model `[prices]` does not name; without it, a call
     /// to such a model cannot be charged to a cost budget.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -139,6 +159,8 @@ pub struct Budgets {
     pub monthly: Option<BudgetAmount>,
     /// What is refused once one is spent.
     pub on_exhausted: OnExhausted,
+    /// What decides them while the shared store fails under `fail_open`.
+    pub on_outage: OnOutage,
     /// The price of a model with no `[prices]` entry.
     pub default_price: Option<Price>,
 }
@@ -186,6 +208,7 @@ impl BudgetsConfig {
             weekly: over.weekly.clone().or_else(|| self.weekly.clone()),
             monthly: over.monthly.clone().or_else(|| self.monthly.clone()),
             on_exhausted: over.on_exhausted.or(self.on_exhausted),
+            on_outage: over.on_outage.or(self.on_outage),
             default_price: over
                 .default_price
                 .clone()
@@ -297,6 +320,7 @@ impl BudgetsConfig {
             weekly,
             monthly,
             on_exhausted: self.on_exhausted.unwrap_or_default(),
+            on_outage: self.on_outage.unwrap_or_default(),
             default_price,
         };
         if budgets.has_cost() && !ctx.prices && self.default_price.is_none() {

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use arc_swap::ArcSwap;
 
 use crate::bucket::{BucketSpec, MAX_SCALED, Take};
-use crate::budget::{BudgetAmount, OnExhausted};
+use crate::budget::{BudgetAmount, OnExhausted, OnOutage};
 use crate::clock::Clock;
 use crate::decision::{Decision, Denial, Limit, Waited};
 use crate::error::{LimiterError, StoreError};
@@ -883,6 +883,7 @@ impl<S: Store> Limiter<S> {
                     limit,
                     current: w.current,
                     next: w.next,
+                    fallback: b.on_outage == OnOutage::Fallback,
                 })
             })
             .collect()

@@ -461,17 +461,23 @@ pub fn close_ambiguous(state: &mut CallState, now: u64, reserves: &[(&str, &str)
     let mut given_back: i64 = 0;
     for &(inv_id, rid) in reserves {
         let run = state.run_record(now, inv_id);
+        let mut budget = None;
         match run.requests.iter().position(|(r, _, _)| &**r == rid) {
             Some(i) => {
                 let call = run.requests[i].1;
                 if let Some(pos) = run.open.iter().position(|o| o.call == call) {
-                    let charged = run.open.swap_remove(pos).charged;
-                    given_back = given_back.saturating_add(charged as i64);
+                    let open = run.open.swap_remove(pos);
+                    given_back = given_back.saturating_add(open.charged as i64);
+                    budget = open.budget;
                     closed += 1;
                 }
                 run.requests[i].1 = 0;
             }
             None => run.requests.push((rid.into(), 0, 0)),
+        }
+        // Its budget charges too: the fallback's charges replace them.
+        if let Some(b) = budget {
+            state.spend().give_back(&b);
         }
     }
     (closed, given_back)

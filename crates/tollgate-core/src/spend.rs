@@ -43,6 +43,11 @@ pub struct BudgetCheck {
     pub current: Window,
     /// The window after it.
     pub next: Window,
+    /// While the shared store fails under `fail_open`, the replica's
+    /// fallback may decide it (the plan's `on_outage = "fallback"`), at its
+    /// share of the limit and from a fresh window, its charges reconciled
+    /// after; `false`: a request naming it fails closed.
+    pub fallback: bool,
 }
 
 impl BudgetCheck {
@@ -463,31 +468,61 @@ impl Spend {
         now: u64,
         actual: Option<u64>,
     ) {
+        for (period, unit, window, delta) in close_deltas(charged, req, now, actual) {
+            self.add(period, unit, window, delta);
+        }
+    }
+
+    /// Gives back what a reservation charged, to each window still held
+    /// (a reserve reconciliation found ambiguous: the fallback's charge
+    /// replaces it). Nothing changes in a window that has ended or was
+    /// replaced.
+    pub fn give_back(&mut self, charged: &Charged) {
         for ch in &charged.charges {
-            let Some(c) = req
-                .checks
-                .iter()
-                .find(|c| c.period == ch.period && c.unit == ch.unit)
-            else {
-                continue;
-            };
-            let w = c.window(now);
-            let same = w.start_ms == ch.window_start;
-            match actual {
-                None if same => self.add(c.period, c.unit, w, -i128::from(ch.amount)),
-                None => {}
-                Some(tokens) => {
-                    let real = amount(ch.unit, charged.price.as_ref(), tokens, req.split);
-                    let delta = if same {
-                        i128::from(real) - i128::from(ch.amount)
-                    } else {
-                        i128::from(real)
-                    };
-                    self.add(c.period, c.unit, w, delta);
-                }
+            if let Some(s) = self.windows[ch.period.index()]
+                .as_mut()
+                .filter(|s| s.window.start_ms == ch.window_start && s.unit == ch.unit)
+            {
+                s.amount = s.amount.saturating_sub(ch.amount);
             }
         }
     }
+}
+
+/// What closing a reservation that charged `charged` moves, per budget:
+/// (period, unit, window, delta), as [`Spend::close`] applies it.
+pub fn close_deltas(
+    charged: &Charged,
+    req: &BudgetRequest<'_>,
+    now: u64,
+    actual: Option<u64>,
+) -> Vec<(Period, BudgetUnit, Window, i128)> {
+    let mut out = Vec::with_capacity(charged.charges.len());
+    for ch in &charged.charges {
+        let Some(c) = req
+            .checks
+            .iter()
+            .find(|c| c.period == ch.period && c.unit == ch.unit)
+        else {
+            continue;
+        };
+        let w = c.window(now);
+        let same = w.start_ms == ch.window_start;
+        let delta = match actual {
+            None if same => -i128::from(ch.amount),
+            None => continue,
+            Some(tokens) => {
+                let real = amount(ch.unit, charged.price.as_ref(), tokens, req.split);
+                if same {
+                    i128::from(real) - i128::from(ch.amount)
+                } else {
+                    i128::from(real)
+                }
+            }
+        };
+        out.push((c.period, c.unit, w, delta));
+    }
+    out
 }
 
 #[cfg(test)]

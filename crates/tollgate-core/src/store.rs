@@ -15,11 +15,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::aimd::AimdParams;
 use crate::bucket::{BucketSpec, Take};
-use crate::calendar::Period;
+use crate::calendar::{Period, Window};
 use crate::decision::Denial;
 use crate::error::StoreError;
 use crate::lease::{Admit, SessionAcquire, SessionGrant, TurnParams};
-use crate::spend::{BudgetAdjust, BudgetCheck, BudgetRequest, Crossed, SpentNow};
+use crate::spend::{BudgetAdjust, BudgetCheck, BudgetRequest, BudgetUnit, Crossed, SpentNow};
 
 pub mod grouped;
 pub mod memory;
@@ -318,6 +318,10 @@ pub struct ReconcileRequest<'a> {
     /// them: a run that holds a live lease here was admitted (and charged a
     /// turn) here, so one turn fewer is charged for it.
     pub ambiguous_admissions: &'a [&'a str],
+    /// What the fallback charged the user's budgets (plans with
+    /// `on_outage = "fallback"`), net per window: added to the spend of
+    /// each window that has not ended (one that has is over: dropped).
+    pub budgets: &'a [BudgetNet],
     /// The replica sending these charges (its fallback tag) …
     pub replica: u32,
     /// … and this batch's number, increasing per replica from 1. A batch
@@ -326,6 +330,20 @@ pub struct ReconcileRequest<'a> {
     /// reconciliation whose answer was lost (it timed out after it was
     /// sent) is retried as the same batch, and so charged once.
     pub batch: u64,
+}
+
+/// A fallback's net charge to one budget window ([`ReconcileRequest::budgets`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BudgetNet {
+    /// The budget's window length.
+    pub period: Period,
+    /// What it counts.
+    pub unit: BudgetUnit,
+    /// The window charged.
+    pub window: Window,
+    /// The net amount (negative: more given back than charged), within
+    /// ±2^53.
+    pub delta: i64,
 }
 
 /// What [`Store::reconcile`] charged.

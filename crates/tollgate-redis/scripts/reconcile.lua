@@ -5,6 +5,7 @@
 -- KEYS[3] run lease zset     {prefix}:lease:{user}
 -- KEYS[4] run index zset     {prefix}:invs:{user}
 -- KEYS[5] batches hash       {prefix}:rec:{user}  (replica tag -> last batch applied)
+-- KEYS[6] spend, packed      {prefix}:bud:{user}  (spend_lib in prelude.lua)
 -- ARGV[1] now override   ARGV[2..4] turn amount, period, capacity scaled
 -- ARGV[5..7] token amount, period, capacity scaled
 -- ARGV[8] turns taken   ARGV[9] net tokens   ARGV[10] reservation retention ms
@@ -12,9 +13,13 @@
 -- ARGV[13] the replica's tag   ARGV[14] the batch number: a batch at or below
 --          the last one applied from that replica charges nothing (a retry)
 -- ARGV[15] n ambiguous reserves, then n pairs (escaped invocation id,
---          request id), then m ambiguous admissions, then m invocation ids.
+--          request id), then m ambiguous admissions, then m invocation ids,
+--          then the fallback's budget charges ('' for none): little-endian
+--          doubles k, then per charge period, unit, window start, end and
+--          the net amount, added to each window that has not ended.
 -- An ambiguous reserve this store ran (its r<id> names an open call) is
--- refunded and its id marked superseded ("0:0"); one it did not run is
+-- refunded (its budget charges given back to windows still held) and its
+-- id marked superseded ("0:0"); one it did not run is
 -- marked superseded, so a late copy takes nothing. An ambiguous admission
 -- whose run holds a live lease here was charged its turn here.
 -- Returns {turns charged, tokens charged (net), reserves refunded, now}.
@@ -33,6 +38,14 @@ redis.call('PEXPIRE', KEYS[5], retention)
 local n = tonumber(ARGV[15])
 local i = 16
 local refunded, given_back = 0, 0
+local B, spend = nil, nil
+local function spend_now()
+  if not B then
+    B = spend_lib()
+    spend = B.load(KEYS[6])
+  end
+  return spend
+end
 for _ = 1, n do
   local inv_id, rid = ARGV[i], ARGV[i + 1]
   i = i + 2
@@ -46,8 +59,24 @@ for _ = 1, n do
     local sep = string.find(v[3], ':', 1, true)
     local call = tonumber(string.sub(v[3], 1, sep - 1))
     if call > 0 then
-      local charged = redis.call('HGET', key, 'o' .. call)
+      local got = redis.call('HMGET', key, 'o' .. call, 'b' .. call)
+      local charged, brec = got[1], got[2]
       if charged then
+        if brec then
+          -- Spend.give_back: each charge leaves the window it went to, if
+          -- that window is still the one held.
+          local s = spend_now()
+          local rn = struct.unpack('<d', brec)
+          local r = {struct.unpack('<' .. string.rep('d', 4 + 4 * rn), brec)}
+          for j = 0, rn - 1 do
+            local p, u, ws0, ch = r[5 + 4 * j], r[6 + 4 * j], r[7 + 4 * j], r[8 + 4 * j]
+            if B.is(s, p, ws0, u) then
+              local a = s[p * 6 + 4] - ch
+              if a < 0 then a = 0 end
+              s[p * 6 + 4] = a
+            end
+          end
+        end
         redis.call('HDEL', key, 'o' .. call, 'b' .. call)
         given_back = given_back + tonumber(charged)
         refunded = refunded + 1
@@ -66,6 +95,17 @@ for _ = 1, m do
   i = i + 1
   if exp and tonumber(exp) > now and turns > 0 then turns = turns - 1 end
 end
+
+if ARGV[i] ~= '' then
+  local s = spend_now()
+  local k = struct.unpack('<d', ARGV[i])
+  local q = {struct.unpack('<' .. string.rep('d', 1 + 5 * k), ARGV[i])}
+  for j = 0, k - 1 do
+    local o = 2 + 5 * j
+    if q[o + 3] > now then B.add(s, q[o], q[o + 2], q[o + 3], q[o + 1], q[o + 4]) end
+  end
+end
+if spend then B.save(KEYS[6], spend, now) end
 
 if turns > 0 then
   bucket_adjust(KEYS[1], now, t_amount, t_period, t_cap, turns)

@@ -725,6 +725,7 @@ fn checks(case: &Case, now: u64, budget: Option<BudgetUse>) -> Vec<BudgetCheck> 
                     start_ms: start + s.len_ms,
                     end_ms: start + 2 * s.len_ms,
                 },
+                fallback: false,
             }
         })
         .collect()

@@ -702,6 +702,7 @@ async fn a_reconciliation_that_timed_out_after_it_was_sent_is_charged_once() {
         tokens_net: 0,
         ambiguous_reserves: &[],
         ambiguous_admissions: &[],
+        budgets: &[],
         replica: 0,
         batch: 1,
     };
@@ -913,4 +914,102 @@ async fn budgets_fail_closed_under_fail_open() {
         "no budgets: the fallback decides"
     );
     assert!(l.admit_turn("u1", "t").await.unwrap().is_allowed());
+}
+
+/// A plan that opts its budgets into the fallback (`on_outage =
+/// "fallback"`): while Redis is down the replica decides them at its share
+/// (0.5) from a fresh window, and what it charged is added to Redis's
+/// window when it answers again; a settle journalled during the outage of
+/// a reservation Redis made moves that reservation's budget charge by the
+/// real usage when it is replayed (issue #21). The data survives the
+/// restart (a durable server).
+#[tokio::test]
+async fn budgets_opted_into_the_fallback_are_reconciled_and_journalled_settles_adjust_them() {
+    use tollgate_core::budget::{BudgetAmountConfig, BudgetsConfig, OnOutage};
+    use tollgate_core::limiter::BudgetStatus;
+    let mut server = tollgate_testkit::redis::RedisOptions::default()
+        .durable()
+        .start()
+        .expect("redis-server");
+    let clock = FakeClock::new(tollgate_testkit::T0);
+    // Redis on the fake clock too: budget windows are the caller's
+    // calendar, which Redis's real TIME (today) would be years past.
+    let store = Failover::new(
+        redis(server.url()).await.with_clock_override(clock.clone()),
+        FailurePolicy::FailOpen {
+            fallback_share: 0.5,
+        },
+        clock.clone(),
+    )
+    .expect("policy");
+    let budgeted = |on_outage| PlanConfig {
+        budgets: Some(BudgetsConfig {
+            daily: Some(BudgetAmountConfig {
+                tokens: Some(10_000),
+                cost: None,
+            }),
+            on_outage: Some(on_outage),
+            ..BudgetsConfig::default()
+        }),
+        ..plan()
+    };
+    let mut cfg = PlansConfig {
+        default_plan: Some("open".into()),
+        ..PlansConfig::default()
+    };
+    cfg.plans
+        .insert("open".into(), budgeted(OnOutage::Fallback));
+    cfg.plans
+        .insert("closed".into(), budgeted(OnOutage::FailClosed));
+    cfg.users.insert("careful".into(), "closed".into());
+    let l = Limiter::new(store.clone(), clock.clone(), cfg.validate().expect("valid"));
+    let spent = |user: &'static str| {
+        let l = &l;
+        async move {
+            let b: Vec<BudgetStatus> = l.budgets(user).await.expect("budgets");
+            b[0].spent
+        }
+    };
+    let id = |d: Decision<tollgate_core::limiter::Reservation>| match d {
+        Decision::Allowed { grant, .. } => grant.id,
+        other => panic!("expected a grant, got {other:?}"),
+    };
+    // Before the outage: 3,000 spent, and a reservation of 4,000 open.
+    let a = id(l.reserve_tokens("ann", "r", 3_000).await.unwrap());
+    assert!(l.settle("ann", &a, 3_000).await.unwrap().applied);
+    let open = id(l.reserve_tokens("ann", "r", 4_000).await.unwrap());
+    let careful = id(l.reserve_tokens("careful", "r", 4_000).await.unwrap());
+    assert_eq!(spent("ann").await, 7_000);
+
+    server.stop();
+    // The fallback's share: 5,000 of the day, from a fresh window.
+    let local = id(l.reserve_tokens("ann", "f", 5_000).await.unwrap());
+    let d = l.reserve_tokens("ann", "f", 1).await.unwrap();
+    assert!(
+        matches!(d, Decision::Denied(den) if den.limit() == Limit::BudgetDaily),
+        "{d:?}"
+    );
+    // Settled locally at 2,000: the fallback owes 2,000 to the day.
+    assert!(l.settle("ann", &local, 2_000).await.unwrap().applied);
+    // The reservations Redis made settle into the journal: 4,000
+    // estimated, 1,000 used (and 500 for the plan that fails closed).
+    assert!(l.settle("ann", &open, 1_000).await.unwrap().pending);
+    assert!(l.settle("careful", &careful, 500).await.unwrap().pending);
+    // The plan that keeps its budgets from the fallback fails closed.
+    let e = l.reserve_tokens("careful", "r", 1).await.unwrap_err();
+    assert!(e.is_transient(), "{e}");
+
+    server.restart().expect("restart");
+    let up = wait_until(10, || {
+        clock.advance(1_000);
+        let store = &store;
+        async move { store.session_acquire("probe", "h", 1_000).await.is_ok() }
+    })
+    .await;
+    assert!(up);
+    store.recover().await;
+    assert_eq!(store.owed_users(), 0);
+    // 3,000 + 1,000 (the journalled settle) + 2,000 (the fallback's).
+    assert_eq!(spent("ann").await, 6_000);
+    assert_eq!(spent("careful").await, 500);
 }

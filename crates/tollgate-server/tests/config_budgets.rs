@@ -185,6 +185,12 @@ fn wrong_shapes_are_named_by_their_toml_path() {
         ),
         (
             "monthly = { cost = \"50.00\" }",
+            "monthly = { cost = \"50.00\" }\non_outage = \"maybe\"",
+            "plans.pro.budgets.on_outage",
+            "unknown variant `maybe`, expected `fail_closed` or `fallback`",
+        ),
+        (
+            "monthly = { cost = \"50.00\" }",
             "monthly = { cost = \"50.00\", currency = \"EUR\" }",
             "plans.pro.budgets.monthly.currency",
             "unknown field `currency`",

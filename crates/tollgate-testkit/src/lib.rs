@@ -90,6 +90,7 @@ macro_rules! for_each_scenario {
             budgets_charge_and_refuse,
             budgets_top_up_reset_and_alerts,
             budget_windows_follow_the_calendar,
+            reconcile_charges_budgets,
             example_5_budgets
         );
     };

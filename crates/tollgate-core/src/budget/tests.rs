@@ -136,6 +136,7 @@ fn every_budget_problem_is_reported_with_its_path() {
         }),
         monthly: tokens(0),
         on_exhausted: None,
+        on_outage: None,
         default_price: Some(price("-3", "1.0000001")),
     });
     let free = cfg.plans.get_mut("free").unwrap();

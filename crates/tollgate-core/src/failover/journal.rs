@@ -4,10 +4,21 @@
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
+use crate::money::TokenSplit;
+use crate::spend::{BudgetCheck, BudgetRequest};
 use crate::store::{RESERVATION_RETENTION_MS, ReservationId, SettleOutcome, SettleRequest};
 use crate::{BucketSpec, Store, StoreError, StoreErrorKind};
 
 use super::{Attempt, Failover, Recovery};
+
+/// A journalled settle's budgets: the checks as the caller named them
+/// (their windows cover the journal's life, the reservation retention)
+/// and the usage split.
+#[derive(Debug)]
+pub(super) struct JournalledBudget {
+    pub(super) checks: Vec<BudgetCheck>,
+    pub(super) split: Option<TokenSplit>,
+}
 
 /// A close waiting for the shared store.
 #[derive(Debug)]
@@ -17,6 +28,7 @@ pub(super) enum Close {
         tokens: BucketSpec,
         reservation: ReservationId,
         actual: Option<u64>,
+        budget: Option<Box<JournalledBudget>>,
     },
     Release {
         user: String,
@@ -80,13 +92,21 @@ impl<S: Store + Clone> Failover<S> {
                     tokens,
                     reservation,
                     actual,
+                    budget,
                 } => {
+                    // Alerts a replayed settle crosses are not reported
+                    // (the caller was answered long ago).
                     let req = SettleRequest {
                         user,
                         tokens: *tokens,
                         reservation,
                         actual: *actual,
-                        budget: None,
+                        budget: budget.as_deref().map(|b| BudgetRequest {
+                            checks: &b.checks,
+                            price: None,
+                            split: b.split,
+                            alerts: &[],
+                        }),
                     };
                     match self.attempt("settle", self.primary.settle(req)).await {
                         Attempt::Done(r) => {

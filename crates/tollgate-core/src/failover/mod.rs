@@ -502,21 +502,22 @@ impl<S: Store + Clone> Failover<S> {
     }
 
     /// [`decide_after`](Self::decide_after) for a request that names
-    /// spend budgets (`budgeted`): never decided by the fallback, whose
-    /// fresh local windows would forget what the user spent, so it fails
-    /// closed whatever the policy (SPEC §6).
+    /// spend budgets whose plan keeps them from the fallback (`closed`):
+    /// never decided by the fallback, whose fresh local windows would
+    /// forget what the user spent, so it fails closed whatever the policy
+    /// (SPEC §6).
     async fn decide_budgeted<'a, T, L>(
         &'a self,
         name: &'static str,
         attempt: Attempt<T>,
-        budgeted: bool,
+        closed: bool,
         local: impl FnOnce(&'a MemoryStore, f64) -> L,
     ) -> Result<(T, Option<bool>), StoreError>
     where
         L: Future<Output = Result<T, StoreError>>,
     {
         match attempt {
-            Attempt::Failed(cause) if budgeted => {
+            Attempt::Failed(cause) if closed => {
                 self.event(name, false, cause.as_ref());
                 Err(Self::closed(name, cause))
             }

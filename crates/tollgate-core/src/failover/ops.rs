@@ -5,7 +5,7 @@
 use crate::aimd::AimdParams;
 use crate::calendar::Period;
 use crate::lease::{Admit, SessionAcquire, SessionGrant, TurnParams};
-use crate::spend::{BudgetAdjust, BudgetCheck, SpentNow};
+use crate::spend::{self, BudgetAdjust, BudgetCheck, BudgetRequest, Charged, Spend, SpentNow};
 use crate::store::{
     AppendOutcome, BucketRef, BucketTake, Claim, ClaimRequest, CooldownCheck, FenceCheck,
     MultiTake, ProviderCleared, ReconcileRequest, Reconciled, Release, ReservationId,
@@ -15,8 +15,8 @@ use crate::store::{
 };
 use crate::{BucketSpec, Store, StoreError};
 
-use super::journal::Close;
-use super::reconcile::Owed;
+use super::journal::{Close, JournalledBudget};
+use super::reconcile::{LocalOpen, Owed};
 use super::{Attempt, Failover};
 
 fn scale(v: u64, share: f64) -> u64 {
@@ -36,6 +36,29 @@ pub(super) fn scale_spec(spec: &BucketSpec, share: f64) -> BucketSpec {
     .unwrap_or(*spec)
 }
 
+/// `checks` with their limits scaled by `share` (at least 1 each): the
+/// fallback's part of each budget.
+fn scale_checks(checks: &[BudgetCheck], share: f64) -> Vec<BudgetCheck> {
+    checks
+        .iter()
+        .map(|c| BudgetCheck {
+            limit: if share >= 1.0 {
+                c.limit
+            } else {
+                scale(c.limit, share)
+            },
+            ..*c
+        })
+        .collect()
+}
+
+/// Whether a request naming `checks` must fail closed while the shared
+/// store fails: it names a budget whose plan does not let the fallback
+/// decide it.
+fn closed_budgets(checks: &[BudgetCheck]) -> bool {
+    checks.iter().any(|c| !c.fallback)
+}
+
 fn scale_turn(p: &TurnParams, share: f64) -> TurnParams {
     TurnParams {
         turns: scale_spec(&p.turns, share),
@@ -53,12 +76,15 @@ impl<S: Store + Clone> Store for Failover<S> {
             .decide_budgeted(
                 "admit_turn",
                 attempt,
-                !req.budgets.is_empty(),
-                |m, share| {
+                closed_budgets(req.budgets),
+                |m, share| async move {
+                    let budgets = scale_checks(req.budgets, share);
                     m.admit_turn(TurnRequest {
                         params: scale_turn(&req.params, share),
+                        budgets: &budgets,
                         ..req
                     })
+                    .await
                 },
             )
             .await?;
@@ -184,13 +210,19 @@ impl<S: Store + Clone> Store for Failover<S> {
             .attempt("reserve_tokens", self.primary.reserve_tokens(req))
             .await;
         let sent_and_failed = matches!(attempt, Attempt::Failed(Some(_)));
-        let budgeted = req.budget.is_some_and(|b| !b.checks.is_empty());
+        let closed = req.budget.is_some_and(|b| closed_budgets(b.checks));
         let decided = self
-            .decide_budgeted("reserve_tokens", attempt, budgeted, |m, share| {
+            .decide_budgeted("reserve_tokens", attempt, closed, |m, share| async move {
+                let checks = req.budget.map(|b| scale_checks(b.checks, share));
                 m.reserve_tokens(ReserveRequest {
                     tokens: scale_spec(&req.tokens, share),
+                    budget: req.budget.map(|b| BudgetRequest {
+                        checks: checks.as_deref().unwrap_or_default(),
+                        ..b
+                    }),
                     ..req
                 })
+                .await
             })
             .await;
         let (out, local) = match decided {
@@ -219,22 +251,41 @@ impl<S: Store + Clone> Store for Failover<S> {
         let Some(ambiguous) = local else {
             return Ok(out);
         };
+        let now = self.inner.clock.now_ms();
+        let budget = req.budget.filter(|b| !b.checks.is_empty());
+        // What the fallback charged: the estimate, and each budget its
+        // amount (a shadow reservation: nothing), to be charged to the
+        // shared store's windows.
         let charged = match &out {
-            ReserveOutcome::Granted { reservation, .. } => Some((reservation.call, req.estimate)),
+            ReserveOutcome::Granted { reservation, .. } => Some((
+                reservation.call,
+                req.estimate,
+                budget.and_then(|b| Spend::default().decide(&b, now, req.estimate).ok()),
+            )),
             ReserveOutcome::Denied {
                 shadow_reservation: Some(r),
                 ..
-            } => Some((r.call, 0)),
+            } => Some((r.call, 0, budget.map(|b| Charged::nothing(&b, now)))),
             _ => None,
         };
         if charged.is_some() || ambiguous {
-            let now = self.inner.clock.now_ms();
             self.owe(req.user, |o| {
                 o.tokens = Some(req.tokens);
-                if let Some((call, estimate)) = charged {
+                if let Some((call, estimate, budget)) = charged {
                     o.tokens_net = o.tokens_net.saturating_add(estimate as i64);
-                    o.open
-                        .insert((req.invocation_id.to_owned(), call), (estimate, now));
+                    if let (Some(ch), Some(b)) = (&budget, &req.budget) {
+                        for (c, charge) in b.checks.iter().zip(&ch.charges) {
+                            o.owe_spend(c.period, c.unit, c.window(now), i128::from(charge.amount));
+                        }
+                    }
+                    o.open.insert(
+                        (req.invocation_id.to_owned(), call),
+                        LocalOpen {
+                            estimate,
+                            at: now,
+                            budget: budget.map(Box::new),
+                        },
+                    );
                 }
                 if ambiguous {
                     Owed::push_bounded(
@@ -264,6 +315,12 @@ impl<S: Store + Clone> Store for Failover<S> {
                         tokens: req.tokens,
                         reservation: req.reservation.clone(),
                         actual: req.actual,
+                        budget: req.budget.filter(|b| !b.checks.is_empty()).map(|b| {
+                            Box::new(JournalledBudget {
+                                checks: b.checks.to_vec(),
+                                split: b.split,
+                            })
+                        }),
                     },
                 )?;
                 Ok(SettleOutcome::Pending)
@@ -537,12 +594,20 @@ impl<S: Store + Clone> Failover<S> {
             })
             .await?;
         if let SettleOutcome::Applied { .. } = out {
+            let now = self.inner.clock.now_ms();
             self.owe(req.user, |o| {
                 o.tokens = Some(req.tokens);
-                let (estimate, _) = o
+                let (estimate, charged) = o
                     .open
                     .remove(&(id.invocation_id.clone(), id.call))
-                    .unwrap_or((0, 0));
+                    .map_or((0, None), |l| (l.estimate, l.budget));
+                if let (Some(charged), Some(b)) = (charged, &req.budget) {
+                    for (period, unit, window, delta) in
+                        spend::close_deltas(&charged, b, now, req.actual)
+                    {
+                        o.owe_spend(period, unit, window, delta);
+                    }
+                }
                 let delta = match req.actual {
                     Some(a) => i128::from(a) - i128::from(estimate),
                     None => -i128::from(estimate),

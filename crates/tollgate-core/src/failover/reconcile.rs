@@ -5,7 +5,9 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 
-use crate::store::{RESERVATION_RETENTION_MS, ReconcileRequest, Reconciled};
+use crate::calendar::{Period, Window};
+use crate::spend::{BudgetUnit, Charged};
+use crate::store::{BudgetNet, RESERVATION_RETENTION_MS, ReconcileRequest, Reconciled};
 use crate::{BucketSpec, Store};
 
 use super::{Attempt, Failover, Recovery};
@@ -24,13 +26,27 @@ pub(super) struct Owed {
     pub(super) ambiguous_reserves: VecDeque<(String, String)>,
     pub(super) ambiguous_admissions: VecDeque<String>,
     /// Open local reservations: (invocation, call) → (estimate charged,
-    /// when). Forgotten after the reservation retention, as the local
-    /// store forgets them.
-    pub(super) open: HashMap<(String, u64), (u64, u64)>,
+    /// when, what it charged the budgets). Forgotten after the reservation
+    /// retention, as the local store forgets them.
+    pub(super) open: HashMap<(String, u64), LocalOpen>,
+    /// What the fallback charged the user's budgets, net, per window: to
+    /// be added to the shared store's spend.
+    pub(super) spend: HashMap<(Period, BudgetUnit, u64, u64), i128>,
     /// Charges sent to the shared store whose answer never came: retried
     /// as they are, under their batch number, before anything newer (the
     /// store applies a batch once, so a lost answer charges once).
     inflight: Option<Batch>,
+}
+
+/// A reservation the fallback made and has not closed.
+#[derive(Debug)]
+pub(super) struct LocalOpen {
+    /// The tokens it charged.
+    pub(super) estimate: u64,
+    /// When, ms.
+    pub(super) at: u64,
+    /// What it charged the budgets.
+    pub(super) budget: Option<Box<Charged>>,
 }
 
 /// One reconciliation of one user's charges.
@@ -43,6 +59,7 @@ struct Batch {
     tokens_net: i64,
     reserves: Vec<(String, String)>,
     admissions: Vec<String>,
+    spend: Vec<BudgetNet>,
 }
 
 impl Owed {
@@ -51,7 +68,24 @@ impl Owed {
             && self.tokens_net == 0
             && self.ambiguous_reserves.is_empty()
             && self.ambiguous_admissions.is_empty()
+            && self.spend.is_empty()
             && self.inflight.is_none()
+    }
+
+    /// Owes `delta` to `period`'s budget in `window`.
+    pub(super) fn owe_spend(
+        &mut self,
+        period: Period,
+        unit: BudgetUnit,
+        window: Window,
+        delta: i128,
+    ) {
+        if delta != 0 {
+            *self
+                .spend
+                .entry((period, unit, window.start_ms, window.end_ms))
+                .or_default() += delta;
+        }
     }
 
     pub(super) fn push_bounded<T>(q: &mut VecDeque<T>, v: T) {
@@ -132,7 +166,7 @@ impl<S: Store + Clone> Failover<S> {
         let mut owed = self.inner.owed.lock();
         owed.retain(|_, o| {
             o.open
-                .retain(|_, (_, at)| now.saturating_sub(*at) < RESERVATION_RETENTION_MS);
+                .retain(|_, o| now.saturating_sub(o.at) < RESERVATION_RETENTION_MS);
             !(o.is_settled() && o.open.is_empty())
         });
     }
@@ -181,6 +215,16 @@ impl<S: Store + Clone> Failover<S> {
                             tokens_net: std::mem::take(&mut o.tokens_net),
                             reserves: std::mem::take(&mut o.ambiguous_reserves).into(),
                             admissions: std::mem::take(&mut o.ambiguous_admissions).into(),
+                            spend: std::mem::take(&mut o.spend)
+                                .into_iter()
+                                .filter(|(_, d)| *d != 0)
+                                .map(|((period, unit, start_ms, end_ms), delta)| BudgetNet {
+                                    period,
+                                    unit,
+                                    window: Window { start_ms, end_ms },
+                                    delta: delta.clamp(-(1 << 53), 1 << 53) as i64,
+                                })
+                                .collect(),
                         };
                         o.inflight = Some(b.clone());
                         (b, false)
@@ -201,6 +245,7 @@ impl<S: Store + Clone> Failover<S> {
                 tokens_net: batch.tokens_net,
                 ambiguous_reserves: &reserve_refs,
                 ambiguous_admissions: &admission_refs,
+                budgets: &batch.spend,
                 replica: self.inner.tag,
                 batch: batch.number,
             };

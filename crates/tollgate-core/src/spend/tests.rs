@@ -20,6 +20,7 @@ fn daily(unit: BudgetUnit, limit: u64) -> BudgetCheck {
             start_ms: D0 + DAY,
             end_ms: D0 + 2 * DAY,
         },
+        fallback: false,
     }
 }
 
@@ -36,6 +37,7 @@ fn monthly_cost(limit: u64) -> BudgetCheck {
             start_ms: D0 + 31 * DAY,
             end_ms: D0 + 59 * DAY,
         },
+        fallback: false,
     }
 }
 

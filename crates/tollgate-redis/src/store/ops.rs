@@ -604,6 +604,7 @@ impl Store for RedisStore {
             .key(k.leases(req.user))
             .key(k.runs(req.user))
             .key(k.reconciled(req.user))
+            .key(k.spend(req.user))
             .arg(self.now_arg());
         Self::spec_args(&mut inv, &req.turns);
         Self::spec_args(&mut inv, &req.tokens)
@@ -622,6 +623,19 @@ impl Store for RedisStore {
         for invocation in req.ambiguous_admissions {
             inv.arg(*invocation);
         }
+        let mut budgets = Packed::default();
+        if !req.budgets.is_empty() {
+            budgets.push(req.budgets.len() as u64);
+            for b in req.budgets {
+                budgets
+                    .push(b.period.index() as u64)
+                    .push(u64::from(b.unit == BudgetUnit::Cost))
+                    .push(b.window.start_ms)
+                    .push(b.window.end_ms)
+                    .push_signed(b.delta);
+            }
+        }
+        inv.arg(budgets.0);
         let r: Vec<i64> = self.run("reconcile", &inv).await?;
         match r[..] {
             [turns, tokens, refunded, now] => {

@@ -32,6 +32,7 @@ fn checks(now: u64) -> Vec<BudgetCheck> {
             limit,
             current: w.current,
             next: w.next,
+            fallback: false,
         }
     };
     vec![
@@ -461,6 +462,91 @@ pub async fn budgets_top_up_reset_and_alerts<S: Store + Clone>(store: S, clock: 
             }
         ),
         "{f:?}"
+    );
+}
+
+/// Reconciliation and budgets (SPEC §6): an ambiguous reserve the store
+/// did run gives its budget charges back with its tokens (the fallback's
+/// charges replace them), and the fallback's net budget charges are added
+/// to each window that has not ended; one that has is dropped.
+pub async fn reconcile_charges_budgets<S: Store + Clone>(store: S, clock: FakeClock) {
+    use tollgate_core::calendar::Window;
+    use tollgate_core::store::{BudgetNet, ReconcileRequest};
+    let now = DAY_END - 600_000;
+    clock.set(now);
+    let c = checks(now);
+    // Sent, answered here, but the answer was lost: 4,000 tokens (the day)
+    // and 60,000 µ (the month, unsplit at the output price).
+    let _ = granted(
+        store
+            .reserve_tokens(ReserveRequest {
+                user: "u1",
+                invocation_id: "run",
+                tokens: tokens(),
+                estimate: 4_000,
+                max_wait_ms: 0,
+                max_llm_calls: 1_000,
+                shadow: false,
+                request_id: Some("lost"),
+                budget: Some(BudgetRequest {
+                    checks: &c,
+                    price: Some(PRICE),
+                    split: None,
+                    alerts: ALERTS,
+                }),
+            })
+            .await
+            .expect("reserve"),
+    );
+    assert_eq!(
+        store.budget_spent("u1", &c, None).await.expect("read"),
+        spent(&[4_000, 60_000])
+    );
+    let day = c[0].current;
+    let month = c[1].current;
+    let yesterday = Window {
+        start_ms: day.start_ms - 86_400_000,
+        end_ms: day.start_ms,
+    };
+    let r = store
+        .reconcile(ReconcileRequest {
+            user: "u1",
+            turns: BucketSpec::new(100, 60_000, 100).expect("valid"),
+            tokens: tokens(),
+            turns_taken: 0,
+            tokens_net: 1_500,
+            ambiguous_reserves: &[("run", "lost")],
+            ambiguous_admissions: &[],
+            budgets: &[
+                BudgetNet {
+                    period: Period::Daily,
+                    unit: BudgetUnit::Tokens,
+                    window: day,
+                    delta: 1_500,
+                },
+                BudgetNet {
+                    period: Period::Daily,
+                    unit: BudgetUnit::Tokens,
+                    window: yesterday,
+                    delta: 999,
+                },
+                BudgetNet {
+                    period: Period::Monthly,
+                    unit: BudgetUnit::Cost,
+                    window: month,
+                    delta: 22_500,
+                },
+            ],
+            replica: 3,
+            batch: 1,
+        })
+        .await
+        .expect("reconcile");
+    assert_eq!(r.refunded, 1);
+    assert_eq!(
+        store.budget_spent("u1", &c, None).await.expect("read"),
+        spent(&[1_500, 22_500]),
+        "the lost reserve's charges given back, the fallback's added, yesterday's dropped"
     );
 }
 

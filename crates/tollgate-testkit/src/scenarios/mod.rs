@@ -27,7 +27,7 @@ pub use buckets::{
 };
 pub use budgets::{
     budget_windows_follow_the_calendar, budgets_charge_and_refuse, budgets_top_up_reset_and_alerts,
-    example_5_budgets,
+    example_5_budgets, reconcile_charges_budgets,
 };
 pub use examples::{
     example_1_turn_burst, example_2_steady_turns, example_3_token_wait_boundary,

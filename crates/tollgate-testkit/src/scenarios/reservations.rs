@@ -300,6 +300,7 @@ pub async fn reconcile_charges_and_resolves_ambiguity<S: Store + Clone>(
         tokens_net: 70_000,
         ambiguous_reserves: &[("run", "ran"), ("run", "never-ran")],
         ambiguous_admissions: &["held", "not-held"],
+        budgets: &[],
         replica: 7,
         batch: 1,
     };
@@ -344,6 +345,7 @@ pub async fn reconcile_charges_and_resolves_ambiguity<S: Store + Clone>(
         tokens_net: -100_000,
         ambiguous_reserves: &[],
         ambiguous_admissions: &[],
+        budgets: &[],
         batch: 2,
         ..req
     };

@@ -200,6 +200,11 @@ impl MemoryStore {
             if tokens != 0 {
                 u.calls().charge(&req.tokens, now, tokens);
             }
+            for b in req.budgets.iter().filter(|b| b.window.end_ms > now) {
+                u.calls()
+                    .spend()
+                    .add(b.period, b.unit, b.window, i128::from(b.delta));
+            }
             Reconciled {
                 turns,
                 tokens,
