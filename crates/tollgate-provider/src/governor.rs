@@ -404,6 +404,19 @@ impl<S: Store> ProviderGovernor<S> {
         })
     }
 
+    /// This replica's exhaustion holds now: (provider, model, until ms),
+    /// one per configured key that has one (a read; held keys whose hold
+    /// ended are left out).
+    pub fn exhaustion_holds(&self) -> Vec<(Arc<str>, Arc<str>, u64)> {
+        let now = self.clock.now_ms();
+        self.exhausted
+            .lock()
+            .iter()
+            .filter(|(_, (until, _))| *until > now)
+            .map(|((p, m), (until, _))| (Arc::clone(p), Arc::clone(m), *until))
+            .collect()
+    }
+
     fn exhausted_until(&self, p: &Provider, now: u64) -> Option<(u64, String)> {
         let mut map = self.exhausted.lock();
         let key = (Arc::clone(&p.provider), Arc::clone(&p.model));

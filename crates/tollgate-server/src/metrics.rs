@@ -93,6 +93,29 @@ pub struct ProviderKeyLabels {
     pub model: String,
 }
 
+/// A configured provider key's quota, as a gauge's labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderQuotaLabels {
+    /// The provider.
+    pub provider: String,
+    /// The model.
+    pub model: String,
+    /// `requests`, `tokens`, `input_tokens` or `output_tokens`.
+    pub kind: &'static str,
+}
+
+/// What a scrape reads about the provider keys ([`Metrics::set_provider_probe`]).
+#[derive(Debug, Clone, Default)]
+pub struct ProviderGauges {
+    /// Each configured key's quotas per minute: (provider, model, kind,
+    /// amount per minute).
+    pub quotas: Vec<(String, String, &'static str, f64)>,
+    /// This replica's exhaustion holds: (provider, model, until ms).
+    pub exhausted: Vec<(String, String, u64)>,
+}
+
+type ProviderProbe = Box<dyn Fn() -> ProviderGauges + Send + Sync>;
+
 /// Labels of a gRPC call.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GrpcLabels {
@@ -174,6 +197,24 @@ pub struct Metrics {
     pub journal_expired: Counter,
     /// Users whose fallback charges wait to be reconciled.
     pub owed_users: Gauge,
+    /// 1 while the shared store is taken to answer (its breaker is not
+    /// open), 0 while it is taken to be down; 1 for the memory store.
+    pub store_up: Gauge,
+    /// The replica's in-flight cap (`max_in_flight`).
+    pub max_in_flight: Gauge,
+    /// Configured provider quotas per minute, by key and kind (read from
+    /// the provider book at each scrape: reloads show).
+    pub provider_quota: Family<ProviderQuotaLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// The end of a provider key's shared cooldown as this replica last
+    /// saw it (a feedback that set one, a permit refused for it), seconds
+    /// since the epoch; 0: none seen.
+    pub provider_cooldown_until:
+        Family<ProviderKeyLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// The end of this replica's exhaustion hold of a provider key, seconds
+    /// since the epoch (0: none).
+    pub provider_exhausted_until:
+        Family<ProviderKeyLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    providers: std::sync::OnceLock<ProviderProbe>,
     /// Users whose spend reached a budget alert threshold, once per user,
     /// window and threshold (no user id: the log line names them).
     pub budget_alerts: Family<BudgetAlertLabels, Counter>,
@@ -346,6 +387,36 @@ impl Metrics {
             "Users whose fallback decisions wait to be charged to the shared store, or whose refused reserves (sent, then failed) wait to be checked there",
             owed_users.clone(),
         );
+        let store_up = Gauge::default();
+        registry.register(
+            "store_up",
+            "1 while the shared store is taken to answer (its breaker is not open), 0 while it is taken to be down",
+            store_up.clone(),
+        );
+        let max_in_flight = Gauge::default();
+        registry.register(
+            "max_in_flight",
+            "The replica's in-flight cap (max_in_flight): requests it serves at once",
+            max_in_flight.clone(),
+        );
+        let provider_quota = Family::default();
+        registry.register(
+            "provider_quota_per_minute",
+            "Configured provider quotas per minute, by provider key and kind (requests, tokens, input_tokens, output_tokens)",
+            provider_quota.clone(),
+        );
+        let provider_cooldown_until = Family::default();
+        registry.register(
+            "provider_cooldown_until_seconds",
+            "End of the provider key's shared cooldown as this replica last saw it, seconds since the epoch (0: none seen)",
+            provider_cooldown_until.clone(),
+        );
+        let provider_exhausted_until = Family::default();
+        registry.register(
+            "provider_exhausted_until_seconds",
+            "End of this replica's exhaustion hold of the provider key (permits fail fast), seconds since the epoch (0: none)",
+            provider_exhausted_until.clone(),
+        );
         let budget_alerts = Family::<BudgetAlertLabels, Counter>::default();
         registry.register(
             "budget_alerts",
@@ -354,6 +425,12 @@ impl Metrics {
         );
         Self {
             registry,
+            store_up,
+            max_in_flight,
+            provider_quota,
+            provider_cooldown_until,
+            provider_exhausted_until,
+            providers: std::sync::OnceLock::new(),
             budget_alerts,
             breaker_state,
             breaker_transitions,
@@ -483,11 +560,53 @@ impl Metrics {
             .inc();
     }
 
+    /// Reads the provider keys' quotas and this replica's exhaustion holds
+    /// from `probe` at every scrape. Set once.
+    pub fn set_provider_probe(&self, probe: impl Fn() -> ProviderGauges + Send + Sync + 'static) {
+        let _ = self.providers.set(Box::new(probe));
+    }
+
+    /// A provider key's cooldown, seen to end at `until_ms`.
+    pub fn provider_cooldown(&self, provider: &str, model: &str, until_ms: u64) {
+        self.provider_cooldown_until
+            .get_or_create(&ProviderKeyLabels {
+                provider: provider.to_owned(),
+                model: model.to_owned(),
+            })
+            .set(until_ms as f64 / 1_000.0);
+    }
+
+    fn sync_providers(&self) {
+        let Some(probe) = self.providers.get() else {
+            return;
+        };
+        let g = probe();
+        // A key removed by a reload, or a kind no longer set, leaves.
+        self.provider_quota.clear();
+        for (provider, model, kind, per_min) in g.quotas {
+            self.provider_quota
+                .get_or_create(&ProviderQuotaLabels {
+                    provider,
+                    model,
+                    kind,
+                })
+                .set(per_min);
+        }
+        self.provider_exhausted_until.clear();
+        for (provider, model, until) in g.exhausted {
+            self.provider_exhausted_until
+                .get_or_create(&ProviderKeyLabels { provider, model })
+                .set(until as f64 / 1_000.0);
+        }
+    }
+
     fn sync_health(&self) {
         let Some(probe) = self.health.get() else {
+            self.store_up.set(1);
             return;
         };
         let h = probe();
+        self.store_up.set(i64::from(h.breaker != "open"));
         for state in BREAKER_STATES {
             self.breaker_state
                 .get_or_create(&StateLabels { state })
@@ -508,11 +627,45 @@ impl Metrics {
     /// The text exposition.
     pub fn encode(&self) -> String {
         self.sync_health();
+        self.sync_providers();
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
     }
+}
+
+/// The provider keys' quotas per minute (from `governor`'s book) and its
+/// exhaustion holds, for a scrape.
+pub fn provider_gauges<S: tollgate_core::Store>(
+    governor: &tollgate_provider::ProviderGovernor<S>,
+) -> ProviderGauges {
+    let per_min =
+        |b: &tollgate_core::BucketSpec| b.amount() as f64 * 60_000.0 / b.period_ms() as f64;
+    let mut out = ProviderGauges::default();
+    for p in governor.book().iter() {
+        for (kind, spec) in [
+            ("requests", &p.requests),
+            ("tokens", &p.tokens),
+            ("input_tokens", &p.input_tokens),
+            ("output_tokens", &p.output_tokens),
+        ] {
+            if let Some(b) = spec {
+                out.quotas.push((
+                    p.provider.to_string(),
+                    p.model.to_string(),
+                    kind,
+                    per_min(b),
+                ));
+            }
+        }
+    }
+    out.exhausted = governor
+        .exhaustion_holds()
+        .into_iter()
+        .map(|(p, m, until)| (p.to_string(), m.to_string(), until))
+        .collect();
+    out
 }
 
 /// Most runs [`RunTable`] tracks at once. Past it, admitting one more drops

@@ -95,6 +95,13 @@ impl<S: Store + Clone> App<S> {
             limiter.clock().clone(),
             providers,
         ));
+        metrics.max_in_flight.set(max_in_flight as i64);
+        let weak = Arc::downgrade(&providers);
+        metrics.set_provider_probe(move || {
+            weak.upgrade()
+                .map(|g| crate::metrics::provider_gauges(&g))
+                .unwrap_or_default()
+        });
         Self {
             inner: Arc::new(Inner {
                 limiter,

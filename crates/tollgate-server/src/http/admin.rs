@@ -410,6 +410,7 @@ async fn clear_provider<S: Store + Clone>(
         .map_err(|e| crate::outcome::from_provider(e, governor.clock().now_ms()))?;
     app.metrics()
         .provider_rate(&provider, &model, tollgate_core::aimd::FULL);
+    app.metrics().provider_cooldown(&provider, &model, 0);
     tracing::info!(
         provider,
         model,

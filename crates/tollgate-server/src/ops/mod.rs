@@ -676,6 +676,12 @@ pub async fn provider_permit<S: Store + Clone>(
         Decision::Denied(d) => {
             app.metrics()
                 .provider_permit(provider, &req.model, "refused");
+            if d.limit() == tollgate_core::Limit::Cooldown {
+                let until = clock
+                    .now_ms()
+                    .saturating_add(d.retry_after_ms().unwrap_or(0));
+                app.metrics().provider_cooldown(provider, &req.model, until);
+            }
             tracing::info!(
                 user,
                 provider,
@@ -737,6 +743,9 @@ pub async fn provider_feedback<S: Store + Clone>(
     app.metrics().provider_response(provider, &req.model, class);
     if let Some(p) = out.effective_permille {
         app.metrics().provider_rate(provider, &req.model, p);
+    }
+    if let Some(until) = out.cooldown_until_ms {
+        app.metrics().provider_cooldown(provider, &req.model, until);
     }
     let reason = match &out.feedback {
         Feedback::Exhausted { reason, .. } => Some(reason.clone()),
