@@ -23,6 +23,7 @@ use tollgate_core::failover::Failover;
 use tollgate_core::{Clock, Limiter, MemoryStore, MonotonicClock, Store, SystemClock};
 use tollgate_redis::RedisStore;
 
+pub mod audit;
 pub mod config;
 pub mod edge;
 pub mod envoy;
@@ -133,7 +134,20 @@ fn app_with_metrics<S: Store + Clone>(
             a.period
         );
     });
-    Ok(App::with_metrics(
+    let audit = match &config.audit {
+        None => None,
+        Some(a) => Some(
+            audit::AuditLog::start(a, limiter.clock().clone(), metrics.audit_dropped.clone())
+                .map_err(|e| ConfigError {
+                    source_name: "the config".into(),
+                    errors: vec![tollgate_core::plan::FieldError {
+                        path: "audit.file".into(),
+                        reason: format!("cannot be opened for appending: {e}"),
+                    }],
+                })?,
+        ),
+    };
+    let app = App::with_metrics(
         limiter,
         config.providers.clone(),
         verifier,
@@ -145,7 +159,11 @@ fn app_with_metrics<S: Store + Clone>(
             .clone()
             .map(|path| (path, config.restart_only.clone())),
     )
-    .with_edge(config.limits.clone()))
+    .with_edge(config.limits.clone());
+    Ok(match audit {
+        Some(a) => app.with_audit(a),
+        None => app,
+    })
 }
 
 /// What the server is running, for the startup banner.

@@ -215,6 +215,9 @@ pub struct Metrics {
     pub provider_exhausted_until:
         Family<ProviderKeyLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     providers: std::sync::OnceLock<ProviderProbe>,
+    /// Audit lines not written: over `[audit] max_lines_per_second`, or
+    /// the writer's queue full.
+    pub audit_dropped: Counter,
     /// Users whose spend reached a budget alert threshold, once per user,
     /// window and threshold (no user id: the log line names them).
     pub budget_alerts: Family<BudgetAlertLabels, Counter>,
@@ -417,6 +420,12 @@ impl Metrics {
             "End of this replica's exhaustion hold of the provider key (permits fail fast), seconds since the epoch (0: none)",
             provider_exhausted_until.clone(),
         );
+        let audit_dropped = Counter::default();
+        registry.register(
+            "audit_dropped",
+            "Audit lines not written: over [audit] max_lines_per_second, or the writer's queue full",
+            audit_dropped.clone(),
+        );
         let budget_alerts = Family::<BudgetAlertLabels, Counter>::default();
         registry.register(
             "budget_alerts",
@@ -431,6 +440,7 @@ impl Metrics {
             provider_cooldown_until,
             provider_exhausted_until,
             providers: std::sync::OnceLock::new(),
+            audit_dropped,
             budget_alerts,
             breaker_state,
             breaker_transitions,

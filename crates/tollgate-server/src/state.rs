@@ -50,6 +50,8 @@ struct Inner<S> {
     reload_lock: tokio::sync::Mutex<()>,
     /// The Envoy rate-limit services' rule holders, swapped on reload.
     rls_rules: parking_lot::Mutex<Vec<crate::envoy::RulesHandle>>,
+    /// The decision audit log, if configured.
+    audit: Option<crate::audit::AuditLog>,
 }
 
 impl<S: Store + Clone> App<S> {
@@ -119,6 +121,7 @@ impl<S: Store + Clone> App<S> {
                 restart_only,
                 reload_lock: tokio::sync::Mutex::new(()),
                 rls_rules: parking_lot::Mutex::new(Vec::new()),
+                audit: None,
             }),
         }
     }
@@ -138,6 +141,26 @@ impl<S: Store + Clone> App<S> {
         inner.waits = WaitGate::new(edge.max_waits_per_user, edge.max_waiting);
         inner.edge = edge;
         self
+    }
+
+    /// The same writing `audit`, the decision audit log. Call it on a new
+    /// application, before it is cloned.
+    ///
+    /// # Panics
+    ///
+    /// If the application was already cloned.
+    #[track_caller]
+    pub fn with_audit(mut self, audit: crate::audit::AuditLog) -> Self {
+        let Some(inner) = Arc::get_mut(&mut self.inner) else {
+            panic!("App::with_audit after the application was shared");
+        };
+        inner.audit = Some(audit);
+        self
+    }
+
+    /// The decision audit log, if configured.
+    pub fn audit(&self) -> Option<&crate::audit::AuditLog> {
+        self.inner.audit.as_ref()
     }
 
     /// The edge limits (`[limits]`).

@@ -91,6 +91,9 @@ pub struct FileConfig {
     /// waiting requests (read at start).
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// The decision audit log (`[audit]`): off without it.
+    #[serde(default)]
+    pub audit: Option<crate::audit::AuditConfig>,
 }
 
 /// `[limits]` as written: the edge's bounds ([`crate::edge`]); each field
@@ -272,6 +275,8 @@ pub struct Config {
     /// The edge's bounds (`[limits]`). Read at startup only.
     pub limits: crate::edge::EdgeLimits,
     /// The settings a running server cannot change, as written: a reload
+    /// The decision audit log, if configured. Read at startup only.
+    pub audit: Option<crate::audit::AuditSettings>,
     /// compares them ([`RestartOnly::changed`]).
     pub restart_only: RestartOnly,
     /// Directory relative paths in the config are resolved against.
@@ -312,6 +317,7 @@ impl RestartOnly {
                 ("max_in_flight", written(&file.max_in_flight)),
                 ("store", written(&file.store)),
                 ("identity", written(&file.identity)),
+                ("audit", written(&file.audit)),
                 (
                     "limits.max_connections",
                     written(&file.limits.max_connections),
@@ -616,6 +622,16 @@ impl FileConfig {
             ));
         }
         let limits = self.limits.validate(self.max_in_flight, &mut errors);
+        let audit = match &self.audit {
+            None => None,
+            Some(a) => match a.validate(base_dir) {
+                Ok(a) => Some(a),
+                Err(e) => {
+                    errors.extend(e);
+                    None
+                }
+            },
+        };
         if let Some(t) = &self.admin_token
             && t.len() < 16
         {
@@ -679,6 +695,7 @@ impl FileConfig {
                 providers,
                 rls,
                 limits,
+                audit,
                 restart_only,
                 base_dir: base_dir.to_path_buf(),
                 source: None,

@@ -113,9 +113,13 @@ impl<S: Store + Clone> TollgateService<S> {
         let result = async {
             // The identity first: an unverified call takes no place.
             let peer = request.remote_addr().map(|a| a.ip());
-            let caller = ops::verify_caller(app, &request.metadata().clone().into_headers(), peer)?;
+            let headers = request.metadata().clone().into_headers();
+            let caller = ops::verify_caller(app, &headers, peer)?;
             let _place = ops::enter(app)?;
-            let result = op(app, &caller, request.into_inner()).await;
+            let trace = crate::audit::from_headers(&headers);
+            let result = crate::audit::TRACE_ID
+                .scope(trace, op(app, &caller, request.into_inner()))
+                .await;
             if let Err(e) = &result
                 && e.is_fault()
             {

@@ -442,8 +442,12 @@ async fn admit<S: Store + Clone>(State(app): State<App<S>>, req: Request, next: 
         Ok(place) => place,
         Err(overloaded) => return HttpError(overloaded).into_response(),
     };
-    let resp = next
-        .run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+    let trace = crate::audit::from_headers(&parts.headers);
+    let resp = crate::audit::TRACE_ID
+        .scope(
+            trace,
+            next.run(Request::from_parts(parts, axum::body::Body::from(bytes))),
+        )
         .await;
     if resp.extensions().get::<StoreFault>().is_some() {
         app.metrics().store_errors.inc();

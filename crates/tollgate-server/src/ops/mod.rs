@@ -219,6 +219,19 @@ fn observe<S: Store + Clone, T: tollgate_core::decision::Waited>(
     app.metrics().decisions.get_or_create(&labels).inc();
     if let Some(d) = denial {
         tracing::info!(user, op, outcome = labels.outcome, limit = labels.limit, plan = %labels.plan, "{d}");
+        if let Some(audit) = app.audit() {
+            let trace = crate::audit::current_trace_id();
+            audit.record(&crate::audit::AuditEntry {
+                ts_ms: app.clock().now_ms(),
+                user,
+                plan: &labels.plan,
+                op,
+                limit: labels.limit,
+                outcome: labels.outcome,
+                retry_after_ms: d.retry_after_ms(),
+                trace_id: trace.as_deref(),
+            });
+        }
     }
 }
 

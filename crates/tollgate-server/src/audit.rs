@@ -1,0 +1,439 @@
+//! The decision audit log (`[audit]`): one JSON line per denial and per
+//! shadow-denial — when, the user, the plan, the operation, the limit, the
+//! retry hint and the request's W3C trace id — to a file or stderr.
+//!
+//! A flood cannot fill a disk or stall a request: lines past
+//! `max_lines_per_second` are dropped (counted in
+//! `tollgate_audit_dropped_total`, and one line a second says how many), a
+//! request only hands its line to a bounded queue (a full queue drops it
+//! too), and a file past `max_file_bytes` is rotated: renamed to
+//! `<file>.1` (the previous `.1` is replaced), so the log holds at most
+//! twice that. `file = "stderr"` hands rotation to the system's log
+//! collector instead.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+
+use serde::{Deserialize, Serialize};
+use tollgate_core::Clock;
+use tollgate_core::plan::FieldError;
+
+/// `[audit]` as written.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditConfig {
+    /// Where: a file path (relative to the config file's directory) or
+    /// `"stderr"`. Required.
+    #[serde(default)]
+    pub file: Option<String>,
+    /// Lines written per second at most (default 100; 1 to 100,000).
+    #[serde(default)]
+    pub max_lines_per_second: Option<u32>,
+    /// Size at which the file is rotated, bytes (default 100 MiB; 4 KiB to
+    /// 1 TiB). Not with `"stderr"`.
+    #[serde(default)]
+    pub max_file_bytes: Option<u64>,
+}
+
+/// Where audit lines go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuditTarget {
+    /// The process's standard error.
+    Stderr,
+    /// A file, rotated at a size.
+    File {
+        /// The file.
+        path: PathBuf,
+        /// Rotated past this many bytes.
+        max_bytes: u64,
+    },
+}
+
+/// Validated `[audit]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditSettings {
+    /// Where.
+    pub target: AuditTarget,
+    /// Lines per second at most.
+    pub max_lines_per_second: u32,
+}
+
+/// Default `max_lines_per_second`.
+pub const DEFAULT_LINES_PER_SECOND: u32 = 100;
+/// Default `max_file_bytes`: 100 MiB.
+pub const DEFAULT_FILE_BYTES: u64 = 100 << 20;
+/// Lines waiting for the writer at most; past it a line is dropped.
+const QUEUE: usize = 4_096;
+
+impl AuditConfig {
+    /// Checks `[audit]` (`None`: no table, no audit log).
+    ///
+    /// # Errors
+    ///
+    /// Each problem with its field path.
+    pub fn validate(&self, base_dir: &Path) -> Result<AuditSettings, Vec<FieldError>> {
+        let mut errors = Vec::new();
+        let mut err = |path: &str, reason: String| {
+            errors.push(FieldError {
+                path: format!("audit.{path}"),
+                reason,
+            });
+        };
+        let lines = self
+            .max_lines_per_second
+            .unwrap_or(DEFAULT_LINES_PER_SECOND);
+        if !(1..=100_000).contains(&lines) {
+            err(
+                "max_lines_per_second",
+                format!("must be between 1 and 100000 (got {lines})"),
+            );
+        }
+        let bytes = self.max_file_bytes.unwrap_or(DEFAULT_FILE_BYTES);
+        if !(4_096..=1 << 40).contains(&bytes) {
+            err(
+                "max_file_bytes",
+                format!("must be between 4096 and 1099511627776 (got {bytes})"),
+            );
+        }
+        let target = match self.file.as_deref() {
+            None | Some("") => {
+                err("file", "is required: a path, or \"stderr\"".to_owned());
+                None
+            }
+            Some("stderr") => {
+                if self.max_file_bytes.is_some() {
+                    err(
+                        "max_file_bytes",
+                        "applies to a file, not to stderr".to_owned(),
+                    );
+                }
+                Some(AuditTarget::Stderr)
+            }
+            Some(p) => Some(AuditTarget::File {
+                path: base_dir.join(p),
+                max_bytes: bytes,
+            }),
+        };
+        match target {
+            Some(target) if errors.is_empty() => Ok(AuditSettings {
+                target,
+                max_lines_per_second: lines,
+            }),
+            _ => Err(errors),
+        }
+    }
+}
+
+/// One refusal, as an audit line.
+#[derive(Debug, Serialize)]
+pub struct AuditEntry<'a> {
+    /// When, ms since the epoch.
+    pub ts_ms: u64,
+    /// The verified user.
+    pub user: &'a str,
+    /// Their plan.
+    pub plan: &'a str,
+    /// `admit` or `reserve`.
+    pub op: &'a str,
+    /// The refusing limit.
+    pub limit: &'a str,
+    /// `denied`, or `shadow_denied` (shadow mode let it through).
+    pub outcome: &'a str,
+    /// The retry hint, ms (`null`: not retryable).
+    pub retry_after_ms: Option<u64>,
+    /// The request's W3C trace id (its `traceparent`), if it sent one.
+    pub trace_id: Option<&'a str>,
+}
+
+struct Window {
+    second: u64,
+    written: u32,
+    dropped: u64,
+}
+
+/// The audit log of a running server.
+pub struct AuditLog {
+    tx: SyncSender<String>,
+    clock: Arc<dyn Clock>,
+    max_per_second: u32,
+    window: parking_lot::Mutex<Window>,
+    dropped: prometheus_client::metrics::counter::Counter,
+}
+
+impl std::fmt::Debug for AuditLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuditLog").finish_non_exhaustive()
+    }
+}
+
+impl AuditLog {
+    /// Opens the target (a file is created if missing, appended to) and
+    /// starts the writer thread. `dropped` counts the lines not written.
+    ///
+    /// # Errors
+    ///
+    /// The file cannot be opened.
+    pub fn start(
+        settings: &AuditSettings,
+        clock: Arc<dyn Clock>,
+        dropped: prometheus_client::metrics::counter::Counter,
+    ) -> io::Result<Self> {
+        let sink = match &settings.target {
+            AuditTarget::Stderr => Sink::Stderr,
+            AuditTarget::File { path, max_bytes } => {
+                let file = open(path)?;
+                let size = file.metadata()?.len();
+                Sink::File {
+                    path: path.clone(),
+                    file: io::BufWriter::new(file),
+                    size,
+                    max_bytes: *max_bytes,
+                }
+            }
+        };
+        let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE);
+        std::thread::Builder::new()
+            .name("tollgate-audit".into())
+            .spawn(move || write_lines(sink, &rx))?;
+        Ok(Self {
+            tx,
+            clock,
+            max_per_second: settings.max_lines_per_second,
+            window: parking_lot::Mutex::new(Window {
+                second: 0,
+                written: 0,
+                dropped: 0,
+            }),
+            dropped,
+        })
+    }
+
+    /// Records a refusal, unless this second's lines are spent or the
+    /// queue is full (then it is counted as dropped). Never blocks.
+    pub fn record(&self, entry: &AuditEntry<'_>) {
+        let now = self.clock.now_ms();
+        let second = now / 1_000;
+        let mut summary = None;
+        {
+            let mut w = self.window.lock();
+            if w.second != second {
+                if w.dropped > 0 {
+                    summary = Some(w.dropped);
+                }
+                *w = Window {
+                    second,
+                    written: 0,
+                    dropped: 0,
+                };
+            }
+            if w.written >= self.max_per_second {
+                w.dropped += 1;
+                drop(w);
+                self.dropped.inc();
+                return;
+            }
+            w.written += 1;
+        }
+        if let Some(n) = summary {
+            let line = serde_json::json!({
+                "ts_ms": now,
+                "dropped": n,
+                "message": format!("{n} audit lines dropped in the last second with lines: over max_lines_per_second"),
+            });
+            self.send(line.to_string());
+        }
+        if let Ok(line) = serde_json::to_string(entry) {
+            self.send(line);
+        }
+    }
+
+    fn send(&self, line: String) {
+        match self.tx.try_send(line) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.dropped.inc();
+            }
+        }
+    }
+}
+
+fn open(path: &Path) -> io::Result<File> {
+    OpenOptions::new().create(true).append(true).open(path)
+}
+
+enum Sink {
+    Stderr,
+    File {
+        path: PathBuf,
+        file: io::BufWriter<File>,
+        size: u64,
+        max_bytes: u64,
+    },
+}
+
+/// The writer thread: one line at a time, flushed whenever the queue is
+/// empty; a file past its size is rotated first.
+fn write_lines(mut sink: Sink, rx: &Receiver<String>) {
+    while let Ok(first) = rx.recv() {
+        let mut next = Some(first);
+        while let Some(line) = next {
+            if let Err(e) = sink.write(&line) {
+                tracing::warn!(error = %e, "audit log write failed");
+            }
+            next = rx.try_recv().ok();
+        }
+        if let Err(e) = sink.flush() {
+            tracing::warn!(error = %e, "audit log flush failed");
+        }
+    }
+}
+
+impl Sink {
+    fn write(&mut self, line: &str) -> io::Result<()> {
+        match self {
+            Sink::Stderr => {
+                let mut err = io::stderr().lock();
+                err.write_all(line.as_bytes())?;
+                err.write_all(b"\n")
+            }
+            Sink::File {
+                path,
+                file,
+                size,
+                max_bytes,
+            } => {
+                let n = line.len() as u64 + 1;
+                if *size > 0 && size.saturating_add(n) > *max_bytes {
+                    file.flush()?;
+                    let mut rotated = path.clone().into_os_string();
+                    rotated.push(".1");
+                    std::fs::rename(&*path, &rotated)?;
+                    *file = io::BufWriter::new(open(path)?);
+                    *size = 0;
+                }
+                file.write_all(line.as_bytes())?;
+                file.write_all(b"\n")?;
+                *size += n;
+                Ok(())
+            }
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Sink::Stderr => io::stderr().flush(),
+            Sink::File { file, .. } => file.flush(),
+        }
+    }
+}
+
+/// The trace id of a W3C `traceparent` header value
+/// (`00-<32 hex>-<16 hex>-<2 hex>`), if it is well formed and not all
+/// zeros.
+pub fn trace_id(traceparent: &str) -> Option<&str> {
+    let mut parts = traceparent.trim().split('-');
+    let (version, trace, span, flags) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let hex = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    };
+    let ok = hex(version, 2)
+        && version != "ff"
+        && hex(trace, 32)
+        && trace.bytes().any(|b| b != b'0')
+        && hex(span, 16)
+        && span.bytes().any(|b| b != b'0')
+        && hex(flags, 2)
+        && (version != "00" || parts.next().is_none());
+    ok.then_some(trace)
+}
+
+tokio::task_local! {
+    /// The trace id of the request being served (from its `traceparent`),
+    /// for the audit line of its decision.
+    pub static TRACE_ID: Option<String>;
+}
+
+/// The trace id of the request being served, if any.
+pub fn current_trace_id() -> Option<String> {
+    TRACE_ID.try_with(Clone::clone).ok().flatten()
+}
+
+/// The trace id of `headers`' `traceparent`, owned.
+pub fn from_headers(headers: &axum::http::HeaderMap) -> Option<String> {
+    headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .and_then(trace_id)
+        .map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trace_ids_come_from_well_formed_traceparents_only() {
+        let id = "4bf92f3577b34da6a3ce929d0e0e4736";
+        assert_eq!(trace_id(&format!("00-{id}-00f067aa0ba902b7-01")), Some(id));
+        for bad in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+        ] {
+            assert_eq!(trace_id(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn settings_are_validated_with_their_paths() {
+        let base = Path::new("/etc/tollgate");
+        let ok = AuditConfig {
+            file: Some("audit.jsonl".into()),
+            ..AuditConfig::default()
+        }
+        .validate(base)
+        .unwrap();
+        assert_eq!(
+            ok.target,
+            AuditTarget::File {
+                path: base.join("audit.jsonl"),
+                max_bytes: DEFAULT_FILE_BYTES
+            }
+        );
+        assert_eq!(ok.max_lines_per_second, DEFAULT_LINES_PER_SECOND);
+        let errs = |c: AuditConfig| -> Vec<String> {
+            c.validate(base)
+                .unwrap_err()
+                .iter()
+                .map(|e| format!("{}: {}", e.path, e.reason))
+                .collect()
+        };
+        assert_eq!(
+            errs(AuditConfig::default()),
+            ["audit.file: is required: a path, or \"stderr\""]
+        );
+        assert_eq!(
+            errs(AuditConfig {
+                file: Some("stderr".into()),
+                max_lines_per_second: Some(0),
+                max_file_bytes: Some(1),
+            }),
+            [
+                "audit.max_lines_per_second: must be between 1 and 100000 (got 0)",
+                "audit.max_file_bytes: must be between 4096 and 1099511627776 (got 1)",
+                "audit.max_file_bytes: applies to a file, not to stderr",
+            ]
+        );
+    }
+}
