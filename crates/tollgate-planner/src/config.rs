@@ -6,7 +6,7 @@
 //! data `currency`, `[prices."<provider>:<model>"]` and `[budgets]` with
 //! the plans' and overrides' spend budgets. The server-only settings (`listen`, `grpc_listen`, `admin_listen`,
 //! `rls_listen`, `admin_token`, `max_in_flight`, `[store]`, `[identity]`,
-//! `[rls]`, `[limits]`, `[audit]`) are accepted and ignored; any other top-level key is
+//! `[rls]`, `[limits]`, `[audit]`, `[telemetry]`) are accepted and ignored; any other top-level key is
 //! an error, as in the server, so a typo is never silently dropped. The
 //! server's tests check that every top-level key of its config is accepted
 //! here (`tollgate-server/tests/config_keys.rs`).
@@ -77,6 +77,8 @@ struct LimitsFile {
     _limits: Option<toml::Value>,
     #[serde(default, rename = "audit")]
     _audit: Option<toml::Value>,
+    #[serde(default, rename = "telemetry")]
+    _telemetry: Option<toml::Value>,
 }
 
 impl Limits {

@@ -330,11 +330,21 @@ impl Sink {
     }
 }
 
-/// The trace id of a W3C `traceparent` header value
-/// (`00-<32 hex>-<16 hex>-<2 hex>`), if it is well formed and not all
-/// zeros.
-pub fn trace_id(traceparent: &str) -> Option<&str> {
-    let mut parts = traceparent.trim().split('-');
+/// A W3C `traceparent`: the caller's trace and span.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceParent {
+    /// The trace id, 32 lowercase hex digits.
+    pub trace_id: String,
+    /// The caller's span id, 16 lowercase hex digits.
+    pub span_id: String,
+    /// The caller sampled the trace (flag 01).
+    pub sampled: bool,
+}
+
+/// Reads a `traceparent` header value (`00-<32 hex>-<16 hex>-<2 hex>`):
+/// `None` unless it is well formed, with ids not all zeros.
+pub fn parse_traceparent(v: &str) -> Option<TraceParent> {
+    let mut parts = v.trim().split('-');
     let (version, trace, span, flags) =
         (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
     let hex = |s: &str, n: usize| {
@@ -350,27 +360,45 @@ pub fn trace_id(traceparent: &str) -> Option<&str> {
         && span.bytes().any(|b| b != b'0')
         && hex(flags, 2)
         && (version != "00" || parts.next().is_none());
-    ok.then_some(trace)
+    let flags = u8::from_str_radix(flags, 16).ok()?;
+    ok.then(|| TraceParent {
+        trace_id: trace.to_owned(),
+        span_id: span.to_owned(),
+        sampled: flags & 1 == 1,
+    })
+}
+
+/// What the request being served carries for its decision's audit line
+/// and span.
+#[derive(Debug, Clone, Default)]
+pub struct RequestContext {
+    /// Its `traceparent`, if well formed.
+    pub parent: Option<TraceParent>,
+    /// When it started, ms since the epoch (the server's clock).
+    pub started_ms: u64,
 }
 
 tokio::task_local! {
-    /// The trace id of the request being served (from its `traceparent`),
-    /// for the audit line of its decision.
-    pub static TRACE_ID: Option<String>;
+    /// The request being served (set by the HTTP middleware and the gRPC
+    /// call wrapper).
+    pub static REQUEST: RequestContext;
 }
 
-/// The trace id of the request being served, if any.
-pub fn current_trace_id() -> Option<String> {
-    TRACE_ID.try_with(Clone::clone).ok().flatten()
+/// The request being served, if any.
+pub fn current() -> Option<RequestContext> {
+    REQUEST.try_with(Clone::clone).ok()
 }
 
-/// The trace id of `headers`' `traceparent`, owned.
-pub fn from_headers(headers: &axum::http::HeaderMap) -> Option<String> {
-    headers
-        .get("traceparent")
-        .and_then(|v| v.to_str().ok())
-        .and_then(trace_id)
-        .map(str::to_owned)
+/// The request context of `headers` (their `traceparent`), started at
+/// `started_ms`.
+pub fn from_headers(headers: &axum::http::HeaderMap, started_ms: u64) -> RequestContext {
+    RequestContext {
+        parent: headers
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_traceparent),
+        started_ms,
+    }
 }
 
 #[cfg(test)]
@@ -380,7 +408,20 @@ mod tests {
     #[test]
     fn trace_ids_come_from_well_formed_traceparents_only() {
         let id = "4bf92f3577b34da6a3ce929d0e0e4736";
-        assert_eq!(trace_id(&format!("00-{id}-00f067aa0ba902b7-01")), Some(id));
+        let trace_id = |v: &str| parse_traceparent(v).map(|p| p.trace_id);
+        assert_eq!(
+            parse_traceparent(&format!("00-{id}-00f067aa0ba902b7-01")),
+            Some(TraceParent {
+                trace_id: id.into(),
+                span_id: "00f067aa0ba902b7".into(),
+                sampled: true
+            })
+        );
+        assert!(
+            !parse_traceparent(&format!("00-{id}-00f067aa0ba902b7-00"))
+                .unwrap()
+                .sampled
+        );
         for bad in [
             "",
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",

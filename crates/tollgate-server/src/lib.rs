@@ -36,6 +36,7 @@ pub mod outcome;
 pub mod reload;
 pub mod shutdown;
 pub mod state;
+pub mod telemetry;
 
 pub use config::{Config, ConfigError, StoreSettings};
 pub use state::App;
@@ -160,9 +161,23 @@ fn app_with_metrics<S: Store + Clone>(
             .map(|path| (path, config.restart_only.clone())),
     )
     .with_edge(config.limits.clone());
-    Ok(match audit {
+    let app = match audit {
         Some(a) => app.with_audit(a),
         None => app,
+    };
+    Ok(match &config.telemetry {
+        None => app,
+        Some(t) => {
+            app.with_telemetry(
+                telemetry::Telemetry::start(t).map_err(|reason| ConfigError {
+                    source_name: "the config".into(),
+                    errors: vec![tollgate_core::plan::FieldError {
+                        path: "telemetry.otlp_endpoint".into(),
+                        reason,
+                    }],
+                })?,
+            )
+        }
     })
 }
 
@@ -545,6 +560,14 @@ async fn run<S: Store + Clone>(
     for task in reloaders {
         task.abort();
     }
+    // The spans still buffered are exported before the server returns.
+    let flushing = app.clone();
+    let _ = tokio::task::spawn_blocking(move || {
+        if let Some(t) = flushing.telemetry() {
+            t.shutdown();
+        }
+    })
+    .await;
     served?;
     Ok(())
 }

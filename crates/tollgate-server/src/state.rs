@@ -52,6 +52,8 @@ struct Inner<S> {
     rls_rules: parking_lot::Mutex<Vec<crate::envoy::RulesHandle>>,
     /// The decision audit log, if configured.
     audit: Option<crate::audit::AuditLog>,
+    /// Decision spans over OTLP, if configured.
+    telemetry: Option<crate::telemetry::Telemetry>,
 }
 
 impl<S: Store + Clone> App<S> {
@@ -122,6 +124,7 @@ impl<S: Store + Clone> App<S> {
                 reload_lock: tokio::sync::Mutex::new(()),
                 rls_rules: parking_lot::Mutex::new(Vec::new()),
                 audit: None,
+                telemetry: None,
             }),
         }
     }
@@ -161,6 +164,26 @@ impl<S: Store + Clone> App<S> {
     /// The decision audit log, if configured.
     pub fn audit(&self) -> Option<&crate::audit::AuditLog> {
         self.inner.audit.as_ref()
+    }
+
+    /// The same exporting decision spans with `telemetry`. Call it on a new
+    /// application, before it is cloned.
+    ///
+    /// # Panics
+    ///
+    /// If the application was already cloned.
+    #[track_caller]
+    pub fn with_telemetry(mut self, telemetry: crate::telemetry::Telemetry) -> Self {
+        let Some(inner) = Arc::get_mut(&mut self.inner) else {
+            panic!("App::with_telemetry after the application was shared");
+        };
+        inner.telemetry = Some(telemetry);
+        self
+    }
+
+    /// Decision spans, if configured.
+    pub fn telemetry(&self) -> Option<&crate::telemetry::Telemetry> {
+        self.inner.telemetry.as_ref()
     }
 
     /// The edge limits (`[limits]`).

@@ -94,6 +94,9 @@ pub struct FileConfig {
     /// The decision audit log (`[audit]`): off without it.
     #[serde(default)]
     pub audit: Option<crate::audit::AuditConfig>,
+    /// OpenTelemetry traces (`[telemetry]`): off without it.
+    #[serde(default)]
+    pub telemetry: Option<crate::telemetry::TelemetryConfig>,
 }
 
 /// `[limits]` as written: the edge's bounds ([`crate::edge`]); each field
@@ -277,6 +280,8 @@ pub struct Config {
     /// The settings a running server cannot change, as written: a reload
     /// The decision audit log, if configured. Read at startup only.
     pub audit: Option<crate::audit::AuditSettings>,
+    /// Decision spans over OTLP, if configured. Read at startup only.
+    pub telemetry: Option<crate::telemetry::TelemetrySettings>,
     /// compares them ([`RestartOnly::changed`]).
     pub restart_only: RestartOnly,
     /// Directory relative paths in the config are resolved against.
@@ -318,6 +323,7 @@ impl RestartOnly {
                 ("store", written(&file.store)),
                 ("identity", written(&file.identity)),
                 ("audit", written(&file.audit)),
+                ("telemetry", written(&file.telemetry)),
                 (
                     "limits.max_connections",
                     written(&file.limits.max_connections),
@@ -622,6 +628,16 @@ impl FileConfig {
             ));
         }
         let limits = self.limits.validate(self.max_in_flight, &mut errors);
+        let telemetry = match &self.telemetry {
+            None => None,
+            Some(t) => match t.validate() {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    errors.extend(e);
+                    None
+                }
+            },
+        };
         let audit = match &self.audit {
             None => None,
             Some(a) => match a.validate(base_dir) {
@@ -696,6 +712,7 @@ impl FileConfig {
                 rls,
                 limits,
                 audit,
+                telemetry,
                 restart_only,
                 base_dir: base_dir.to_path_buf(),
                 source: None,

@@ -116,9 +116,9 @@ impl<S: Store + Clone> TollgateService<S> {
             let headers = request.metadata().clone().into_headers();
             let caller = ops::verify_caller(app, &headers, peer)?;
             let _place = ops::enter(app)?;
-            let trace = crate::audit::from_headers(&headers);
-            let result = crate::audit::TRACE_ID
-                .scope(trace, op(app, &caller, request.into_inner()))
+            let context = crate::audit::from_headers(&headers, app.clock().now_ms());
+            let result = crate::audit::REQUEST
+                .scope(context, op(app, &caller, request.into_inner()))
                 .await;
             if let Err(e) = &result
                 && e.is_fault()

@@ -442,10 +442,10 @@ async fn admit<S: Store + Clone>(State(app): State<App<S>>, req: Request, next: 
         Ok(place) => place,
         Err(overloaded) => return HttpError(overloaded).into_response(),
     };
-    let trace = crate::audit::from_headers(&parts.headers);
-    let resp = crate::audit::TRACE_ID
+    let request = crate::audit::from_headers(&parts.headers, app.clock().now_ms());
+    let resp = crate::audit::REQUEST
         .scope(
-            trace,
+            request,
             next.run(Request::from_parts(parts, axum::body::Body::from(bytes))),
         )
         .await;

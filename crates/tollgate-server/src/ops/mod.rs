@@ -217,10 +217,35 @@ fn observe<S: Store + Clone, T: tollgate_core::decision::Waited>(
         plan,
     };
     app.metrics().decisions.get_or_create(&labels).inc();
+    if let Some(t) = app.telemetry() {
+        let request = crate::audit::current();
+        let now = app.clock().now_ms();
+        let wait_ms = match decision {
+            Decision::Allowed { grant, .. } => grant.wait_ms(),
+            Decision::Denied(_) => 0,
+        };
+        t.decision(
+            &crate::telemetry::DecisionSpan {
+                op,
+                limit: labels.limit,
+                outcome: labels.outcome,
+                plan: &labels.plan,
+                wait_ms,
+                user,
+                started_ms: request.as_ref().map_or(now, |r| r.started_ms),
+                ended_ms: now,
+            },
+            request.as_ref().and_then(|r| r.parent.as_ref()),
+        );
+    }
     if let Some(d) = denial {
         tracing::info!(user, op, outcome = labels.outcome, limit = labels.limit, plan = %labels.plan, "{d}");
         if let Some(audit) = app.audit() {
-            let trace = crate::audit::current_trace_id();
+            let request = crate::audit::current();
+            let trace = request
+                .as_ref()
+                .and_then(|r| r.parent.as_ref())
+                .map(|p| p.trace_id.as_str());
             audit.record(&crate::audit::AuditEntry {
                 ts_ms: app.clock().now_ms(),
                 user,
@@ -229,7 +254,7 @@ fn observe<S: Store + Clone, T: tollgate_core::decision::Waited>(
                 limit: labels.limit,
                 outcome: labels.outcome,
                 retry_after_ms: d.retry_after_ms(),
-                trace_id: trace.as_deref(),
+                trace_id: trace,
             });
         }
     }
