@@ -132,11 +132,12 @@ impl AuditConfig {
 pub struct AuditEntry<'a> {
     /// When, ms since the epoch.
     pub ts_ms: u64,
-    /// The verified user.
-    pub user: &'a str,
-    /// Their plan.
+    /// The verified user (`null`: a rate-limit service decision of a bucket
+    /// rule, which has none).
+    pub user: Option<&'a str>,
+    /// Their plan (a rate-limit service bucket: the rule's name).
     pub plan: &'a str,
-    /// `admit` or `reserve`.
+    /// `admit`, `reserve`, or `rls` (Envoy's rate-limit service).
     pub op: &'a str,
     /// The refusing limit.
     pub limit: &'a str,

@@ -1,5 +1,6 @@
 //! OpenTelemetry traces (`[telemetry]`): a span per decision of the HTTP
-//! and gRPC APIs (`tollgate.admit`, `tollgate.reserve`) with its operation,
+//! and gRPC APIs (`tollgate.admit`, `tollgate.reserve`) and of Envoy's
+//! rate-limit service (`tollgate.rls`, one per descriptor) with its operation,
 //! limit, outcome, plan and wait, child of the caller's W3C `traceparent`
 //! (HTTP header or gRPC metadata), sampled at `sample_ratio` (a sampled
 //! parent is followed), exported over OTLP/gRPC in batches. No user id
@@ -150,8 +151,9 @@ pub struct DecisionSpan<'a> {
     pub plan: &'a str,
     /// The wait granted, ms.
     pub wait_ms: u64,
-    /// The user (on the span only with `include_user_id`).
-    pub user: &'a str,
+    /// The user, if the decision has one (on the span only with
+    /// `include_user_id`).
+    pub user: Option<&'a str>,
     /// The request's start and the decision's end, ms since the epoch.
     pub started_ms: u64,
     /// When the decision was answered, ms since the epoch.
@@ -211,14 +213,17 @@ impl Telemetry {
                 i64::try_from(d.wait_ms).unwrap_or(i64::MAX),
             ),
         ];
-        if self.include_user_id {
-            attributes.push(KeyValue::new("tollgate.user", d.user.to_owned()));
+        if self.include_user_id
+            && let Some(u) = d.user
+        {
+            attributes.push(KeyValue::new("tollgate.user", u.to_owned()));
         }
         let mut span = self
             .tracer
             .span_builder(match d.op {
                 "admit" => "tollgate.admit",
                 "reserve" => "tollgate.reserve",
+                "rls" => "tollgate.rls",
                 _ => "tollgate.decision",
             })
             .with_kind(SpanKind::Server)

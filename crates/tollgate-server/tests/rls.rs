@@ -1484,3 +1484,59 @@ fn check_config_refuses_a_public_rls_listen_without_a_key() {
         .expect("run tollgate");
     assert_eq!(out.status.code(), Some(0), "{out:?}");
 }
+
+/// With `[audit]`, each refused descriptor is an audit line (op `rls`):
+/// the user of a `user_turns` rule, none for a bucket (its rule name in
+/// `plan`), and Envoy's `traceparent` from the call's metadata.
+#[tokio::test]
+async fn refusals_of_the_rate_limit_service_are_audited() {
+    let dir = std::env::temp_dir().join(format!("tollgate-rls-audit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("audit.jsonl");
+    let _ = std::fs::remove_file(&file);
+    let plans = format!("{PLANS}\n[audit]\nfile = \"{}\"\n", file.display());
+    let clock = FakeClock::new(T0);
+    let mut rls = Rls::start(MemoryStore::new(clock.clone()), clock, &plans, RULES).await;
+    // Five turns, then refused; the bucket "search" (burst 4) likewise.
+    for _ in 0..5 {
+        rls.one(&[("user_id", "ann")], 1).await;
+    }
+    let mut req = tonic::Request::new(RateLimitRequest {
+        domain: "agents".into(),
+        descriptors: vec![desc(&[("user_id", "ann")])],
+        hits_addend: 1,
+    });
+    req.metadata_mut().insert(
+        "traceparent",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+            .parse()
+            .unwrap(),
+    );
+    rls.client.should_rate_limit(req).await.expect("answer");
+    for _ in 0..5 {
+        rls.one(&[("generic_key", "search")], 1).await;
+    }
+    let read = || -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&file)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let ok = tollgate_testkit::redis::wait_until(10, || async { read().len() >= 2 }).await;
+    let lines = read();
+    assert!(ok, "{lines:#?}");
+    assert_eq!(
+        lines,
+        [
+            serde_json::json!({"ts_ms": T0, "user": "ann", "plan": "support", "op": "rls",
+                "limit": "turn_rate", "outcome": "denied", "retry_after_ms": 3_000,
+                "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736"}),
+            serde_json::json!({"ts_ms": T0, "user": null, "plan": "search", "op": "rls",
+                "limit": "bucket", "outcome": "denied", "retry_after_ms": 500,
+                "trace_id": null}),
+        ]
+    );
+    rls.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

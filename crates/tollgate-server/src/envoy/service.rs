@@ -152,6 +152,9 @@ pub(super) struct Verdict {
     /// Metrics labels.
     limit_label: &'static str,
     plan_label: Arc<str>,
+    /// The user whose turns it took (a `user_turns` rule), for the audit
+    /// log and spans.
+    user: Option<Arc<str>>,
 }
 
 impl Verdict {
@@ -165,6 +168,7 @@ impl Verdict {
             retry_after_ms: None,
             limit_label: "none",
             plan_label: "unmatched".into(),
+            user: None,
         }
     }
 
@@ -202,6 +206,7 @@ impl Verdict {
                 retry_after_ms: None,
                 limit_label,
                 plan_label,
+                user: None,
             },
             Decision::Denied(denial) => Self {
                 over: true,
@@ -212,6 +217,7 @@ impl Verdict {
                 retry_after_ms: denial.retry_after_ms(),
                 limit_label,
                 plan_label,
+                user: None,
             },
         }
     }
@@ -300,7 +306,11 @@ impl<S: Store + Clone> RlsService<S> {
     /// `INVALID_ARGUMENT` past the bounds (nothing decided),
     /// `RESOURCE_EXHAUSTED` over the in-flight cap, `UNAVAILABLE` when the
     /// store cannot be reached, `INTERNAL` on another store fault.
-    pub async fn decide(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+    pub async fn decide(
+        &self,
+        req: &RateLimitRequest,
+        ctx: &crate::audit::RequestContext,
+    ) -> Result<RateLimitResponse, Status> {
         check_request(req).map_err(|e| e.to_status())?;
         let _place = self.gate.try_acquire().map_err(|_| {
             tracing::debug!("rate-limit service: at its in-flight cap");
@@ -313,6 +323,7 @@ impl<S: Store + Clone> RlsService<S> {
             for _ in &req.descriptors {
                 let v = Verdict::refused("invalid_value", "invalid");
                 self.count(&v, false);
+                self.observe(&v, false, ctx);
                 verdicts.push(v);
             }
             return Ok(respond(&rules, &verdicts));
@@ -324,6 +335,7 @@ impl<S: Store + Clone> RlsService<S> {
                 Verdict::unmatched()
             };
             self.count(&v, rules.shadow());
+            self.observe(&v, rules.shadow(), ctx);
             verdicts.push(v);
         }
         Ok(respond(&rules, &verdicts))
@@ -340,6 +352,47 @@ impl<S: Store + Clone> RlsService<S> {
                 plan: Arc::clone(&v.plan_label),
             })
             .inc();
+    }
+
+    /// The decision's span (`[telemetry]`) and, for a refusal, its audit
+    /// line (`[audit]`; the user for a `user_turns` rule, none for a
+    /// bucket, whose rule name is the plan field).
+    fn observe(&self, v: &Verdict, shadow: bool, ctx: &crate::audit::RequestContext) {
+        let (telemetry, audit) = (self.app.telemetry(), self.app.audit());
+        if telemetry.is_none() && audit.is_none() {
+            return;
+        }
+        let now = self.app.clock().now_ms();
+        let outcome = v.outcome(shadow).as_str();
+        if let Some(t) = telemetry {
+            t.decision(
+                &crate::telemetry::DecisionSpan {
+                    op: "rls",
+                    limit: v.limit_label,
+                    outcome,
+                    plan: &v.plan_label,
+                    wait_ms: 0,
+                    user: v.user.as_deref(),
+                    started_ms: ctx.started_ms,
+                    ended_ms: now,
+                },
+                ctx.parent.as_ref(),
+            );
+        }
+        if let Some(a) = audit
+            && matches!(outcome, "denied" | "shadow_denied")
+        {
+            a.record(&crate::audit::AuditEntry {
+                ts_ms: now,
+                user: v.user.as_deref(),
+                plan: &v.plan_label,
+                op: "rls",
+                limit: v.limit_label,
+                outcome,
+                retry_after_ms: v.retry_after_ms,
+                trace_id: ctx.parent.as_ref().map(|p| p.trace_id.as_str()),
+            });
+        }
     }
 
     fn store_failed(&self, e: &StoreError) -> Status {
@@ -418,7 +471,10 @@ impl<S: Store + Clone> RlsService<S> {
                 Verdict::refused("turn_rate", &plan_label)
             }
         };
-        Ok(v)
+        Ok(Verdict {
+            user: Some(user.into()),
+            ..v
+        })
     }
 }
 
@@ -428,7 +484,18 @@ impl<S: Store + Clone> RateLimitService for RlsService<S> {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let answer = self.decide(request.get_ref()).await;
+        // A refusal's audit line and a decision's span need the caller's
+        // trace (Envoy forwards it when its tracing is on); neither is
+        // built when both are off.
+        let ctx = if self.app.telemetry().is_some() || self.app.audit().is_some() {
+            crate::audit::from_headers(
+                &request.metadata().clone().into_headers(),
+                self.app.clock().now_ms(),
+            )
+        } else {
+            crate::audit::RequestContext::default()
+        };
+        let answer = self.decide(request.get_ref(), &ctx).await;
         let code = answer
             .as_ref()
             .map_or_else(Status::code, |_| tonic::Code::Ok);

@@ -231,7 +231,7 @@ fn observe<S: Store + Clone, T: tollgate_core::decision::Waited>(
                 outcome: labels.outcome,
                 plan: &labels.plan,
                 wait_ms,
-                user,
+                user: Some(user),
                 started_ms: request.as_ref().map_or(now, |r| r.started_ms),
                 ended_ms: now,
             },
@@ -248,7 +248,7 @@ fn observe<S: Store + Clone, T: tollgate_core::decision::Waited>(
                 .map(|p| p.trace_id.as_str());
             audit.record(&crate::audit::AuditEntry {
                 ts_ms: app.clock().now_ms(),
-                user,
+                user: Some(user),
                 plan: &labels.plan,
                 op,
                 limit: labels.limit,
