@@ -442,13 +442,15 @@ async fn admit<S: Store + Clone>(State(app): State<App<S>>, req: Request, next: 
         Ok(place) => place,
         Err(overloaded) => return HttpError(overloaded).into_response(),
     };
-    let request = crate::audit::from_headers(&parts.headers, app.clock().now_ms());
-    let resp = crate::audit::REQUEST
-        .scope(
-            request,
-            next.run(Request::from_parts(parts, axum::body::Body::from(bytes))),
-        )
-        .await;
+    let request = Request::from_parts(parts, axum::body::Body::from(bytes));
+    // The caller's trace and the start, for a decision's audit line and
+    // span; nothing is read when both are off.
+    let resp = if app.audit().is_some() || app.telemetry().is_some() {
+        let context = crate::audit::from_headers(request.headers(), app.clock().now_ms());
+        crate::audit::REQUEST.scope(context, next.run(request)).await
+    } else {
+        next.run(request).await
+    };
     if resp.extensions().get::<StoreFault>().is_some() {
         app.metrics().store_errors.inc();
     }
