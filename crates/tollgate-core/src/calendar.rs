@@ -74,7 +74,7 @@ impl fmt::Display for Period {
 
 /// A window `[start_ms, end_ms)`: ms since the Unix epoch, start included,
 /// end excluded (the end is the next window's start).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Window {
     /// The first instant in the window.
     pub start_ms: u64,

@@ -21,7 +21,7 @@
 //! | `max_llm_calls` | the most model calls of one turn × multiple |
 //! | `estimate_tokens` | mean tokens per model call, at most `tokens.amount` |
 //! | `max_wait_ms` | 2,000: not derived from usage |
-//! | `budgets.monthly` (tokens) | p95 of the busiest calendar month's tokens (UTC) × multiple; when the records span less than 28 days, each user's tokens are scaled to 30 days first (× 30 d / span) |
+//! | `budgets.monthly` (tokens) | p95 of each user's busiest calendar month's tokens (UTC) × multiple, a month the records cover only in part (they start or end inside it) scaled to the whole month first (× its length / the part covered, at least an hour) |
 //!
 //! ```
 //! use tollgate_planner::derive::{DEFAULT_MULTIPLE, derive};
@@ -42,7 +42,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use tollgate_core::budget::{BudgetAmountConfig, BudgetsConfig};
-use tollgate_core::calendar::{BudgetZone, Period};
+use tollgate_core::calendar::{BudgetZone, Period, Window};
 use tollgate_core::plan::toml_key;
 use tollgate_core::{PlanConfig, RateConfig};
 
@@ -88,9 +88,10 @@ struct UserUsage {
     peak_turns_10s: u64,
     running: BinaryHeap<Reverse<u64>>,
     peak_running: u64,
-    month_end: u64,
+    month: Window,
     month_tokens: u64,
     peak_tokens_month: u64,
+    peak_month: Window,
 }
 
 impl UserUsage {
@@ -112,13 +113,16 @@ impl UserUsage {
         }
         self.ten_turns += 1;
         self.peak_turns_10s = self.peak_turns_10s.max(self.ten_turns);
-        if t >= self.month_end {
-            // A new calendar month (UTC); its end is computed once per month.
-            self.month_end = month_end(t);
+        if t >= self.month.end_ms {
+            // A new calendar month (UTC), computed once per month.
+            self.month = month_of(t);
             self.month_tokens = 0;
         }
         self.month_tokens = self.month_tokens.saturating_add(tokens);
-        self.peak_tokens_month = self.peak_tokens_month.max(self.month_tokens);
+        if self.month_tokens > self.peak_tokens_month {
+            self.peak_tokens_month = self.month_tokens;
+            self.peak_month = self.month;
+        }
         if let Some(d) = duration {
             while self.running.peek().is_some_and(|Reverse(end)| *end <= t) {
                 self.running.pop();
@@ -129,18 +133,37 @@ impl UserUsage {
     }
 }
 
-/// The end of the calendar month (UTC) holding `t`, ms.
-fn month_end(t: u64) -> u64 {
-    BudgetZone::default()
-        .windows(Period::Monthly, t)
-        .map_or(u64::MAX, |w| w.current.end_ms)
+/// The calendar month (UTC) holding `t` (the window past the calendar's
+/// range for an instant it cannot place).
+fn month_of(t: u64) -> Window {
+    BudgetZone::default().windows(Period::Monthly, t).map_or(
+        Window {
+            start_ms: t,
+            end_ms: u64::MAX,
+        },
+        |w| w.current,
+    )
 }
 
-/// 30 days, ms: the month records spanning less than [`FULL_MONTH_MS`] are
-/// scaled to.
-const MONTH_MS: u64 = 30 * 86_400_000;
-/// 28 days, ms: records spanning less are scaled to a month.
-const FULL_MONTH_MS: u64 = 28 * 86_400_000;
+/// The least part of a month a user's tokens are scaled from: an hour.
+const MIN_COVERED_MS: u64 = 3_600_000;
+
+/// `tokens` spent in `month`, of which the records cover `[first, last]`,
+/// scaled to the whole month: × its length / the part covered (at least
+/// [`MIN_COVERED_MS`]; never below the tokens themselves), rounded up.
+fn whole_month(tokens: u64, month: Window, first: u64, last: u64) -> u64 {
+    let len = month.end_ms.saturating_sub(month.start_ms);
+    let covered = month
+        .end_ms
+        .min(last.saturating_add(1))
+        .saturating_sub(month.start_ms.max(first))
+        .max(MIN_COVERED_MS);
+    if covered >= len {
+        return tokens;
+    }
+    let scaled = (u128::from(tokens) * u128::from(len)).div_ceil(u128::from(covered));
+    u64::try_from(scaled).unwrap_or(u64::MAX)
+}
 
 #[derive(Default)]
 struct PlanAcc {
@@ -216,8 +239,8 @@ pub struct PlanUsage {
     pub max_calls_per_turn: u64,
     /// Mean tokens per model call, rounded up; `None` without calls.
     pub tokens_per_call: Option<u64>,
-    /// Per user, tokens in the busiest calendar month (UTC) the records
-    /// cover, as recorded (not scaled).
+    /// Per user, tokens in the busiest calendar month (UTC), scaled to the
+    /// whole month when the records cover only part of it.
     pub tokens_per_month: Dist,
     /// The suggested plan.
     pub suggested: PlanConfig,
@@ -236,11 +259,6 @@ pub struct DeriveReport {
     pub records: u64,
     /// From the first record's time to the last's, ms.
     pub span_ms: u64,
-    /// What the monthly tokens are scaled by before the multiple: 30 days
-    /// over `span_ms` when the records span less than 28 days (at least
-    /// one hour is assumed), else 1.
-    #[serde(serialize_with = "ser_rational")]
-    pub month_scale: Rational,
     /// Per plan, by name.
     pub plans: BTreeMap<String, PlanUsage>,
 }
@@ -322,13 +340,8 @@ pub fn derive<R: BufRead>(
             .map(round_up)
             .map_err(|_| PlanError::input("--multiple", "too large"))
     };
-    let span_ms = last_t.unwrap_or(0) - first_t.unwrap_or(0);
-    let month_scale = if span_ms < FULL_MONTH_MS {
-        Rational::new(u128::from(MONTH_MS), u128::from(span_ms.max(3_600_000)))
-            .unwrap_or(Rational::int(1))
-    } else {
-        Rational::int(1)
-    };
+    let (first, last) = (first_t.unwrap_or(0), last_t.unwrap_or(0));
+    let span_ms = last - first;
     let mut out = BTreeMap::new();
     for (name, p) in plans {
         let pick = |f: fn(&UserUsage) -> u64| dist(p.users.values().map(f).collect());
@@ -337,13 +350,13 @@ pub fn derive<R: BufRead>(
         let tokens_per_min = pick(|u| u.peak_tokens_min);
         let concurrent_turns = (p.without_duration == 0).then(|| pick(|u| u.peak_running));
         let tokens_per_call = (p.calls > 0).then(|| p.tokens.div_ceil(p.calls));
-        let tokens_per_month = pick(|u| u.peak_tokens_month);
-        let monthly = Rational::int(tokens_per_month.p95)
-            .try_mul(month_scale)
-            .and_then(|m| m.try_mul(multiple))
-            .map(round_up)
-            .map_err(|_| PlanError::input("--multiple", "too large"))?
-            .clamp(1, tollgate_core::spend::MAX_AMOUNT);
+        let tokens_per_month = dist(
+            p.users
+                .values()
+                .map(|u| whole_month(u.peak_tokens_month, u.peak_month, first, last))
+                .collect(),
+        );
+        let monthly = times(tokens_per_month.p95)?.clamp(1, tollgate_core::spend::MAX_AMOUNT);
         let turns_amount = times(turns_per_min.p95)?.max(1);
         let tokens_amount = times(tokens_per_min.p95)?.max(1);
         let to_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
@@ -404,7 +417,6 @@ pub fn derive<R: BufRead>(
         multiple,
         records,
         span_ms,
-        month_scale,
         plans: out,
     })
 }
@@ -500,28 +512,15 @@ impl DeriveReport {
                 let _ = writeln!(out, "\n[plans.{}.budgets]", toml_key(name));
                 let _ = writeln!(
                     out,
-                    "# tokens in the busiest calendar month (UTC) p95 {} (max {}){}",
+                    "# tokens in the busiest calendar month (UTC), a month the records cover in\n\
+                     # part scaled to the whole: p95 {} (max {})",
                     n(p.tokens_per_month.p95),
                     n(p.tokens_per_month.max),
-                    self.scale_note()
                 );
                 let _ = writeln!(out, "monthly = {{ tokens = {tokens} }}");
             }
         }
         out
-    }
-
-    /// How the monthly tokens were scaled, for a comment ("" when not).
-    fn scale_note(&self) -> String {
-        if self.month_scale == Rational::int(1) {
-            String::new()
-        } else {
-            format!(
-                "; the records span {} h, so each user's month is scaled ×{} to 30 days",
-                self.span_ms.div_ceil(3_600_000),
-                self.month_scale.display(2)
-            )
-        }
     }
 
     /// The report as JSON.

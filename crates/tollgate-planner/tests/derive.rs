@@ -154,15 +154,17 @@ fn the_sample_usage_file_derives_a_valid_config() {
     assert_eq!(r.plans["support"].suggested.tokens.amount, 87_000);
 }
 
-/// A monthly token budget from the busiest calendar month (UTC): over two
-/// months of records, user i spends i × 100,000 tokens in January and
-/// half that in February; the p95 of 20 users is user 19's January,
-/// 1,900,000, so 2.5× suggests 4,750,000 → 4,800,000. Records spanning
-/// less than 28 days are scaled to 30 days first.
+/// A monthly token budget from each user's busiest calendar month (UTC):
+/// user i spends i × 100,000 tokens on 10 January and half that on 10
+/// February. The records start on 10 January, so January is covered 22 of
+/// its 31 days and scaled by 31/22: user 19's 1,900,000 become 2,677,273,
+/// and 2.5× suggests 6,693,182 → 6,700,000. A month covered whole is not
+/// scaled.
 #[test]
 fn a_monthly_budget_from_the_busiest_calendar_month() {
+    const DAY: u64 = 86_400_000;
     // 2027-01-10 and 2027-02-10, 00:00 UTC.
-    let (jan, feb) = (1_799_539_200_000_u64, 1_802_217_600_000_u64);
+    let (jan, feb) = (1_799_539_200_000_u64, 1_799_539_200_000_u64 + 31 * DAY);
     let mut out = String::new();
     for (t, div) in [(jan, 1), (feb, 2)] {
         for i in 1..=20u64 {
@@ -175,7 +177,6 @@ fn a_monthly_budget_from_the_busiest_calendar_month() {
         }
     }
     let r = derive(out.as_bytes(), "usage.jsonl", DEFAULT_MULTIPLE).unwrap();
-    assert_eq!(r.month_scale, Rational::int(1), "31 days of records");
     let p = &r.plans["p"];
     assert_eq!(
         (
@@ -183,33 +184,40 @@ fn a_monthly_budget_from_the_busiest_calendar_month() {
             p.tokens_per_month.p95,
             p.tokens_per_month.max
         ),
-        (1_000_000, 1_900_000, 2_000_000)
+        (1_409_091, 2_677_273, 2_818_182)
     );
     let text = r.to_toml();
     assert!(
-        text.contains("[plans.p.budgets]\n# tokens in the busiest calendar month (UTC) p95 1,900,000 (max 2,000,000)\nmonthly = { tokens = 4800000 }"),
+        text.contains("[plans.p.budgets]\n# tokens in the busiest calendar month (UTC), a month the records cover in\n# part scaled to the whole: p95 2,677,273 (max 2,818,182)\nmonthly = { tokens = 6700000 }"),
         "{text}"
     );
     let limits = Limits::parse(&format!("default_plan = \"p\"\n{text}"), "d.toml").unwrap();
     assert_eq!(limits.plans.plans["p"], p.suggested);
 
-    // January alone, over 5 days (the records 5 days apart): scaled ×6.
+    // January alone, over 5 days: scaled ×31/5. 190,000 × 6.2 × 2.5 =
+    // 2,945,000 → 3,000,000.
     let mut out = String::new();
     for i in 1..=20u64 {
         let _ = writeln!(
             out,
             r#"{{"t_ms": {}, "user": "u{i:02}", "plan": "p", "tokens": {}, "model_calls": 1}}"#,
-            jan + (i - 1) * 5 * 86_400_000 / 19,
+            jan + (i - 1) * 5 * DAY / 19,
             i * 10_000
         );
     }
     let r = derive(out.as_bytes(), "usage.jsonl", DEFAULT_MULTIPLE).unwrap();
-    assert_eq!(r.month_scale, Rational::int(6));
-    // 190,000 × 6 × 2.5 = 2,850,000 → 2,900,000.
-    let text = r.to_toml();
-    assert!(text.contains("monthly = { tokens = 2900000 }"), "{text}");
-    assert!(
-        text.contains("the records span 120 h, so each user's month is scaled ×6"),
-        "{text}"
-    );
+    assert_eq!(r.plans["p"].tokens_per_month.p95, 1_178_000);
+    assert!(r.to_toml().contains("monthly = { tokens = 3000000 }"));
+
+    // A whole month of records: not scaled.
+    let mut out = String::new();
+    let jan1 = jan - 9 * DAY;
+    for (t, tokens) in [(jan1, 1_000), (jan1 + 31 * DAY - 1, 2_000)] {
+        let _ = writeln!(
+            out,
+            r#"{{"t_ms": {t}, "user": "u", "plan": "p", "tokens": {tokens}, "model_calls": 1}}"#
+        );
+    }
+    let r = derive(out.as_bytes(), "usage.jsonl", DEFAULT_MULTIPLE).unwrap();
+    assert_eq!(r.plans["p"].tokens_per_month.p95, 3_000);
 }

@@ -157,7 +157,7 @@ struct Window {
 
 /// The audit log of a running server.
 pub struct AuditLog {
-    tx: SyncSender<String>,
+    tx: SyncSender<Msg>,
     clock: Arc<dyn Clock>,
     max_per_second: u32,
     window: parking_lot::Mutex<Window>,
@@ -195,7 +195,7 @@ impl AuditLog {
                 }
             }
         };
-        let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Msg>(QUEUE);
         std::thread::Builder::new()
             .name("tollgate-audit".into())
             .spawn(move || write_lines(sink, &rx))?;
@@ -239,26 +239,53 @@ impl AuditLog {
             w.written += 1;
         }
         if let Some(n) = summary {
-            let line = serde_json::json!({
-                "ts_ms": now,
-                "dropped": n,
-                "message": format!("{n} audit lines dropped in the last second with lines: over max_lines_per_second"),
-            });
-            self.send(line.to_string());
+            self.send(dropped_line(now, n));
         }
         if let Ok(line) = serde_json::to_string(entry) {
             self.send(line);
         }
     }
 
+    /// Writes what is queued (and a line for what this second dropped),
+    /// flushes the file and waits for it, at most `timeout`: the server
+    /// calls it as it stops, so the last refusals are on disk. Blocks: call
+    /// it off the runtime's threads.
+    pub fn flush(&self, timeout: std::time::Duration) {
+        let dropped = std::mem::take(&mut self.window.lock().dropped);
+        if dropped > 0 {
+            self.send(dropped_line(self.clock.now_ms(), dropped));
+        }
+        let (done, flushed) = std::sync::mpsc::sync_channel(1);
+        if self.tx.send(Msg::Flush(done)).is_ok() {
+            let _ = flushed.recv_timeout(timeout);
+        }
+    }
+
     fn send(&self, line: String) {
-        match self.tx.try_send(line) {
+        match self.tx.try_send(Msg::Line(line)) {
             Ok(()) => {}
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
                 self.dropped.inc();
             }
         }
     }
+}
+
+/// What the writer thread is handed.
+enum Msg {
+    /// A line to write.
+    Line(String),
+    /// Flush, then say so.
+    Flush(SyncSender<()>),
+}
+
+fn dropped_line(now: u64, n: u64) -> String {
+    serde_json::json!({
+        "ts_ms": now,
+        "dropped": n,
+        "message": format!("{n} audit lines dropped in the last second with lines: over max_lines_per_second, or the queue full"),
+    })
+    .to_string()
 }
 
 fn open(path: &Path) -> io::Result<File> {
@@ -277,17 +304,26 @@ enum Sink {
 
 /// The writer thread: one line at a time, flushed whenever the queue is
 /// empty; a file past its size is rotated first.
-fn write_lines(mut sink: Sink, rx: &Receiver<String>) {
+fn write_lines(mut sink: Sink, rx: &Receiver<Msg>) {
     while let Ok(first) = rx.recv() {
         let mut next = Some(first);
-        while let Some(line) = next {
-            if let Err(e) = sink.write(&line) {
-                tracing::warn!(error = %e, "audit log write failed");
+        let mut waiting = Vec::new();
+        while let Some(msg) = next {
+            match msg {
+                Msg::Line(line) => {
+                    if let Err(e) = sink.write(&line) {
+                        tracing::warn!(error = %e, "audit log write failed");
+                    }
+                }
+                Msg::Flush(done) => waiting.push(done),
             }
             next = rx.try_recv().ok();
         }
         if let Err(e) = sink.flush() {
             tracing::warn!(error = %e, "audit log flush failed");
+        }
+        for done in waiting {
+            let _ = done.try_send(());
         }
     }
 }
@@ -311,9 +347,19 @@ impl Sink {
                     file.flush()?;
                     let mut rotated = path.clone().into_os_string();
                     rotated.push(".1");
-                    std::fs::rename(&*path, &rotated)?;
-                    *file = io::BufWriter::new(open(path)?);
+                    // Whatever happens, the size restarts: a rotation that
+                    // failed is tried again a file's length later, not on
+                    // every line.
                     *size = 0;
+                    std::fs::rename(&*path, &rotated)?;
+                    match open(path) {
+                        Ok(f) => *file = io::BufWriter::new(f),
+                        Err(e) => {
+                            // Keep writing where the lines went so far.
+                            let _ = std::fs::rename(&rotated, &*path);
+                            return Err(e);
+                        }
+                    }
                 }
                 file.write_all(line.as_bytes())?;
                 file.write_all(b"\n")?;

@@ -560,11 +560,15 @@ async fn run<S: Store + Clone>(
     for task in reloaders {
         task.abort();
     }
-    // The spans still buffered are exported before the server returns.
+    // The spans still buffered are exported, and the audit lines queued
+    // written, before the server returns.
     let flushing = app.clone();
     let _ = tokio::task::spawn_blocking(move || {
         if let Some(t) = flushing.telemetry() {
             t.shutdown();
+        }
+        if let Some(a) = flushing.audit() {
+            a.flush(std::time::Duration::from_secs(5));
         }
     })
     .await;

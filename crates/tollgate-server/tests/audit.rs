@@ -9,6 +9,7 @@
 use std::path::Path;
 
 use serde_json::{Value, json};
+use tollgate_core::Clock;
 use tollgate_server::config::Config;
 use tollgate_server::grpc::proto;
 use tollgate_server::grpc::proto::tollgate_client::TollgateClient;
@@ -203,8 +204,15 @@ async fn denials_are_audited_with_trace_ids_rate_limited_and_rotated() {
             f.display()
         );
     }
+    // The last refusal before a stop is on disk when the server returns.
+    let total = lines(&rotated).len() + lines(&file).len();
+    s.clock.advance(1_000);
+    assert_eq!(admit(&s, &web, "ann", "last", None).await, 429);
     drop(grpc);
     shutdown(s.stop, s.task).await;
+    let after = lines(&file);
+    assert_eq!(lines(&rotated).len() + after.len(), total + 1);
+    assert_eq!(after.last().unwrap()["ts_ms"], s.clock.now_ms());
 }
 
 #[test]

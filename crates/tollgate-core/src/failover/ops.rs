@@ -554,16 +554,20 @@ impl<S: Store + Clone> Store for Failover<S> {
 }
 
 impl<S: Store + Clone> Failover<S> {
+    /// A fallback's answer, its reservation ids tagged as this replica's.
+    /// Its alert crossings are dropped: the fallback counts from a fresh
+    /// window against its share of each limit, so they say nothing of the
+    /// user's real spend.
     fn tag_outcome(&self, out: ReserveOutcome) -> ReserveOutcome {
         match out {
             ReserveOutcome::Granted {
                 reservation,
                 wait_ms,
-                crossed,
+                crossed: _,
             } => ReserveOutcome::Granted {
                 reservation: self.local_id(reservation),
                 wait_ms,
-                crossed,
+                crossed: crate::spend::Crossed::NONE,
             },
             ReserveOutcome::Denied {
                 denial,
@@ -616,6 +620,13 @@ impl<S: Store + Clone> Failover<S> {
                 o.tokens_net = o.tokens_net.saturating_add(delta);
             });
         }
-        Ok(out)
+        // As in `tag_outcome`: the fallback's crossings are not the user's.
+        Ok(match out {
+            SettleOutcome::Applied { balance, .. } => SettleOutcome::Applied {
+                balance,
+                crossed: crate::spend::Crossed::NONE,
+            },
+            other => other,
+        })
     }
 }

@@ -447,7 +447,9 @@ async fn admit<S: Store + Clone>(State(app): State<App<S>>, req: Request, next: 
     // span; nothing is read when both are off.
     let resp = if app.audit().is_some() || app.telemetry().is_some() {
         let context = crate::audit::from_headers(request.headers(), app.clock().now_ms());
-        crate::audit::REQUEST.scope(context, next.run(request)).await
+        crate::audit::REQUEST
+            .scope(context, next.run(request))
+            .await
     } else {
         next.run(request).await
     };
