@@ -1570,20 +1570,32 @@ async fn a_configured_budget_over_grpc_and_http() {
     let srv = Server::start(&text).await;
     let (midnight, month_end) = (1_700_006_400_000_u64, 1_701_388_800_000_u64);
     srv.admit("alice", "run").await.expect("admitted");
-    // gRPC: 5,000 input + 1,000 output tokens estimated: $0.0125 + $0.01.
-    let r = srv
-        .client()
-        .reserve_tokens(req(
+    // A reservation of `estimate` tokens of `model` for alice's run, over
+    // gRPC (with a split) and over HTTP.
+    let grpc = |estimate: u64, model: &str, split: Option<(u64, u64)>| {
+        let mut c = srv.client();
+        let r = req(
             "alice",
             proto::ReserveTokensRequest {
                 invocation_id: "run".into(),
-                estimate: 6_000,
-                model: Some("openai:gpt-4o".into()),
-                input_tokens: Some(5_000),
-                output_tokens: Some(1_000),
+                estimate,
+                model: Some(model.into()),
+                input_tokens: split.map(|s| s.0),
+                output_tokens: split.map(|s| s.1),
                 ..Default::default()
             },
-        ))
+        );
+        async move { c.reserve_tokens(r).await }
+    };
+    let http = |estimate: u64| {
+        srv.http_post(
+            "alice",
+            "/v1/tokens/reserve",
+            json!({"invocation_id": "run", "estimate": estimate, "model": "openai:gpt-4o"}),
+        )
+    };
+    // gRPC: 5,000 input + 1,000 output tokens estimated: $0.0125 + $0.01.
+    let r = grpc(6_000, "openai:gpt-4o", Some((5_000, 1_000)))
         .await
         .expect("reserved")
         .into_inner();
@@ -1616,38 +1628,15 @@ async fn a_configured_budget_over_grpc_and_http() {
     );
     // HTTP: 4,000 unsplit tokens at the higher price, $0.04: the day's
     // tokens exactly spent, $0.07 of the month.
-    let (status, body) = srv
-        .http_post(
-            "alice",
-            "/v1/tokens/reserve",
-            json!({"invocation_id": "run", "estimate": 4_000, "model": "openai:gpt-4o"}),
-        )
-        .await;
+    let (status, body) = http(4_000).await;
     assert_eq!(status, 200, "{body}");
     // One token more: refused until midnight, on both transports alike.
-    let r = srv
-        .client()
-        .reserve_tokens(req(
-            "alice",
-            proto::ReserveTokensRequest {
-                invocation_id: "run".into(),
-                estimate: 1,
-                model: Some("openai:gpt-4o".into()),
-                ..Default::default()
-            },
-        ))
-        .await;
+    let r = grpc(1, "openai:gpt-4o", None).await;
     let (s, info) = refused(r, Code::ResourceExhausted, "budget_exhausted");
     assert_eq!(info["limit"], "budget_daily", "{s:?}");
     assert_eq!(info["resets_at_ms"], midnight.to_string(), "{s:?}");
     assert_eq!(hint(&s), Some(midnight - T0), "{s:?}");
-    let (status, body) = srv
-        .http_post(
-            "alice",
-            "/v1/tokens/reserve",
-            json!({"invocation_id": "run", "estimate": 1, "model": "openai:gpt-4o"}),
-        )
-        .await;
+    let (status, body) = http(1).await;
     assert_eq!(status, 429, "{body}");
     assert_eq!(body["error"], "budget_exhausted");
     assert_eq!(body["limit"], "budget_daily");
@@ -1655,19 +1644,7 @@ async fn a_configured_budget_over_grpc_and_http() {
     assert_eq!(body["retry_after_ms"], midnight - T0);
     assert_eq!(body["message"].as_str(), Some(s.message()));
     // A model with no price, against the cost budget: invalid, field model.
-    let r = srv
-        .client()
-        .reserve_tokens(req(
-            "alice",
-            proto::ReserveTokensRequest {
-                invocation_id: "run".into(),
-                estimate: 1,
-                model: Some("openai:o3".into()),
-                ..Default::default()
-            },
-        ))
-        .await;
-    invalid(r, "model");
+    invalid(grpc(1, "openai:o3", None).await, "model");
     // After midnight the day's tokens are back; the month's money is not.
     srv.clock.advance(midnight - T0);
     let day_token = token_with("alice", SECRET, midnight / 1_000 + 3_600);

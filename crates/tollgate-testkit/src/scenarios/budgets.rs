@@ -77,7 +77,19 @@ async fn reserve<S: Store>(
     estimate: u64,
     split: Option<TokenSplit>,
 ) -> ReserveOutcome {
-    let checks = checks(now);
+    reserve_as(store, now, estimate, split, None).await
+}
+
+/// A reserve of u1's run whose caller names the budgets at `at` (its
+/// clock), under `request_id`.
+async fn reserve_as<S: Store>(
+    store: &S,
+    at: u64,
+    estimate: u64,
+    split: Option<TokenSplit>,
+    request_id: Option<&str>,
+) -> ReserveOutcome {
+    let checks = checks(at);
     store
         .reserve_tokens(ReserveRequest {
             user: "u1",
@@ -87,7 +99,7 @@ async fn reserve<S: Store>(
             max_wait_ms: 0,
             max_llm_calls: 1_000,
             shadow: false,
-            request_id: None,
+            request_id,
             budget: Some(BudgetRequest {
                 checks: &checks,
                 price: Some(PRICE),
@@ -243,27 +255,15 @@ pub async fn budgets_charge_and_refuse<S: Store + Clone>(store: S, clock: FakeCl
     // store's reads midnight: the store charges the new day.
     let stale = DAY_END - 1;
     clock.set(DAY_END);
-    let checks_then = checks(stale);
     let _d = granted(
-        store
-            .reserve_tokens(ReserveRequest {
-                user: "u1",
-                invocation_id: "run",
-                tokens: tokens(),
-                estimate: 9_000,
-                max_wait_ms: 0,
-                max_llm_calls: 1_000,
-                shadow: false,
-                request_id: None,
-                budget: Some(BudgetRequest {
-                    checks: &checks_then,
-                    price: Some(PRICE),
-                    split: Some(TokenSplit::new(9_000, 0, 0)),
-                    alerts: ALERTS,
-                }),
-            })
-            .await
-            .expect("reserve"),
+        reserve_as(
+            &store,
+            stale,
+            9_000,
+            Some(TokenSplit::new(9_000, 0, 0)),
+            None,
+        )
+        .await,
     );
     // The new day holds 9,000: 1,001 more is refused until the next
     // midnight; 1,000 fits.
@@ -477,27 +477,7 @@ pub async fn reconcile_charges_budgets<S: Store + Clone>(store: S, clock: FakeCl
     let c = checks(now);
     // Sent, answered here, but the answer was lost: 4,000 tokens (the day)
     // and 60,000 µ (the month, unsplit at the output price).
-    let _ = granted(
-        store
-            .reserve_tokens(ReserveRequest {
-                user: "u1",
-                invocation_id: "run",
-                tokens: tokens(),
-                estimate: 4_000,
-                max_wait_ms: 0,
-                max_llm_calls: 1_000,
-                shadow: false,
-                request_id: Some("lost"),
-                budget: Some(BudgetRequest {
-                    checks: &c,
-                    price: Some(PRICE),
-                    split: None,
-                    alerts: ALERTS,
-                }),
-            })
-            .await
-            .expect("reserve"),
-    );
+    let _ = granted(reserve_as(&store, now, 4_000, None, Some("lost")).await);
     assert_eq!(
         store.budget_spent("u1", &c, None).await.expect("read"),
         spent(&[4_000, 60_000])
