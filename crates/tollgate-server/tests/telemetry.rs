@@ -262,3 +262,81 @@ async fn the_sample_ratio_applies_to_root_decisions_only() {
     assert_eq!(spans.len(), 1, "{spans:#?}");
     assert_eq!(hex(&spans[0].1.trace_id), TRACE);
 }
+
+/// Envoy's rate-limit service: one `tollgate.rls` span per descriptor, in
+/// the trace Envoy forwards in the call's metadata.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limit_decisions_are_spans_too() {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+
+    let (got, endpoint) = receiver().await;
+    let dir = TempDir::new();
+    // (`rls_listen` names the service on; `serve_with` takes its listener.)
+    let text = format!(
+        "rls_listen = \"127.0.0.1:0\"\n{}\n[rls]\ndomain = \"agents\"\n\n[[rls.descriptors]]\nkey = \"user_id\"\nlimit = \"user_turns\"\n",
+        config(&endpoint, 1.0)
+    );
+    let cfg = Config::parse(&text, "t.toml", dir.path()).expect("valid");
+    let bind = || async { TcpListener::bind("127.0.0.1:0").await.unwrap() };
+    let (http, rls) = (bind().await, bind().await);
+    let rls_addr = rls.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(tollgate_server::serve_with(
+        cfg,
+        tollgate_server::Listeners::new(http).with_rls(rls),
+        Some(Arc::new(tollgate_core::FakeClock::new(T0))),
+        |_| {},
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let mut client = RateLimitServiceClient::connect(format!("http://{rls_addr}"))
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        let mut req = tonic::Request::new(RateLimitRequest {
+            domain: "agents".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "user_id".into(),
+                    value: "eve".into(),
+                }],
+                ..RateLimitDescriptor::default()
+            }],
+            hits_addend: 1,
+        });
+        req.metadata_mut().insert(
+            "traceparent",
+            format!("00-{TRACE}-{PARENT}-01").parse().unwrap(),
+        );
+        client.should_rate_limit(req).await.expect("answer");
+    }
+    drop(client);
+    shutdown(Some(stop), task).await;
+    assert!(wait_until(10, || async { got.0.lock().len() >= 2 }).await);
+    let spans = got.0.lock().clone();
+    let outcomes: Vec<_> = spans
+        .iter()
+        .map(|(_, s)| {
+            assert_eq!(s.name, "tollgate.rls");
+            assert_eq!(hex(&s.trace_id), TRACE);
+            assert_eq!(hex(&s.parent_span_id), PARENT);
+            assert_eq!(attr(s, "tollgate.op"), Some(json!("rls")));
+            assert_eq!(attr(s, "tollgate.user"), None);
+            (
+                attr(s, "tollgate.limit").unwrap(),
+                attr(s, "tollgate.outcome").unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            (json!("turn_rate"), json!("allowed")),
+            (json!("turn_rate"), json!("denied"))
+        ]
+    );
+}
