@@ -151,6 +151,9 @@ pub struct Charge {
     pub unit: BudgetUnit,
     /// The start of the window charged.
     pub window_start: u64,
+    /// The window's resets before the charge ([`Spent::epoch`]): a charge
+    /// of another epoch is of a window an operator reset since.
+    pub epoch: u64,
     /// The amount charged.
     pub amount: u64,
 }
@@ -178,6 +181,9 @@ impl Charged {
                     period: c.period,
                     unit: c.unit,
                     window_start: c.window(now).start_ms,
+                    // Nothing to give back: a settle charges the usage
+                    // whatever the epoch.
+                    epoch: 0,
                     amount: 0,
                 })
                 .collect(),
@@ -199,6 +205,10 @@ pub struct Spent {
     /// The most it has been spent at (alert thresholds are crossed by the
     /// peak, once).
     pub peak: u64,
+    /// How many times an operator reset it: a reservation charged in an
+    /// earlier epoch closes as one of an ended window (a refund gives
+    /// nothing back, a settle charges its whole usage).
+    pub epoch: u64,
 }
 
 /// One budget's window as a store answers it ([`crate::Store::budget_spent`]).
@@ -292,28 +302,35 @@ impl Spend {
         self.slot(period, unit, window).map_or(0, |s| s.peak)
     }
 
+    /// The epoch of `period` in `window` and `unit` (0: not seen).
+    pub fn epoch(&self, period: Period, unit: BudgetUnit, window: Window) -> u64 {
+        self.slot(period, unit, window).map_or(0, |s| s.epoch)
+    }
+
     /// Applies an operator's `adjust` to `check`'s window at `now`, and
     /// answers that window after it.
     pub fn adjust(&mut self, check: &BudgetCheck, now: u64, adjust: BudgetAdjust) -> SpentNow {
         let w = check.window(now);
-        let slot = &mut self.windows[check.period.index()];
-        match adjust {
-            BudgetAdjust::Reset => *slot = None,
-            BudgetAdjust::TopUp(more) => {
-                let mut s = match *slot {
-                    Some(s) if s.window.start_ms == w.start_ms && s.unit == check.unit => s,
-                    _ => Spent {
-                        window: w,
-                        unit: check.unit,
-                        amount: 0,
-                        granted: 0,
-                        peak: 0,
-                    },
-                };
+        let held = self.slot(check.period, check.unit, w).copied();
+        let fresh = |epoch| Spent {
+            window: w,
+            unit: check.unit,
+            amount: 0,
+            granted: 0,
+            peak: 0,
+            epoch,
+        };
+        self.windows[check.period.index()] = Some(match (adjust, held) {
+            // A new epoch: what was charged before the reset no longer
+            // moves this window's spend.
+            (BudgetAdjust::Reset, Some(s)) => fresh(s.epoch + 1),
+            (BudgetAdjust::Reset, None) => fresh(1),
+            (BudgetAdjust::TopUp(more), held) => {
+                let mut s = held.unwrap_or(fresh(0));
                 s.granted = s.granted.saturating_add(more).min(MAX_AMOUNT);
-                *slot = Some(s);
+                s
             }
-        }
+        });
         self.now(check, now)
     }
 
@@ -346,11 +363,11 @@ impl Spend {
     /// `unit`; a window not seen yet starts from 0.
     pub fn add(&mut self, period: Period, unit: BudgetUnit, window: Window, delta: i128) {
         let slot = &mut self.windows[period.index()];
-        let (before, granted, peak) = match *slot {
+        let (before, granted, peak, epoch) = match *slot {
             Some(s) if s.window.start_ms == window.start_ms && s.unit == unit => {
-                (s.amount, s.granted, s.peak)
+                (s.amount, s.granted, s.peak, s.epoch)
             }
-            _ => (0, 0, 0),
+            _ => (0, 0, 0, 0),
         };
         let after = (i128::from(before) + delta).clamp(0, i128::from(MAX_AMOUNT)) as u64;
         *slot = Some(Spent {
@@ -359,6 +376,7 @@ impl Spend {
             amount: after,
             granted,
             peak: peak.max(after),
+            epoch,
         });
     }
 
@@ -433,6 +451,7 @@ impl Spend {
                 period: c.period,
                 unit: c.unit,
                 window_start: w.start_ms,
+                epoch: self.epoch(c.period, c.unit, w),
                 amount,
             });
         }
@@ -468,7 +487,8 @@ impl Spend {
         now: u64,
         actual: Option<u64>,
     ) {
-        for (period, unit, window, delta) in close_deltas(charged, req, now, actual) {
+        let deltas = close_deltas(charged, req, now, actual, |p, u, w| self.epoch(p, u, w));
+        for (period, unit, window, delta) in deltas {
             self.add(period, unit, window, delta);
         }
     }
@@ -479,10 +499,9 @@ impl Spend {
     /// replaced.
     pub fn give_back(&mut self, charged: &Charged) {
         for ch in &charged.charges {
-            if let Some(s) = self.windows[ch.period.index()]
-                .as_mut()
-                .filter(|s| s.window.start_ms == ch.window_start && s.unit == ch.unit)
-            {
+            if let Some(s) = self.windows[ch.period.index()].as_mut().filter(|s| {
+                s.window.start_ms == ch.window_start && s.unit == ch.unit && s.epoch == ch.epoch
+            }) {
                 s.amount = s.amount.saturating_sub(ch.amount);
             }
         }
@@ -491,11 +510,14 @@ impl Spend {
 
 /// What closing a reservation that charged `charged` moves, per budget:
 /// (period, unit, window, delta), as [`Spend::close`] applies it.
+/// `epoch` answers a window's epoch now ([`Spend::epoch`]): a charge of
+/// another epoch closes as one of an ended window.
 pub fn close_deltas(
     charged: &Charged,
     req: &BudgetRequest<'_>,
     now: u64,
     actual: Option<u64>,
+    epoch: impl Fn(Period, BudgetUnit, Window) -> u64,
 ) -> Vec<(Period, BudgetUnit, Window, i128)> {
     let mut out = Vec::with_capacity(charged.charges.len());
     for ch in &charged.charges {
@@ -507,7 +529,7 @@ pub fn close_deltas(
             continue;
         };
         let w = c.window(now);
-        let same = w.start_ms == ch.window_start;
+        let same = w.start_ms == ch.window_start && epoch(c.period, c.unit, w) == ch.epoch;
         let delta = match actual {
             None if same => -i128::from(ch.amount),
             None => continue,

@@ -19,13 +19,18 @@ if kind ~= 0 then
   local o = 2 + 6 * q[3 + 6 * n]
   local p, u = q[o], q[o + 1]
   local ws, we = B.window(now, q[o + 2], q[o + 3], q[o + 4], q[o + 5])
-  local b = p * 6
+  local b = p * 7
+  local held = B.is(spend, p, ws, u)
   if kind == 1 then
-    for j = 1, 6 do spend[b + j] = 0 end
+    -- A new epoch: reservations charged before no longer move it.
+    local e = 1
+    if held then e = spend[b + 7] + 1 end
+    spend[b + 1], spend[b + 2], spend[b + 3], spend[b + 4], spend[b + 5], spend[b + 6],
+      spend[b + 7] = ws, we, u, 0, 0, 0, e
   else
-    if not B.is(spend, p, ws, u) then
-      spend[b + 1], spend[b + 2], spend[b + 3], spend[b + 4], spend[b + 5], spend[b + 6] =
-        ws, we, u, 0, 0, 0
+    if not held then
+      spend[b + 1], spend[b + 2], spend[b + 3], spend[b + 4], spend[b + 5], spend[b + 6],
+        spend[b + 7] = ws, we, u, 0, 0, 0, 0
     end
     local g = spend[b + 5] + q[4 + 6 * n]
     if g > MAX_SCALED then g = MAX_SCALED end
@@ -39,7 +44,7 @@ for i = 0, n - 1 do
   local ws = B.window(now, q[o + 2], q[o + 3], q[o + 4], q[o + 5])
   out[#out + 1] = B.of(spend, q[o], ws, q[o + 1])
   local g = 0
-  if B.is(spend, q[o], ws, q[o + 1]) then g = spend[q[o] * 6 + 5] end
+  if B.is(spend, q[o], ws, q[o + 1]) then g = spend[q[o] * 7 + 5] end
   out[#out + 1] = g
 end
 if n == 0 then return '' end

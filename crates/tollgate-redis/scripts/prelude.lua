@@ -242,30 +242,42 @@ end
 local function spend_lib()
   local S = {}
   --
-  -- The eighteen numbers of the spend at `key`, as a table: per period
-  -- (daily, weekly, monthly) window start, end, unit, amount, granted (its
-  -- top-ups) and peak (the most spent). A value of the earlier layout
-  -- (twelve numbers: no granted, no peak) reads as granted 0, peak amount.
+  -- The 21 numbers of the spend at `key`, as a table: per period (daily,
+  -- weekly, monthly) window start, end, unit, amount, granted (its
+  -- top-ups), peak (the most spent) and epoch (its resets). A value of an
+  -- earlier layout reads as no resets (18 numbers) and also as no
+  -- top-ups and a peak equal to the amount (12 numbers).
   function S.load(key)
     local v = redis.call('GET', key)
-    if v and #v == 144 then return {struct.unpack('<dddddddddddddddddd', v)} end
-    if v and #v == 96 then
-      local o = {struct.unpack('<dddddddddddd', v)}
-      return {o[1], o[2], o[3], o[4], 0, o[4], o[5], o[6], o[7], o[8], 0, o[8],
-        o[9], o[10], o[11], o[12], 0, o[12]}
+    if v and #v == 168 then return {struct.unpack('<' .. string.rep('d', 21), v)} end
+    local o, per = nil, 0
+    if v and #v == 144 then o, per = {struct.unpack('<' .. string.rep('d', 18), v)}, 6 end
+    if v and #v == 96 then o, per = {struct.unpack('<' .. string.rep('d', 12), v)}, 4 end
+    local s = {}
+    for p = 0, 2 do
+      local b = p * per
+      if o then
+        local g, k = 0, o[b + 4]
+        if per == 6 then g, k = o[b + 5], o[b + 6] end
+        s[#s + 1], s[#s + 2], s[#s + 3], s[#s + 4] = o[b + 1], o[b + 2], o[b + 3], o[b + 4]
+        s[#s + 1], s[#s + 2], s[#s + 3] = g, k, 0
+      else
+        for _ = 1, 7 do s[#s + 1] = 0 end
+      end
     end
-    return {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+    return s
   end
   --
   -- Saves the spend; the key lives to the end of its latest window plus a
   -- minute (EXPIRY_GRACE_MS), as the memory store keeps it.
   function S.save(key, s, now)
-    local keep = math.max(s[2], s[8], s[14]) + EXPIRY_GRACE_MS
+    local keep = math.max(s[2], s[9], s[16]) + EXPIRY_GRACE_MS
     if keep <= now then
       redis.call('DEL', key)
       return
     end
-    redis.call('SET', key, struct.pack('<dddddddddddddddddd', unpack(s)), 'PX', keep - now)
+    redis.call('SET', key, struct.pack('<' .. string.rep('d', 21), unpack(s, 1, 21)), 'PX',
+      keep - now)
   end
   --
   -- The window a check charges at `now` (its current one until its end,
@@ -277,41 +289,47 @@ local function spend_lib()
   --
   -- Whether period p (0-based) holds the window starting at ws in unit u.
   function S.is(s, p, ws, u)
-    local b = p * 6
+    local b = p * 7
     return s[b + 1] == ws and s[b + 3] == u
   end
   --
   -- Spent in period p in the window starting at ws, in unit u.
   function S.of(s, p, ws, u)
-    if S.is(s, p, ws, u) then return s[p * 6 + 4] end
+    if S.is(s, p, ws, u) then return s[p * 7 + 4] end
     return 0
   end
   --
   -- Period p's peak in that window (0: not seen).
   function S.peak(s, p, ws, u)
-    if S.is(s, p, ws, u) then return s[p * 6 + 6] end
+    if S.is(s, p, ws, u) then return s[p * 7 + 6] end
+    return 0
+  end
+  --
+  -- Period p's epoch in that window (its resets; 0: not seen).
+  function S.epoch(s, p, ws, u)
+    if S.is(s, p, ws, u) then return s[p * 7 + 7] end
     return 0
   end
   --
   -- A budget's limit in that window: `limit` plus its top-ups, at most 2^53.
   function S.limit(s, p, ws, u, limit)
     local l = limit
-    if S.is(s, p, ws, u) then l = l + s[p * 6 + 5] end
+    if S.is(s, p, ws, u) then l = l + s[p * 7 + 5] end
     if l > MAX_SCALED then l = MAX_SCALED end
     return l
   end
   --
   -- Adds delta to period p's spend in window [ws, we) of unit u (a window
   -- or unit not seen yet starts from 0), kept within 0..2^53; the peak
-  -- follows.
+  -- follows, the top-ups and the epoch stay.
   function S.add(s, p, ws, we, u, delta)
-    local b = p * 6
-    local a, g, k = delta, 0, 0
-    if S.is(s, p, ws, u) then a, g, k = s[b + 4] + delta, s[b + 5], s[b + 6] end
+    local b = p * 7
+    local a, g, k, e = delta, 0, 0, 0
+    if S.is(s, p, ws, u) then a, g, k, e = s[b + 4] + delta, s[b + 5], s[b + 6], s[b + 7] end
     if a < 0 then a = 0 end
     if a > MAX_SCALED then a = MAX_SCALED end
     if a > k then k = a end
-    s[b + 1], s[b + 2], s[b + 3], s[b + 4], s[b + 5], s[b + 6] = ws, we, u, a, g, k
+    s[b + 1], s[b + 2], s[b + 3], s[b + 4], s[b + 5], s[b + 6], s[b + 7] = ws, we, u, a, g, k, e
   end
   --
   -- The alert thresholds crossed by raising period p's peak from `was` to

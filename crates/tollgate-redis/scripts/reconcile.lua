@@ -67,13 +67,17 @@ for _ = 1, n do
           -- that window is still the one held.
           local s = spend_now()
           local rn = struct.unpack('<d', brec)
-          local r = {struct.unpack('<' .. string.rep('d', 4 + 4 * rn), brec)}
+          local per = 5
+          if #brec == 8 * (4 + 4 * rn) then per = 4 end
+          local r = {struct.unpack('<' .. string.rep('d', 4 + per * rn), brec)}
           for j = 0, rn - 1 do
-            local p, u, ws0, ch = r[5 + 4 * j], r[6 + 4 * j], r[7 + 4 * j], r[8 + 4 * j]
-            if B.is(s, p, ws0, u) then
-              local a = s[p * 6 + 4] - ch
+            local c = 5 + per * j
+            local p, u, ws0, e0, ch = r[c], r[c + 1], r[c + 2], 0, r[c + 3]
+            if per == 5 then e0, ch = r[c + 3], r[c + 4] end
+            if B.is(s, p, ws0, u) and B.epoch(s, p, ws0, u) == e0 then
+              local a = s[p * 7 + 4] - ch
               if a < 0 then a = 0 end
-              s[p * 6 + 4] = a
+              s[p * 7 + 4] = a
             end
           end
         end

@@ -25,8 +25,9 @@
 --         thresholds, and the k percents. A window's limit is the budget's
 --         plus its top-ups. A grant charges each budget in the window the
 --         store clock picks and keeps b<call> = n, the price, then per
---         budget period, unit, window start, charge in the invocation hash
---         (zero charges for a shadow reservation).
+--         budget period, unit, window start, the window's epoch (its
+--         resets), charge in the invocation hash (zero charges and epochs
+--         for a shadow reservation).
 -- Returns little-endian doubles (a string is far cheaper for Redis to
 -- answer than a table):
 --         1, call, wait_ms, now, crossed   granted ('<ddddd'; crossed: the
@@ -122,9 +123,10 @@ if bud then
     for i = 0, bud[1] - 1 do
       local o = 5 + 8 * i
       local ws = B.window(now, bud[o + 3], bud[o + 4], bud[o + 5], bud[o + 6])
-      local ch = bud[o + 7]
-      if zero then ch = 0 end
-      out[#out + 1], out[#out + 2], out[#out + 3], out[#out + 4] = bud[o], bud[o + 1], ws, ch
+      local ch, e = bud[o + 7], B.epoch(spend, bud[o], ws, bud[o + 1])
+      if zero then ch, e = 0, 0 end
+      out[#out + 1], out[#out + 2], out[#out + 3] = bud[o], bud[o + 1], ws
+      out[#out + 1], out[#out + 2] = e, ch
     end
     return struct.pack('<' .. string.rep('d', #out), unpack(out))
   end

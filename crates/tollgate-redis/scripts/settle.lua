@@ -14,8 +14,9 @@
 --   thresholds, and the k percents. The reservation's record b<call>
 --   (reserve_tokens.lua) says what it charged where, at what price: each
 --   budget still named moves by actual - charged in that window if the
---   store clock is still in it, else the actual amount goes to the current
---   window; a refund gives the charge back in its window only
+--   store clock is still in it and it was not reset since (its epoch),
+--   else the actual amount goes to the current window; a refund gives the
+--   charge back in its window and epoch only
 --   (tollgate-core/src/spend.rs, Spend::close).
 -- Returns little-endian doubles: 1, balance, delta, now, crossed applied
 -- ('<ddddd'; crossed: the alert thresholds the settle's charge crossed, bit
@@ -46,7 +47,11 @@ tok_save(KEYS[1], level, ts, now, amount, cap, period, um, uc, up)
 local crossed = 0
 if v[4] and ARGV[2] ~= '' then
   local rn = struct.unpack('<d', v[4])
-  local r = {struct.unpack('<' .. string.rep('d', 4 + 4 * rn), v[4])}
+  -- 5 numbers per charge (period, unit, window start, epoch, charge); a
+  -- record of the earlier layout has 4 (no epoch: 0).
+  local per = 5
+  if #v[4] == 8 * (4 + 4 * rn) then per = 4 end
+  local r = {struct.unpack('<' .. string.rep('d', 4 + per * rn), v[4])}
   local qn = struct.unpack('<d', ARGV[2])
   local k = struct.unpack('<d', ARGV[2], 1 + 8 * (5 + 7 * qn))
   local q = {struct.unpack('<' .. string.rep('d', 6 + 7 * qn + k), ARGV[2])}
@@ -56,13 +61,17 @@ if v[4] and ARGV[2] ~= '' then
   local B = spend_lib()
   local spend = B.load(KEYS[3])
   for j = 0, rn - 1 do
-    local p, u, ws0, charged_b = r[5 + 4 * j], r[6 + 4 * j], r[7 + 4 * j], r[8 + 4 * j]
+    local c = 5 + per * j
+    local p, u, ws0, e0, charged_b = r[c], r[c + 1], r[c + 2], 0, r[c + 3]
+    if per == 5 then e0, charged_b = r[c + 3], r[c + 4] end
     for i = 0, qn - 1 do
       local o = 6 + 7 * i
       if q[o] == p and q[o + 1] == u then
         local ws, we = B.window(now, q[o + 3], q[o + 4], q[o + 5], q[o + 6])
+        -- The charged window, in the epoch charged (not reset since).
+        local same = ws == ws0 and B.epoch(spend, p, ws, u) == e0
         if actual < 0 then
-          if ws == ws0 then B.add(spend, p, ws, we, u, -charged_b) end
+          if same then B.add(spend, p, ws, we, u, -charged_b) end
         else
           local real
           if u == 0 then
@@ -74,7 +83,7 @@ if v[4] and ARGV[2] ~= '' then
           else
             real = B.price_cost(actual, math.max(pin, pout), 0, 0, 0, 0)
           end
-          if ws == ws0 then real = real - charged_b end
+          if same then real = real - charged_b end
           local was = B.peak(spend, p, ws, u)
           B.add(spend, p, ws, we, u, real)
           crossed = crossed + B.crossed(p, was, B.peak(spend, p, ws, u),

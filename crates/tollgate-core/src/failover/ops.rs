@@ -607,7 +607,8 @@ impl<S: Store + Clone> Failover<S> {
                     .map_or((0, None), |l| (l.estimate, l.budget));
                 if let (Some(charged), Some(b)) = (charged, &req.budget) {
                     for (period, unit, window, delta) in
-                        spend::close_deltas(&charged, b, now, req.actual)
+                        // The fallback's windows are never reset: epoch 0.
+                        spend::close_deltas(&charged, b, now, req.actual, |_, _, _| 0)
                     {
                         o.owe_spend(period, unit, window, delta);
                     }

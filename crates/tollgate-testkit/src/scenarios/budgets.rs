@@ -433,6 +433,38 @@ pub async fn budgets_top_up_reset_and_alerts<S: Store + Clone>(store: S, clock: 
             SpentNow::default()
         ]
     );
+    // The reservations made before the reset close, in the month, as ones
+    // of an ended window: d's refund gives the day its 5,000 back and the
+    // month nothing; c's settle (1,000 input tokens, as estimated) moves
+    // the day by nothing and charges the month its whole cost, 3,000 µ.
+    assert!(matches!(
+        close(&store, now, &granted(d), None, None).await,
+        SettleOutcome::Applied { .. }
+    ));
+    assert!(matches!(
+        close(
+            &store,
+            now,
+            &granted(c),
+            Some(1_000),
+            Some(TokenSplit::new(1_000, 0, 0))
+        )
+        .await,
+        SettleOutcome::Applied { .. }
+    ));
+    assert_eq!(
+        read(None).await,
+        vec![
+            SpentNow {
+                spent: 10_000,
+                granted: 5_000
+            },
+            SpentNow {
+                spent: 3_000,
+                granted: 0
+            }
+        ]
+    );
     // The next day: the top-up is gone with its window.
     clock.set(DAY_END);
     let next = DAY_END;
@@ -440,14 +472,14 @@ pub async fn budgets_top_up_reset_and_alerts<S: Store + Clone>(store: S, clock: 
     assert_eq!(
         crossed(&e),
         Crossed(bit(Period::Daily, 0)),
-        "15,000 µ of the month is under 50 %; 5,000 is 50 % of the new day"
+        "18,000 µ of the month is under 50 %; 5,000 is 50 % of the new day"
     );
     assert_eq!(
         store
             .budget_spent("u1", &checks(next), None)
             .await
             .expect("read"),
-        spent(&[5_000, 15_000])
+        spent(&[5_000, 18_000])
     );
     let f = reserve(&store, next, 5_001, Some(TokenSplit::new(5_001, 0, 0))).await;
     assert!(
