@@ -218,6 +218,10 @@ impl<S: Store + Clone> Store for Failover<S> {
                     tokens: scale_spec(&req.tokens, share),
                     budget: req.budget.map(|b| BudgetRequest {
                         checks: checks.as_deref().unwrap_or_default(),
+                        // The fallback counts from a fresh window against
+                        // its share of each limit: its crossings would say
+                        // nothing of the user's real spend.
+                        alerts: &[],
                         ..b
                     }),
                     ..req
@@ -555,19 +559,16 @@ impl<S: Store + Clone> Store for Failover<S> {
 
 impl<S: Store + Clone> Failover<S> {
     /// A fallback's answer, its reservation ids tagged as this replica's.
-    /// Its alert crossings are dropped: the fallback counts from a fresh
-    /// window against its share of each limit, so they say nothing of the
-    /// user's real spend.
     fn tag_outcome(&self, out: ReserveOutcome) -> ReserveOutcome {
         match out {
             ReserveOutcome::Granted {
                 reservation,
                 wait_ms,
-                crossed: _,
+                crossed,
             } => ReserveOutcome::Granted {
                 reservation: self.local_id(reservation),
                 wait_ms,
-                crossed: crate::spend::Crossed::NONE,
+                crossed,
             },
             ReserveOutcome::Denied {
                 denial,
@@ -594,6 +595,8 @@ impl<S: Store + Clone> Failover<S> {
             .settle(SettleRequest {
                 tokens: scale_spec(&req.tokens, share),
                 reservation: &id,
+                // No crossings from the fallback (see reserve_tokens).
+                budget: req.budget.map(|b| BudgetRequest { alerts: &[], ..b }),
                 ..req
             })
             .await?;
@@ -621,13 +624,6 @@ impl<S: Store + Clone> Failover<S> {
                 o.tokens_net = o.tokens_net.saturating_add(delta);
             });
         }
-        // As in `tag_outcome`: the fallback's crossings are not the user's.
-        Ok(match out {
-            SettleOutcome::Applied { balance, .. } => SettleOutcome::Applied {
-                balance,
-                crossed: crate::spend::Crossed::NONE,
-            },
-            other => other,
-        })
+        Ok(out)
     }
 }

@@ -58,12 +58,15 @@ fn bit(period: Period, i: usize) -> u32 {
 
 /// Spent amounts, no top-ups.
 fn spent(amounts: &[u64]) -> Vec<SpentNow> {
-    amounts
+    let pairs: Vec<(u64, u64)> = amounts.iter().map(|a| (*a, 0)).collect();
+    spent_granted(&pairs)
+}
+
+/// (spent, granted) per budget.
+fn spent_granted(pairs: &[(u64, u64)]) -> Vec<SpentNow> {
+    pairs
         .iter()
-        .map(|a| SpentNow {
-            spent: *a,
-            granted: 0,
-        })
+        .map(|&(spent, granted)| SpentNow { spent, granted })
         .collect()
 }
 
@@ -391,16 +394,7 @@ pub async fn budgets_top_up_reset_and_alerts<S: Store + Clone>(store: S, clock: 
     // fits, and 100 % of the raised limit is crossed when it is reached.
     assert_eq!(
         read(Some((Period::Daily, BudgetAdjust::TopUp(5_000)))).await,
-        vec![
-            SpentNow {
-                spent: 10_000,
-                granted: 5_000
-            },
-            SpentNow {
-                spent: 66_000,
-                granted: 0
-            }
-        ]
+        spent_granted(&[(10_000, 5_000), (66_000, 0)])
     );
     assert_eq!(
         admit(&store, now, "t2").await,
@@ -425,13 +419,7 @@ pub async fn budgets_top_up_reset_and_alerts<S: Store + Clone>(store: S, clock: 
     // crossed anew.
     assert_eq!(
         read(Some((Period::Monthly, BudgetAdjust::Reset))).await,
-        vec![
-            SpentNow {
-                spent: 15_000,
-                granted: 5_000
-            },
-            SpentNow::default()
-        ]
+        spent_granted(&[(15_000, 5_000), (0, 0)])
     );
     // The reservations made before the reset close, in the month, as ones
     // of an ended window: d's refund gives the day its 5,000 back and the
@@ -454,16 +442,7 @@ pub async fn budgets_top_up_reset_and_alerts<S: Store + Clone>(store: S, clock: 
     ));
     assert_eq!(
         read(None).await,
-        vec![
-            SpentNow {
-                spent: 10_000,
-                granted: 5_000
-            },
-            SpentNow {
-                spent: 3_000,
-                granted: 0
-            }
-        ]
+        spent_granted(&[(10_000, 5_000), (3_000, 0)])
     );
     // The next day: the top-up is gone with its window.
     clock.set(DAY_END);
