@@ -301,7 +301,7 @@ final class Transport {
       }
     }
     String error = Wire.optText(body, "error").orElse("http_" + status);
-    String message = Wire.optText(body, "message").orElse(error);
+    String message = Wire.optText(body, "message").orElse(error) + Wire.configErrors(body);
     long retryAfter = Wire.retryAfterMs(body, response.headers());
     Refusal refusal = Wire.refusal(error, message, body, retryAfter);
     if (refusal != null) {

@@ -225,6 +225,30 @@ final class Wire {
     };
   }
 
+  /**
+   * An {@code invalid_config} answer's {@code errors} ({@code [{path, reason}]}) as text to add to
+   * its message, e.g. {@code " (default_plan: no such plan)"}; empty when there are none.
+   */
+  static String configErrors(JsonNode body) {
+    JsonNode errors = body.get("errors");
+    if (errors == null || !errors.isArray() || errors.isEmpty()) {
+      return "";
+    }
+    StringBuilder out = new StringBuilder(" (");
+    int n = 0;
+    for (JsonNode e : errors) {
+      if (n++ > 0) {
+        out.append("; ");
+      }
+      if (n > 10) {
+        out.append(errors.size() - 10).append(" more");
+        break;
+      }
+      out.append(optText(e, "path").orElse("?")).append(": ").append(optText(e, "reason").orElse("?"));
+    }
+    return out.append(')').toString();
+  }
+
   static Optional<String> optText(JsonNode b, String name) {
     JsonNode v = b.get(name);
     return v != null && v.isTextual() ? Optional.of(v.textValue()) : Optional.empty();

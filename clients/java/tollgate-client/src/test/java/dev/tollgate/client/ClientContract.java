@@ -88,7 +88,7 @@ abstract class ClientContract {
     assertEquals(c, granted(ann.settle(r.reservationId(), 5_000)));
     Reservation r2 = granted(ann.reserve(Reserve.of("run-1", 300).withRequestId("ann-req-2")));
     assertEquals("ann-req-2", r2.requestId());
-    assertEquals(OptionalLong.of(100_000 - 812 - 300), granted(ann.refund(r2.reservationId())).balance());
+    assertEquals(OptionalLong.of(100_000 - 812), granted(ann.refund(r2.reservationId())).balance());
     assertEquals(OptionalLong.of(100_000 - 812), granted(ann.refund(r2.reservationId())).balance());
 
     // The run released with its session, then again (held nothing).
@@ -259,7 +259,12 @@ abstract class ClientContract {
     assertTrue(b.retryAfterMs().getAsLong() > 0 && b.retryAfterMs().getAsLong() <= 86_400_000L);
     assertTrue(b.message().contains("daily budget"), b.message());
     List<BudgetView> budgets = admin.user("spender").budgets();
-    assertEquals(new BudgetView("daily", "tokens", Optional.empty(), 1000, 0, 600, resets), budgets.get(0));
+    BudgetView day = budgets.get(0);
+    assertEquals(new BudgetView("daily", "tokens", Optional.empty(), 1000, 0, 600, day.resetsAtMs()), day);
+    // The sidecar answers resets_at_ms as its clock read after the decision plus
+    // the store's hint, so it can miss the window's end by the milliseconds
+    // between the two reads (seen: +1 ms on memory, -1 ms on Redis).
+    assertTrue(Math.abs(resets - day.resetsAtMs()) <= 1_000, resets + " vs " + day);
     // 600 tokens at the higher price, $10 per million: 6,000 micro-dollars.
     assertEquals(new BudgetView("monthly", "micros", Optional.of("USD"), 50_000_000, 0, 6_000, budgets.get(1).resetsAtMs()), budgets.get(1));
     List<BudgetView> topped = admin.topUpTokens("spender", "daily", 500);
@@ -342,10 +347,14 @@ abstract class ClientContract {
     TollgateException.InvalidRequest ttl = assertThrows(TollgateException.InvalidRequest.class, () -> fay.acquireSessionLease("s", "h", 0));
     assertEquals(Optional.of("ttl_ms"), ttl.field());
     // Ids with a slash, a space, non-ASCII and dots travel as path segments.
-    for (String id : List.of("a/b", "a b", "café", "..", "a?b#c")) {
-      granted(fay.acquireSessionLease(id, "h", 1_000));
-      assertEquals(new FenceCurrent(true), granted(fay.checkFence(id, 1)));
-      assertEquals(new Released(true, false), granted(fay.releaseSessionLease(id, "h")));
+    // (A user each: a session's claim outlives its release, and the plan holds 3.)
+    List<String> ids = List.of("a/b", "a b", "café", "..", "a?b#c");
+    for (int i = 0; i < ids.size(); i++) {
+      UserClient.Blocking u = client.blocking().forUser("fay" + i);
+      String id = ids.get(i);
+      granted(u.acquireSessionLease(id, "h", 1_000));
+      assertEquals(new FenceCurrent(true), granted(u.checkFence(id, 1)));
+      assertEquals(new Released(true, false), granted(u.releaseSessionLease(id, "h")));
     }
     // A wrong token: 401 from the sidecar.
     TollgateClient forged = TollgateClient.builder(sidecar.url()).token(() -> "not-a-jwt").build();

@@ -97,11 +97,13 @@ public final class Sidecar implements AutoCloseable {
       """;
 
   private final Process process;
+  private final Path config;
   private final Path log;
   private final String url;
 
-  private Sidecar(Process process, Path log, String url) {
+  private Sidecar(Process process, Path config, Path log, String url) {
     this.process = process;
+    this.config = config;
     this.log = log;
     this.url = url;
   }
@@ -145,7 +147,7 @@ public final class Sidecar implements AutoCloseable {
                 .start();
         String url = "http://127.0.0.1:" + port;
         if (waitHealthy(p, url)) {
-          return new Sidecar(p, log, url);
+          return new Sidecar(p, cfg, log, url);
         }
         Processes.stop(p);
         String why = Processes.tail(log, 4000);
@@ -212,6 +214,11 @@ public final class Sidecar implements AutoCloseable {
         .credentials(Tokens::token)
         .adminToken(Tokens.ADMIN)
         .build();
+  }
+
+  /** The config file it was started with (a test may rewrite it and reload). */
+  public Path config() {
+    return config;
   }
 
   /** What the sidecar logged so far. */
