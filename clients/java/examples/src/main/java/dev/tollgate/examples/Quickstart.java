@@ -16,7 +16,7 @@ import java.io.PrintStream;
  * cargo run -p tollgate-server -- serve        # the embedded default
  * export TOLLGATE_TOKEN=$(cargo run -q -p tollgate-server -- token --user alice)
  * mvn -q -f clients/java/pom.xml install -DskipTests
- * mvn -q -f clients/java/examples/pom.xml exec:java
+ * mvn -q -f clients/java/examples/pom.xml compile exec:java
  * </pre>
  *
  * <p>{@code TOLLGATE_URL} names another sidecar (default {@code http://127.0.0.1:8787}). One turn

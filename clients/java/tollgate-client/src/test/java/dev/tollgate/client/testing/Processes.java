@@ -13,6 +13,33 @@ import java.util.concurrent.TimeUnit;
 public final class Processes {
   private Processes() {}
 
+  private static final java.util.Set<Process> STARTED = java.util.concurrent.ConcurrentHashMap.newKeySet();
+
+  static {
+    // Nothing outlives the test JVM, even a test that never closed what it started.
+    Runtime.getRuntime().addShutdownHook(new Thread(() -> STARTED.forEach(Process::destroyForcibly)));
+  }
+
+  /** Starts {@code pb}, and kills the process when the JVM exits if it still runs then. */
+  public static Process start(ProcessBuilder pb) throws IOException {
+    Process p = pb.start();
+    STARTED.add(p);
+    p.onExit().thenRun(() -> STARTED.remove(p));
+    return p;
+  }
+
+  /** Deletes a directory and everything in it, quietly. */
+  public static void deleteTree(Path dir) {
+    if (dir == null || !Files.exists(dir)) {
+      return;
+    }
+    try (java.util.stream.Stream<Path> walk = Files.walk(dir)) {
+      walk.sorted(java.util.Comparator.reverseOrder()).forEach(f -> f.toFile().delete());
+    } catch (IOException e) {
+      // Left for the OS's temp cleaner.
+    }
+  }
+
   /** A port free on 127.0.0.1 now. */
   public static int freePort() {
     try (ServerSocket s = new ServerSocket()) {

@@ -57,7 +57,7 @@ public final class RedisServer implements AutoCloseable {
 
   private void launch() throws IOException {
     process =
-        new ProcessBuilder(
+        Processes.start(new ProcessBuilder(
                 "redis-server",
                 "--port", Integer.toString(port),
                 "--bind", "127.0.0.1",
@@ -65,8 +65,7 @@ public final class RedisServer implements AutoCloseable {
                 "--appendonly", "no",
                 "--dir", dir.toString())
             .redirectErrorStream(true)
-            .redirectOutput(dir.resolve("redis.log").toFile())
-            .start();
+            .redirectOutput(dir.resolve("redis.log").toFile()));
     boolean up =
         Processes.poll(
             10_000,
@@ -132,5 +131,6 @@ public final class RedisServer implements AutoCloseable {
   @Override
   public void close() {
     stop();
+    Processes.deleteTree(dir);
   }
 }

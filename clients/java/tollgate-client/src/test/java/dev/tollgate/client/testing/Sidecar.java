@@ -141,16 +141,17 @@ public final class Sidecar implements AutoCloseable {
                 + PLANS);
         Path log = dir.resolve("tollgate.log");
         Process p =
-            new ProcessBuilder(Binary.get().toString(), "serve", "--config", cfg.toString())
-                .redirectErrorStream(true)
-                .redirectOutput(log.toFile())
-                .start();
+            Processes.start(
+                new ProcessBuilder(Binary.get().toString(), "serve", "--config", cfg.toString())
+                    .redirectErrorStream(true)
+                    .redirectOutput(log.toFile()));
         String url = "http://127.0.0.1:" + port;
         if (waitHealthy(p, url)) {
           return new Sidecar(p, cfg, log, url);
         }
         Processes.stop(p);
         String why = Processes.tail(log, 4000);
+        Processes.deleteTree(dir);
         if (!why.contains("Address already in use")) {
           throw new IllegalStateException("tollgate serve did not start on " + url + ":\n" + why);
         }
@@ -234,5 +235,6 @@ public final class Sidecar implements AutoCloseable {
   @Override
   public void close() {
     Processes.stop(process);
+    Processes.deleteTree(config.getParent());
   }
 }
