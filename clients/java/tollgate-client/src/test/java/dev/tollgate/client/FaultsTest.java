@@ -34,23 +34,11 @@ import org.junit.jupiter.api.Test;
  */
 class FaultsTest {
 
-  static TollgateClient client(String url, RetryPolicy retry) {
-    return TollgateClient.builder(url)
-        .credentials(Tokens::token)
-        .adminToken(Tokens.ADMIN)
-        .retry(retry)
-        .build();
-  }
-
-  static RetryPolicy fast(int retries) {
-    return new RetryPolicy(retries, Duration.ofMillis(10), Duration.ofMillis(50), Duration.ofSeconds(5));
-  }
-
   @Test
   void aStoppedRedisUnderFailClosedIsStoreUnavailable() {
     try (RedisServer redis = RedisServer.start();
         Sidecar sc = Sidecar.start("", Sidecar.redisStore(redis, "fail_closed"))) {
-      TollgateClient c = client(sc.url(), fast(1));
+      TollgateClient c = Sidecar.client(sc.url(), Sidecar.fastRetries(1));
       granted(c.blocking().forUser("ola").admitRun("r"));
       assertTrue(c.blocking().readyz());
       redis.stop();
@@ -77,7 +65,7 @@ class FaultsTest {
   void closesWhileRedisIsDownUnderFailOpenArePendingAndDone() {
     try (RedisServer redis = RedisServer.start();
         Sidecar sc = Sidecar.start("", Sidecar.redisStore(redis, "fail_open"))) {
-      TollgateClient c = client(sc.url(), fast(1));
+      TollgateClient c = Sidecar.client(sc.url(), Sidecar.fastRetries(1));
       UserClient.Blocking pat = c.blocking().forUser("pat");
       granted(pat.admitRun("r"));
       Reservation r = granted(pat.reserve("r", 1_000));
@@ -96,7 +84,7 @@ class FaultsTest {
   @Test
   void aFullMemoryStoreIsStoreFull() {
     try (Sidecar sc = Sidecar.start("", "[store]\nkind = \"memory\"\nmax_entries = 3\n")) {
-      TollgateClient c = client(sc.url(), RetryPolicy.none());
+      TollgateClient c = Sidecar.client(sc.url(), RetryPolicy.none());
       List<String> admitted = new ArrayList<>();
       TollgateException.StoreUnavailable full = null;
       for (int i = 0; i < 10 && full == null; i++) {
@@ -121,7 +109,7 @@ class FaultsTest {
             "[limits]\nmax_waiting = 1\nmax_waits_per_user = 1\n");
         FaultProxy proxy = FaultProxy.to(sc.url())) {
       // The one slot is held by a wait=true reserve waiting about 3 s.
-      TollgateClient direct = client(sc.url(), RetryPolicy.none());
+      TollgateClient direct = Sidecar.client(sc.url(), RetryPolicy.none());
       UserClient w = direct.forUser("waiter");
       granted(w.admitRun("r").join());
       granted(w.reserve("r", 1_000).join());
@@ -129,7 +117,7 @@ class FaultsTest {
       assertTrue(Processes.poll(10_000,
           () -> direct.admin().user("waiter").join().tokensAvailable() < -1_000));
       // The sidecar's 429 overloaded, retried once after its 1 s hint, then raised.
-      TollgateClient c = client(proxy.url(), new RetryPolicy(1, Duration.ofMillis(10), Duration.ofMillis(10), Duration.ofSeconds(2)));
+      TollgateClient c = Sidecar.client(proxy.url(), new RetryPolicy(1, Duration.ofMillis(10), Duration.ofMillis(10), Duration.ofSeconds(2)));
       TollgateException.Overloaded o = assertThrows(TollgateException.Overloaded.class,
           () -> c.blocking().forUser("quin").admitRun("r"));
       assertEquals(429, o.status().getAsInt());
@@ -146,7 +134,7 @@ class FaultsTest {
     try (Sidecar sc = Sidecar.start("", "[limits]\nbody_timeout_ms = 300\n");
         FaultProxy proxy = FaultProxy.to(sc.url())) {
       proxy.thenDripBody();
-      TollgateClient c = client(proxy.url(), RetryPolicy.none());
+      TollgateClient c = Sidecar.client(proxy.url(), RetryPolicy.none());
       TollgateException.RequestTimeout t = assertThrows(TollgateException.RequestTimeout.class,
           () -> c.blocking().forUser("rex").admitRun("r"));
       assertEquals(408, t.status().getAsInt());
@@ -160,7 +148,7 @@ class FaultsTest {
         Sidecar sc = Sidecar.start("", Sidecar.redisStore(redis, "fail_closed", "jbroken"))) {
       // The user's turn bucket is a string; a hash there makes the script fail.
       assertEquals(":1", redis.command("HSET", "jbroken:turn2:{sue}", "f", "v"));
-      TollgateClient c = client(sc.url(), fast(2));
+      TollgateClient c = Sidecar.client(sc.url(), Sidecar.fastRetries(2));
       TollgateException.ServerError e = assertThrows(TollgateException.ServerError.class,
           () -> c.blocking().forUser("sue").admitRun("r"));
       assertEquals(500, e.status().getAsInt());
@@ -171,7 +159,7 @@ class FaultsTest {
   @Test
   void aConfigTheSidecarRefusesToReloadIsInvalidRequest() throws IOException {
     try (Sidecar sc = Sidecar.start("")) {
-      AdminClient.Blocking admin = client(sc.url(), fast(2)).blocking().admin();
+      AdminClient.Blocking admin = Sidecar.client(sc.url(), Sidecar.fastRetries(2)).blocking().admin();
       assertTrue(admin.reload().reloaded());
       Files.writeString(sc.config(),
           Files.readString(sc.config()).replace("default_plan = \"std\"", "default_plan = \"nope\""));
@@ -187,7 +175,7 @@ class FaultsTest {
   @Test
   void noSidecarIsUnreachable() {
     int port = Processes.freePort();
-    TollgateClient c = client("http://127.0.0.1:" + port, fast(2));
+    TollgateClient c = Sidecar.client("http://127.0.0.1:" + port, Sidecar.fastRetries(2));
     TollgateException.SidecarUnreachable e = assertThrows(TollgateException.SidecarUnreachable.class,
         () -> c.blocking().forUser("tom").admitRun("r"));
     assertEquals("unreachable", e.error());

@@ -8,8 +8,6 @@ import com.fasterxml.jackson.databind.ObjectMapper;
 import dev.tollgate.client.testing.FaultProxy;
 import dev.tollgate.client.testing.FaultProxy.Answer;
 import dev.tollgate.client.testing.Sidecar;
-import dev.tollgate.client.testing.Tokens;
-import java.time.Duration;
 import java.util.List;
 import java.util.Map;
 import java.util.OptionalLong;
@@ -62,15 +60,7 @@ class RetryTest {
   }
 
   TollgateClient client(RetryPolicy retry) {
-    return TollgateClient.builder(proxy.url())
-        .credentials(Tokens::token)
-        .adminToken(Tokens.ADMIN)
-        .retry(retry)
-        .build();
-  }
-
-  static RetryPolicy fast(int retries) {
-    return new RetryPolicy(retries, Duration.ofMillis(10), Duration.ofMillis(50), Duration.ofSeconds(2));
+    return Sidecar.client(proxy.url(), retry);
   }
 
   static String field(String body, String name) {
@@ -83,7 +73,7 @@ class RetryTest {
 
   @Test
   void aReserveWhoseAnswerWasLostIsChargedOnce() {
-    TollgateClient c = client(fast(2));
+    TollgateClient c = client(Sidecar.fastRetries(2));
     UserClient.Blocking gil = c.blocking().forUser("gil");
     ClientContract.granted(gil.admitRun("r"));
     // The sidecar grants the first attempt, but the client sees a 503; the
@@ -109,7 +99,7 @@ class RetryTest {
 
   @Test
   void overloadedThenUnavailableThenAnswered() {
-    TollgateClient c = client(fast(2));
+    TollgateClient c = client(Sidecar.fastRetries(2));
     proxy.thenRespond(OVERLOADED).thenRespond(UNAVAILABLE);
     Admitted a = ClientContract.granted(c.blocking().forUser("hal").admitRun("r"));
     assertEquals(1_000, a.estimateTokens());
@@ -118,7 +108,7 @@ class RetryTest {
 
   @Test
   void retriesAreBoundedAndRaiseTheFault() {
-    TollgateClient c = client(fast(2));
+    TollgateClient c = client(Sidecar.fastRetries(2));
     proxy.thenRespond(UNAVAILABLE).thenRespond(UNAVAILABLE).thenRespond(UNAVAILABLE);
     TollgateException.StoreUnavailable e = assertThrows(TollgateException.StoreUnavailable.class,
         () -> c.blocking().forUser("ida").admitRun("r"));
@@ -141,7 +131,7 @@ class RetryTest {
 
   @Test
   void aHintAboveTheMaximumIsNotWaitedOut() {
-    TollgateClient c = client(fast(2));
+    TollgateClient c = client(Sidecar.fastRetries(2));
     proxy.thenRespond(new Answer(503, Map.of("retry-after", "60"),
         "{\"error\":\"store_full\",\"message\":\"full\",\"retry_after_ms\":60000}"));
     long t0 = System.nanoTime();
@@ -154,7 +144,7 @@ class RetryTest {
 
   @Test
   void refusalsAreNotRetried() {
-    TollgateClient c = client(fast(2));
+    TollgateClient c = client(Sidecar.fastRetries(2));
     proxy.thenRespond(new Answer(429, Map.of("retry-after", "2"),
         "{\"error\":\"turn_rate\",\"limit\":\"turn_rate\",\"retry_after_ms\":2000,\"message\":\"m\"}"));
     Refusal.TurnRateLimited t = ClientContract.refused(c.blocking().forUser("kim").admitRun("r"), Refusal.TurnRateLimited.class);
@@ -164,7 +154,7 @@ class RetryTest {
 
   @Test
   void permitsFeedbackTopUpsAndReloadsAreNeverRetried() {
-    TollgateClient c = client(fast(2));
+    TollgateClient c = client(Sidecar.fastRetries(2));
     proxy.thenRespond(UNAVAILABLE);
     assertThrows(TollgateException.StoreUnavailable.class,
         () -> c.blocking().forUser("lu").providerPermit("gemini", Permit.of("flash", 1)));
@@ -188,7 +178,7 @@ class RetryTest {
 
   @Test
   void pendingClosesAreDone() {
-    TollgateClient c = client(fast(2));
+    TollgateClient c = client(Sidecar.fastRetries(2));
     proxy.thenRespond(UNAVAILABLE).thenRespond(new Answer(200, Map.of(), "{\"pending\":true}"));
     Closed s = ClientContract.granted(c.blocking().forUser("mo").settle("1.r", 10));
     assertEquals(new Closed(OptionalLong.empty(), true), s);
@@ -200,7 +190,7 @@ class RetryTest {
 
   @Test
   void anAnswerTheClientCannotReadIsAServerError() {
-    TollgateClient c = client(fast(2));
+    TollgateClient c = client(Sidecar.fastRetries(2));
     proxy.thenRespond(new Answer(200, Map.of(), "{\"reservation_id\":5}"));
     TollgateException.ServerError e = assertThrows(TollgateException.ServerError.class,
         () -> c.blocking().forUser("ned").reserve("r", 1));

@@ -1,5 +1,6 @@
 package dev.tollgate.client.testing;
 
+import dev.tollgate.client.RetryPolicy;
 import dev.tollgate.client.TollgateClient;
 import java.io.IOException;
 import java.net.URI;
@@ -211,10 +212,22 @@ public final class Sidecar implements AutoCloseable {
 
   /** The same client, aimed at {@code url} (e.g. a proxy in front of this sidecar). */
   public static TollgateClient client(String url) {
+    return client(url, RetryPolicy.defaults());
+  }
+
+  /** The same client, aimed at {@code url}, retrying under {@code retry}. */
+  public static TollgateClient client(String url, RetryPolicy retry) {
     return TollgateClient.builder(url)
         .credentials(Tokens::token)
         .adminToken(Tokens.ADMIN)
+        .retry(retry)
         .build();
+  }
+
+  /** {@code retries} retries with backoffs of 10 to 50 ms, hints waited out up to 5 s. */
+  public static RetryPolicy fastRetries(int retries) {
+    return new RetryPolicy(
+        retries, Duration.ofMillis(10), Duration.ofMillis(50), Duration.ofSeconds(5));
   }
 
   /** The config file it was started with (a test may rewrite it and reload). */
