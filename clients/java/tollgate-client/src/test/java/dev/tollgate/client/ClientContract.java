@@ -51,6 +51,11 @@ abstract class ClientContract {
     }
   }
 
+  /** Within 2 % below {@code expected}: the sliding-minute estimate across a minute's turn. */
+  static boolean near(long v, long expected) {
+    return v <= expected && v >= expected - Math.max(1, expected / 50);
+  }
+
   static <T> T granted(Outcome<T> o) {
     return o.orElseThrow(r -> new AssertionError("refused: " + r));
   }
@@ -127,11 +132,13 @@ abstract class ClientContract {
     UserView u = admin.user("ann");
     assertEquals("std", u.plan());
     assertEquals(100_000 - 812, u.tokensAvailable());
-    assertEquals(812, u.tokensLastMinute());
+    // A sliding-minute estimate: what was charged just before a minute's turn counts a little less.
+    assertTrue(near(u.tokensLastMinute(), 812), u.toString());
     assertEquals(49, u.turnsAvailable());
     assertEquals(List.of(), u.leases());
     assertEquals(List.of(), u.budgets());
-    assertTrue(admin.top(1000).contains(new TopUser("ann", 812)), () -> admin.top(1000).toString());
+    assertTrue(admin.top(1000).stream().anyMatch(t -> t.user().equals("ann") && near(t.tokensLastMinute(), 812)),
+        () -> admin.top(1000).toString());
     granted(ann.admitRun("run-2"));
     assertEquals(List.of("run-2"), admin.user("ann").leases().stream().map(LeaseView::invocationId).toList());
     assertEquals(new Released(true, false), admin.releaseLease("ann", "run-2"));

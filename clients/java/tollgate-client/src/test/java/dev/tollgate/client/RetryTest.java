@@ -90,7 +90,7 @@ class RetryTest {
     assertTrue(tookMs >= 50, "the sidecar's hint (50 ms) was waited out: " + tookMs);
     UserView v = c.blocking().admin().user("gil");
     assertEquals(100_000 - 5_000, v.tokensAvailable(), "charged once");
-    assertEquals(5_000, v.tokensLastMinute());
+    assertTrue(ClientContract.near(v.tokensLastMinute(), 5_000), v.toString());
     // A reserve repeated by the caller with the request id answers the first grant.
     Reservation again = ClientContract.granted(gil.reserve(Reserve.of("r", 5_000).withRequestId(r.requestId())));
     assertEquals(r.reservationId(), again.reservationId());

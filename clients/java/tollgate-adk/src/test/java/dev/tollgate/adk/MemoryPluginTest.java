@@ -1,0 +1,11 @@
+package dev.tollgate.adk;
+
+import dev.tollgate.client.testing.Sidecar;
+
+/** {@link PluginContract} on the memory store. */
+class MemoryPluginTest extends PluginContract {
+  @Override
+  Sidecar start() {
+    return Sidecar.start("", OVERRIDES);
+  }
+}
