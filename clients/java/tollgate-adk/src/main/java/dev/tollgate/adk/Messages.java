@@ -54,6 +54,12 @@ public final class Messages {
     } else if (refusal instanceof Refusal.TokenRateLimited) {
       what = "your token budget is spent for now";
       then = "Please retry " + when(refusal.retryAfterMs()) + ".";
+    } else if (refusal instanceof Refusal.ProviderLimited) {
+      what = "the model provider's shared capacity is in use";
+      then = "Please retry " + when(refusal.retryAfterMs()) + ".";
+    } else if (refusal instanceof Refusal.ProviderExhausted) {
+      what = "the model provider's quota is exhausted";
+      then = "Please retry " + when(refusal.retryAfterMs()) + ".";
     } else {
       what = "a usage limit was reached (" + refusal.error() + ")";
       then =
