@@ -1,5 +1,19 @@
 package dev.tollgate.examples;
 
+import com.google.adk.agents.LlmAgent;
+import com.google.adk.artifacts.InMemoryArtifactService;
+import com.google.adk.events.Event;
+import com.google.adk.models.BaseLlm;
+import com.google.adk.models.BaseLlmConnection;
+import com.google.adk.models.LlmRequest;
+import com.google.adk.models.LlmResponse;
+import com.google.adk.runner.Runner;
+import com.google.adk.sessions.InMemorySessionService;
+import com.google.adk.sessions.Session;
+import com.google.genai.types.Content;
+import com.google.genai.types.GenerateContentResponseUsageMetadata;
+import com.google.genai.types.Part;
+import dev.tollgate.adk.TollgatePlugin;
 import dev.tollgate.client.Admitted;
 import dev.tollgate.client.Outcome;
 import dev.tollgate.client.Refusal;
@@ -7,7 +21,9 @@ import dev.tollgate.client.Reservation;
 import dev.tollgate.client.Reserve;
 import dev.tollgate.client.TollgateClient;
 import dev.tollgate.client.UserClient;
+import io.reactivex.rxjava3.core.Flowable;
 import java.io.PrintStream;
+import java.util.List;
 
 /**
  * The README's example, runnable against a real sidecar:
@@ -19,9 +35,13 @@ import java.io.PrintStream;
  * mvn -q -f clients/java/examples/pom.xml compile exec:java
  * </pre>
  *
- * <p>{@code TOLLGATE_URL} names another sidecar (default {@code http://127.0.0.1:8787}). One turn
- * of user {@code alice}: admitted, the plan's estimate reserved (the sidecar waits if the tokens
- * need it), settled at the 812 tokens the model call used, released.
+ * <p>{@code TOLLGATE_URL} names another sidecar (default {@code http://127.0.0.1:8787}). First the
+ * client example, one turn of user {@code alice}: admitted, the plan's estimate reserved (the
+ * sidecar waits if the tokens need it), settled at the 812 tokens the model call used, released.
+ * Then {@link TollgatePlugin} registered in three lines on a real ADK Java runner, and turns run
+ * until the plan's turn burst is spent: on the default plan (bursting to 5 turns) four turns are
+ * answered and the fifth is refused with the plugin's plain message. The model is a stand-in that
+ * answers offline with a fixed usage, so the example needs no model credentials.
  */
 public final class Quickstart {
   private Quickstart() {}
@@ -39,6 +59,54 @@ public final class Quickstart {
       System.exit(64);
     }
     run(url, token, System.out);
+    runAdk(url, token, System.out);
+  }
+
+  /** Answers every call with one line and 812 tokens of usage. */
+  static final class OfflineLlm extends BaseLlm {
+    OfflineLlm() {
+      super("offline");
+    }
+
+    @Override
+    public Flowable<LlmResponse> generateContent(LlmRequest request, boolean stream) {
+      return Flowable.just(LlmResponse.builder()
+          .content(Content.builder().role("model").parts(List.of(Part.fromText("Here is your answer."))).build())
+          .usageMetadata(GenerateContentResponseUsageMetadata.builder()
+              .promptTokenCount(800).candidatesTokenCount(12).totalTokenCount(812).build())
+          .build());
+    }
+
+    @Override
+    public BaseLlmConnection connect(LlmRequest request) {
+      throw new UnsupportedOperationException("offline");
+    }
+  }
+
+  /**
+   * The ADK example: five turns of {@code alice} through a runner with {@link TollgatePlugin}.
+   *
+   * @param url the sidecar
+   * @param token alice's token
+   * @param out where to print
+   */
+  public static void runAdk(String url, String token, PrintStream out) {
+    TollgateClient tollgate = TollgateClient.builder(url).credentials(userId -> tokenFor(userId, token)).build();
+    LlmAgent agent = LlmAgent.builder().name("support_agent").model(new OfflineLlm()).instruction("Be brief.").build();
+    Runner runner = Runner.builder().agent(agent).appName("support")
+        .sessionService(new InMemorySessionService()).artifactService(new InMemoryArtifactService())
+        .plugins(TollgatePlugin.builder(tollgate).build())
+        .build();
+    Session session = runner.sessionService().createSession("support", "alice").blockingGet();
+    for (int i = 1; i <= 5; i++) {
+      Content message = Content.builder().role("user").parts(List.of(Part.fromText("question " + i))).build();
+      for (Event event : runner.runAsync("alice", session.id(), message).blockingIterable()) {
+        for (Part part : event.content().flatMap(Content::parts).orElse(List.of())) {
+          int turn = i;
+          part.text().ifPresent(text -> out.println("turn " + turn + ": " + text));
+        }
+      }
+    }
   }
 
   /**

@@ -37,6 +37,24 @@ class QuickstartTest {
   }
 
   @Test
+  void theAdkExampleAnswersFourTurnsAndRefusesTheFifth() {
+    // User "five": a burst of 5 turns, as the embedded default's plan.
+    try (Sidecar sc = Sidecar.start("")) {
+      ByteArrayOutputStream bytes = new ByteArrayOutputStream();
+      PrintStream out = new PrintStream(bytes, true, StandardCharsets.UTF_8);
+      Quickstart.run(sc.url(), Tokens.token("five"), out);
+      Quickstart.runAdk(sc.url(), Tokens.token("five"), out);
+      List<String> lines = bytes.toString(StandardCharsets.UTF_8).lines().toList();
+      assertEquals(EXPECTED, lines.subList(0, 4));
+      for (int i = 1; i <= 4; i++) {
+        assertEquals("turn " + i + ": Here is your answer.", lines.get(3 + i));
+      }
+      assertTrue(lines.get(8).startsWith("turn 5: This request was not started: you have sent too many requests recently (limit: turn_rate). Please retry in "), lines.get(8));
+      assertEquals(9, lines.size(), lines.toString());
+    }
+  }
+
+  @Test
   void theMainRunsAsAProcess() throws Exception {
     try (Sidecar sc = Sidecar.start("")) {
       String java = Path.of(System.getProperty("java.home"), "bin", "java").toString();
@@ -44,12 +62,14 @@ class QuickstartTest {
           new ProcessBuilder(java, "-cp", System.getProperty("java.class.path"), Quickstart.class.getName())
               .redirectErrorStream(true);
       pb.environment().put("TOLLGATE_URL", sc.url());
-      pb.environment().put("TOLLGATE_TOKEN", Tokens.token("alice"));
+      pb.environment().put("TOLLGATE_TOKEN", Tokens.token("five"));
       Process p = pb.start();
       String out = new String(p.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
       assertTrue(p.waitFor(60, TimeUnit.SECONDS));
       assertEquals(0, p.exitValue(), out);
-      assertEquals(EXPECTED, out.lines().toList());
+      List<String> lines = out.lines().filter(l -> !l.startsWith("SLF4J")).toList();
+      assertEquals(EXPECTED, lines.subList(0, 4), out);
+      assertEquals(9, lines.size(), out);
     }
   }
 }

@@ -34,10 +34,12 @@ public final class Sidecar implements AutoCloseable {
       estimate_tokens = 1000
       max_sessions = 3
 
+      # The embedded default's burst of 5 turns, refilling one an hour.
       [plans.five]
       turns = { amount = 1, period_ms = 3600000, burst = 5 }
       tokens = { amount = 1, period_ms = 3600000, burst = 100000 }
       concurrent_runs = 8
+      max_wait_ms = 2000
       estimate_tokens = 1000
 
       [plans.onecall]
