@@ -52,6 +52,9 @@ abstract class PluginContract {
       tokens = { amount = 1, period_ms = 3600000, burst = 60000 }
       estimate_tokens = 6000
       max_wait_ms = 2000
+
+      [overrides.renew]
+      lease_ttl_ms = 600
       """;
 
   Sidecar sidecar;
@@ -180,6 +183,26 @@ abstract class PluginContract {
     b.awaitDone(10, TimeUnit.SECONDS).assertComplete();
     assertEquals("finished", Adk.text(Adk.turn(runner.runAsync("cc", "cc-c", Adk.user("short again")))));
     assertEquals(List.of(), view("cc").leases());
+  }
+
+  @Test
+  void aLongRunsLeaseIsRenewedEveryThirdOfItsTtl() {
+    CompletableSubject gate = CompletableSubject.create();
+    ScriptedLlm model = gated(gate);
+    Runner runner = Adk.runner(Adk.agent("helper", model), plugin());
+    TestSubscriber<Event> run = runner.runAsync("renew", Adk.session(runner, "renew", "s-renew"), Adk.user("long"))
+        .subscribeOn(Schedulers.io()).test();
+    assertTrue(Processes.poll(10_000, () -> model.calls.get() == 1));
+    long first = view("renew").leases().get(0).expiresAtMs();
+    // Renewed every 200 ms: the expiry moves on, and the lease outlives its 600 ms TTL.
+    assertTrue(Processes.poll(5_000, () -> {
+      List<dev.tollgate.client.LeaseView> l = view("renew").leases();
+      return !l.isEmpty() && l.get(0).expiresAtMs() >= first + 600;
+    }), () -> "not renewed: " + view("renew"));
+    assertEquals(1, view("renew").leases().size());
+    gate.onComplete();
+    run.awaitDone(10, TimeUnit.SECONDS).assertComplete();
+    assertEquals(List.of(), view("renew").leases());
   }
 
   @Test
