@@ -35,7 +35,7 @@ import java.util.concurrent.atomic.AtomicInteger;
 public final class ThousandWaiters {
   private ThousandWaiters() {}
 
-  /** 1,000 tokens a second bursting to 1,000; 20 tokens a call; waits up to 30 s. */
+  /** 1,000 tokens a second bursting to 1,000; 20 tokens a call; waits up to 30 s (the last run waits about 25 s). */
   static final String CROWD =
       """
       [overrides.crowd]
@@ -82,11 +82,12 @@ public final class ThousandWaiters {
       for (int i = 0; i < runs; i++) {
         runner.sessionService().createSession("crowd", "crowd", (Map<String, Object>) null, "s" + i).blockingGet();
       }
-      // Warm the client and the runner, then empty the bucket.
+      // Warm the client, then empty the bucket and put it 5 s in debt, so every run's wait
+      // (5 s, plus 20 ms for each run before it) outlasts the admission of all of them.
       client.forUser("crowd").admitRun("drain").join();
       client.forUser("crowd").reserve(Reserve.of("drain", 1_000)).join();
+      client.forUser("crowd").reserve(Reserve.of("drain", 5_000)).join();
       System.gc();
-      Thread.sleep(200);
       int threadsBefore = threads.getThreadCount();
       long heapBefore = memory.getHeapMemoryUsage().getUsed();
       System.out.printf("before: %d live threads, heap used %.1f MiB%n", threadsBefore, heapBefore / 1048576.0);
@@ -104,6 +105,7 @@ public final class ThousandWaiters {
       int threadsAtPeak = 0;
       long heapAtPeak = 0;
       int maxThreads = 0;
+      long heapAfterGc = -1;
       while (done.get() < runs) {
         int waiting = plugin.openRuns() - called.get() + done.get();
         int t = threads.getThreadCount();
@@ -112,11 +114,17 @@ public final class ThousandWaiters {
           peak = waiting;
           threadsAtPeak = t;
           heapAtPeak = memory.getHeapMemoryUsage().getUsed();
+          if (waiting == runs && heapAfterGc < 0) {
+            // Every run waits: what they hold, garbage collected.
+            System.gc();
+            heapAfterGc = memory.getHeapMemoryUsage().getUsed();
+          }
         }
         Thread.sleep(10);
       }
-      System.out.printf("during: at the peak %d runs waiting on timers, %d live threads, heap used %.1f MiB; most threads seen %d%n",
-          peak, threadsAtPeak, heapAtPeak / 1048576.0, maxThreads);
+      System.out.printf("during: at the peak %d runs waiting on timers, %d live threads, heap used %.1f MiB"
+          + " (%.1f MiB after a GC with all waiting); most threads seen %d%n",
+          peak, threadsAtPeak, heapAtPeak / 1048576.0, heapAfterGc / 1048576.0, maxThreads);
       while (done.get() < runs) {
         Thread.sleep(50);
       }
