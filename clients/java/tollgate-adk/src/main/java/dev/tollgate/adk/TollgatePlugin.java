@@ -15,7 +15,6 @@ import dev.tollgate.client.Reservation;
 import dev.tollgate.client.Reserve;
 import dev.tollgate.client.TokenSplit;
 import dev.tollgate.client.TollgateClient;
-import dev.tollgate.client.TollgateException;
 import dev.tollgate.client.UserClient;
 import io.reactivex.rxjava3.core.Completable;
 import io.reactivex.rxjava3.core.Flowable;
@@ -494,9 +493,5 @@ public final class TollgatePlugin extends BasePlugin {
       t = t.getCause();
     }
     return t;
-  }
-
-  static boolean isFault(Throwable t) {
-    return cause(t) instanceof TollgateException;
   }
 }

@@ -5,7 +5,7 @@ import dev.tollgate.client.testing.Sidecar;
 /** {@link PluginContract} on the memory store. */
 class MemoryPluginTest extends PluginContract {
   @Override
-  Sidecar start() {
+  protected Sidecar start() {
     return Sidecar.start("", OVERRIDES);
   }
 }

@@ -21,6 +21,7 @@ import dev.tollgate.client.TollgateClient;
 import dev.tollgate.client.UserView;
 import dev.tollgate.client.testing.Processes;
 import dev.tollgate.client.testing.Sidecar;
+import dev.tollgate.client.testing.SidecarClass;
 import dev.tollgate.client.testing.Tokens;
 import io.reactivex.rxjava3.core.Flowable;
 import io.reactivex.rxjava3.disposables.Disposable;
@@ -33,18 +34,14 @@ import java.util.Map;
 import java.util.concurrent.TimeUnit;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
-import org.junit.jupiter.api.AfterAll;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
-import org.junit.jupiter.api.TestInstance;
 
 /**
  * Real ADK Java turns ({@link Runner} with a scripted model) under {@link TollgatePlugin} and
  * {@link TurnExecutor} against one real sidecar per store (the subclasses). The plans refill one
  * token or turn an hour, so counts are exact in real time; each test has users of its own.
  */
-@TestInstance(TestInstance.Lifecycle.PER_CLASS)
-abstract class PluginContract {
+abstract class PluginContract extends SidecarClass {
   /** meter6: a 60,000-token bucket, 6,000 tokens a call, a 2 s maximum wait. */
   static final String OVERRIDES =
       """
@@ -56,24 +53,6 @@ abstract class PluginContract {
       [overrides.renew]
       lease_ttl_ms = 600
       """;
-
-  Sidecar sidecar;
-  TollgateClient client;
-
-  abstract Sidecar start();
-
-  @BeforeAll
-  void up() {
-    sidecar = start();
-    client = sidecar.client();
-  }
-
-  @AfterAll
-  void down() {
-    if (sidecar != null) {
-      sidecar.close();
-    }
-  }
 
   TollgatePlugin plugin() {
     return TollgatePlugin.builder(client).build();

@@ -9,7 +9,7 @@ class RedisPluginTest extends PluginContract {
   private RedisServer redis;
 
   @Override
-  Sidecar start() {
+  protected Sidecar start() {
     redis = RedisServer.start();
     return Sidecar.start("", OVERRIDES + Sidecar.redisStore(redis, "fail_closed"));
   }

@@ -18,11 +18,4 @@ final class Checks {
     Objects.requireNonNull(value, name);
     return value;
   }
-
-  static long nonNegative(long value, String name) {
-    if (value < 0) {
-      throw new IllegalArgumentException(name + " must not be negative, got " + value);
-    }
-    return value;
-  }
 }

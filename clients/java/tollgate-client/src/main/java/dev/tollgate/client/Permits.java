@@ -56,8 +56,4 @@ final class Permits {
       waiters.remove(waiter);
     }
   }
-
-  synchronized int inUse() {
-    return used;
-  }
 }

@@ -66,10 +66,6 @@ final class Transport {
     closed = true;
   }
 
-  int inFlight() {
-    return permits.inUse();
-  }
-
   /**
    * Sends {@code call} as {@code userId} (ignored for admin calls and {@code null} for calls that
    * need no identity) and reads the answer. The future fails with a {@link TollgateException} for

@@ -8,6 +8,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.tollgate.client.testing.Processes;
 import dev.tollgate.client.testing.Sidecar;
+import dev.tollgate.client.testing.SidecarClass;
 import dev.tollgate.client.testing.Tokens;
 import java.util.List;
 import java.util.Map;
@@ -16,10 +17,7 @@ import java.util.OptionalLong;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CompletionException;
 import java.util.concurrent.atomic.AtomicInteger;
-import org.junit.jupiter.api.AfterAll;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
-import org.junit.jupiter.api.TestInstance;
 
 /**
  * Every operation of docs/spec.md §8 and every refusal and fault it can answer, through {@link
@@ -27,29 +25,9 @@ import org.junit.jupiter.api.TestInstance;
  * Each test uses users of its own, so the tests share the sidecar. The plans refill one token or
  * turn an hour ({@link Sidecar#PLANS}): counts are exact in real time.
  */
-@TestInstance(TestInstance.Lifecycle.PER_CLASS)
-abstract class ClientContract {
+abstract class ClientContract extends SidecarClass {
   /** At most one wait=true request of a user at once, for {@link #tooManyWaits()}. */
   static final String LIMITS = "[limits]\nmax_waits_per_user = 1\n";
-
-  Sidecar sidecar;
-  TollgateClient client;
-
-  /** Starts this class's sidecar. */
-  abstract Sidecar start();
-
-  @BeforeAll
-  void up() {
-    sidecar = start();
-    client = sidecar.client();
-  }
-
-  @AfterAll
-  void down() {
-    if (sidecar != null) {
-      sidecar.close();
-    }
-  }
 
   /** Within 2 % below {@code expected}: the sliding-minute estimate across a minute's turn. */
   static boolean near(long v, long expected) {

@@ -5,7 +5,7 @@ import dev.tollgate.client.testing.Sidecar;
 /** {@link ClientContract} against a sidecar on the memory store. */
 class MemoryStoreTest extends ClientContract {
   @Override
-  Sidecar start() {
+  protected Sidecar start() {
     return Sidecar.start("", LIMITS);
   }
 }

@@ -9,7 +9,7 @@ class RedisStoreTest extends ClientContract {
   private RedisServer redis;
 
   @Override
-  Sidecar start() {
+  protected Sidecar start() {
     redis = RedisServer.start();
     return Sidecar.start("", LIMITS + Sidecar.redisStore(redis, "fail_closed"));
   }
