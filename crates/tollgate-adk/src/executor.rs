@@ -13,7 +13,8 @@ use tollgate_core::session::{
     DEFAULT_SESSION_TTL_MS, SessionAdmit, SessionLease, renew_every_ms, renewable_ttl,
 };
 use tollgate_core::{
-    Clock, Decision, Denial, Limiter, LimiterError, Overloaded, ReplicaGate, ReplicaPermit, Store,
+    Clock, Decision, Denial, Id, Limiter, LimiterError, Overloaded, ReplicaGate, ReplicaPermit,
+    Store,
 };
 
 use crate::fence::{TurnFence, poll_with_fence, session_key};
@@ -195,7 +196,10 @@ impl<S: Store> TurnExecutor<S> {
         let permit = self.gate.try_acquire().map_err(TurnError::Overloaded)?;
         let user = user_id.to_string();
         let key = session_key(self.runner.app_name(), &user, session_id.as_ref());
-        let plan = self.limiter.plan_for(&user).map_err(TurnError::Limiter)?;
+        // One snapshot of the user's plan for the admission and the
+        // renewal period.
+        let for_user = self.limiter.user(&user).map_err(TurnError::Limiter)?;
+        let lease_ttl_ms = for_user.plan().lease_ttl_ms;
         // Registered, not run: nothing happens until the stream is polled.
         let invocation = self
             .runner
@@ -208,11 +212,16 @@ impl<S: Store> TurnExecutor<S> {
             key: &key,
             ttl_ms: self.session_ttl_ms,
         };
-        let admitted = self
-            .limiter
-            .admit_turn_in_session(&user, &invocation_id, Some(lease))
+        let admitted = for_user
+            .admit_turn_in_session(
+                Id::new(&invocation_id).map_err(|e| {
+                    TurnError::Limiter(LimiterError::invalid("invocation_id", e.to_string()))
+                })?,
+                Some(lease),
+            )
             .await
             .map_err(TurnError::Limiter)?;
+        drop(for_user);
         let turn = match admitted {
             SessionAdmit::Busy { retry_after_ms } => {
                 return Err(TurnError::SessionBusy { retry_after_ms });
@@ -241,7 +250,7 @@ impl<S: Store> TurnExecutor<S> {
             session_key: key.clone(),
             session_ttl_ms: self.session_ttl_ms,
         };
-        let period = renew_every_ms(self.session_ttl_ms.min(plan.lease_ttl_ms));
+        let period = renew_every_ms(self.session_ttl_ms.min(lease_ttl_ms));
         let renewal = spawn_renewal(held.clone(), Arc::clone(self.limiter.clock()), period);
         Ok(TurnStream {
             inner: invocation.into_events(),

@@ -104,7 +104,8 @@ pub enum LimiterError {
 }
 
 impl LimiterError {
-    pub(crate) fn invalid(field: &'static str, message: impl Into<String>) -> Self {
+    /// [`LimiterError::InvalidRequest`]: `field` is invalid, for `message`.
+    pub fn invalid(field: &'static str, message: impl Into<String>) -> Self {
         LimiterError::InvalidRequest {
             field,
             message: message.into(),

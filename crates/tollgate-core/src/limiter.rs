@@ -11,6 +11,7 @@ use crate::budget::{BudgetAmount, OnExhausted, OnOutage};
 use crate::clock::Clock;
 use crate::decision::{Decision, Denial, Limit, Waited};
 use crate::error::{LimiterError, StoreError};
+use crate::id::{Id, IntoId};
 use crate::lease::{Admit, TurnParams};
 use crate::money::TokenSplit;
 use crate::plan::{Plan, PlanBook};
@@ -109,12 +110,12 @@ pub struct Settled {
 #[derive(Debug, Clone, Copy)]
 pub struct Reserve<'a> {
     /// The run making the model call.
-    pub invocation_id: &'a str,
+    pub invocation_id: Id<'a>,
     /// Estimated tokens.
     pub estimate: u64,
     /// The caller's id for this request, so a retry never charges twice
     /// ([`ReserveRequest::request_id`]).
-    pub request_id: Option<&'a str>,
+    pub request_id: Option<Id<'a>>,
     /// Wait out the grant's wait here before answering
     /// ([`Limiter::reserve_tokens_and_wait`]).
     pub wait: bool,
@@ -170,9 +171,19 @@ type AlertObserver = Box<dyn Fn(&BudgetAlert<'_>) + Send + Sync>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ModelRef<'a> {
     /// The provider (`"openai"`).
-    pub provider: &'a str,
+    pub provider: Id<'a>,
     /// The model (`"gpt-4o"`).
-    pub model: &'a str,
+    pub model: Id<'a>,
+}
+
+impl<'a> ModelRef<'a> {
+    /// The model a `"provider:model"` id names; `None`: it names none (no
+    /// colon, or an empty half), so the plan's `default_price` applies.
+    pub fn parse(model: Id<'a>) -> Option<Self> {
+        model
+            .split_model()
+            .map(|(provider, model)| Self { provider, model })
+    }
 }
 
 /// Admission decisions for users, on a [`Store`] and a [`Clock`].
@@ -194,9 +205,11 @@ impl<S> std::fmt::Debug for Limiter<S> {
     }
 }
 
-/// The one id rule ([`crate::id`]), naming `field` in the error.
-fn check_id(field: &'static str, v: &str) -> Result<(), LimiterError> {
-    crate::id::check_id(v).map_err(|e| LimiterError::invalid(field, e.to_string()))
+/// `v` as an id: checked by the one id rule ([`crate::id`]) unless it is
+/// one already, naming `field` in the error.
+fn id<'a>(field: &'static str, v: impl IntoId<'a>) -> Result<Id<'a>, LimiterError> {
+    v.into_id()
+        .map_err(|e| LimiterError::invalid(field, e.to_string()))
 }
 
 fn check_estimate(estimate: u64) -> Result<(), LimiterError> {
@@ -233,22 +246,6 @@ impl<S: Store> Limiter<S> {
         self.alerts.set(Box::new(observer)).is_ok()
     }
 
-    fn report(&self, user: &str, plan: &Plan, crossed: Crossed, alerts: &[u8]) {
-        if crossed.is_empty() {
-            return;
-        }
-        if let Some(observe) = self.alerts.get() {
-            for (period, percent) in crossed.iter(alerts) {
-                observe(&BudgetAlert {
-                    user,
-                    plan: &plan.name,
-                    period,
-                    percent,
-                });
-            }
-        }
-    }
-
     /// The store.
     pub fn store(&self) -> &S {
         &self.store
@@ -271,124 +268,70 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Swaps in new plans atomically. Lowered capacities apply at the next
-    /// refill (levels are capped there).
+    /// refill (levels are capped there). A request already holding a
+    /// [`ForUser`] finishes on the plans it took.
     pub fn set_plans(&self, plans: PlanBook) {
         self.plans.store(Arc::new(plans));
     }
 
-    /// The effective plan of `user`.
+    /// `user` with the plans in force now: the one snapshot a request
+    /// decides with ([`ForUser`]). The plan book is read once, here.
     ///
     /// # Errors
     ///
-    /// [`LimiterError::UnknownUser`] when the user has no plan and there is
-    /// no default.
-    pub fn plan_for(&self, user: &str) -> Result<Arc<Plan>, LimiterError> {
-        check_id("user", user)?;
-        self.plans
-            .load()
-            .resolve(user)
-            .cloned()
-            .ok_or_else(|| LimiterError::UnknownUser {
-                user: user.to_owned(),
-            })
+    /// An invalid user id (field `user`); [`LimiterError::UnknownUser`]
+    /// when the user has no plan and there is no default.
+    pub fn user<'u>(&self, user: impl IntoId<'u>) -> Result<ForUser<'_, 'u, S>, LimiterError> {
+        let user = id("user", user)?;
+        let book = self.plans.load_full();
+        let plan =
+            book.resolve(user.as_str())
+                .cloned()
+                .ok_or_else(|| LimiterError::UnknownUser {
+                    user: user.as_str().to_owned(),
+                })?;
+        Ok(ForUser {
+            limiter: self,
+            user,
+            book,
+            plan,
+        })
     }
 
-    /// Admits a turn (SPEC §3): turn bucket and run lease, all or nothing.
-    /// Retrying with the same live `invocation_id` refreshes its lease and
-    /// charges nothing.
-    pub async fn admit_turn(
+    /// The effective plan of `user` now.
+    ///
+    /// # Errors
+    ///
+    /// As [`user`](Self::user).
+    pub fn plan_for<'u>(&self, user: impl IntoId<'u>) -> Result<Arc<Plan>, LimiterError> {
+        Ok(self.user(user)?.plan)
+    }
+
+    /// [`ForUser::admit_turn`] with `user`'s plan now.
+    ///
+    /// # Errors
+    ///
+    /// As [`user`](Self::user) and [`ForUser::admit_turn`].
+    pub async fn admit_turn<'u>(
         &self,
-        user: &str,
-        invocation_id: &str,
+        user: impl IntoId<'u>,
+        invocation_id: impl IntoId<'u>,
     ) -> Result<Decision<RunLease>, LimiterError> {
-        check_id("invocation_id", invocation_id)?;
-        let plan = self.plan_for(user)?;
-        let checks = match &plan.budgets {
-            Some(b) if b.on_exhausted == OnExhausted::DenyTurns => self.budget_checks(&plan),
-            _ => Vec::new(),
-        };
-        let out = self
-            .store
-            .admit_turn(TurnRequest {
-                user,
-                invocation_id,
-                params: TurnParams {
-                    turns: plan.turns,
-                    max_runs: plan.concurrent_runs,
-                    lease_ttl_ms: plan.lease_ttl_ms,
-                    concurrency_retry_ms: plan.concurrency_retry_ms,
-                },
-                budgets: &checks,
-            })
-            .await?;
-        if out.reclaimed > 0 {
-            self.reclaimed
-                .fetch_add(u64::from(out.reclaimed), Ordering::Relaxed);
-        }
-        Ok(match out.admit {
-            Admit::Admitted {
-                lease_expires_at,
-                refreshed,
-            } => Decision::Allowed {
-                grant: RunLease {
-                    expires_at_ms: lease_expires_at,
-                    refreshed,
-                },
-                shadow_denied: None,
-            },
-            Admit::Denied(d) if plan.shadow => Decision::Allowed {
-                grant: RunLease {
-                    expires_at_ms: self.clock.now_ms().saturating_add(plan.lease_ttl_ms),
-                    refreshed: false,
-                },
-                shadow_denied: Some(d),
-            },
-            Admit::Denied(d) => Decision::Denied(d),
-        })
+        let invocation_id = id("invocation_id", invocation_id)?;
+        self.user(user)?.admit_turn(invocation_id).await
     }
 
-    /// Takes `cost` turns from `user`'s turn bucket now, or nothing (no
-    /// waiting, no run lease): the same bucket [`admit_turn`](Self::admit_turn)
-    /// takes from, so both draw on one budget. For callers that count turns
-    /// themselves, such as Envoy's rate-limit service (`hits_addend`).
-    ///
-    /// A refusal takes nothing and carries the exact retry hint; a cost
-    /// larger than the burst is [`Denial::ExceedsCapacity`]. In shadow mode
-    /// the store applies the same enforcing transition and only the answer
-    /// is rewritten to allowed (`taken: 0`, the denial kept in
-    /// `shadow_denied`). A cost of 0 takes nothing and reports the bucket.
+    /// [`ForUser::take_turns`] with `user`'s plan now.
     ///
     /// # Errors
     ///
-    /// [`LimiterError::UnknownUser`] (no plan), an invalid user id, or a
-    /// store fault.
-    ///
-    /// [`Denial::ExceedsCapacity`]: crate::Denial::ExceedsCapacity
-    pub async fn take_turns(&self, user: &str, cost: u64) -> Result<Decision<Taken>, LimiterError> {
-        let plan = self.plan_for(user)?;
-        let out = self
-            .store
-            .take_one(TakeRequest {
-                bucket: BucketRef::Turns(user),
-                spec: plan.turns,
-                cost,
-            })
-            .await?;
-        Ok(match taken(&out, cost, Limit::TurnRate, &plan.turns) {
-            Ok(grant) => Decision::Allowed {
-                grant,
-                shadow_denied: None,
-            },
-            Err(denial) if plan.shadow => Decision::Allowed {
-                grant: Taken {
-                    taken: 0,
-                    remaining: out.remaining,
-                    full_in_ms: out.full_in_ms,
-                },
-                shadow_denied: Some(denial),
-            },
-            Err(denial) => Decision::Denied(denial),
-        })
+    /// As [`user`](Self::user), or a store fault.
+    pub async fn take_turns<'u>(
+        &self,
+        user: impl IntoId<'u>,
+        cost: u64,
+    ) -> Result<Decision<Taken>, LimiterError> {
+        self.user(user)?.take_turns(cost).await
     }
 
     /// Takes `cost` tokens from the named bucket `key` of rate `spec` (a
@@ -396,8 +339,8 @@ impl<S: Store> Limiter<S> {
     /// an Envoy rate-limit descriptor's), in one store step
     /// ([`Store::take_one`]), and answers the decision ([`Limit::Bucket`]).
     ///
-    /// As [`take_turns`](Self::take_turns): a refusal takes nothing and
-    /// carries the exact retry hint, a cost larger than the burst is
+    /// As [`ForUser::take_turns`]: a refusal takes nothing and carries the
+    /// exact retry hint, a cost larger than the burst is
     /// [`Denial::ExceedsCapacity`], a cost of 0 takes nothing and reports
     /// the bucket. There is no plan, so no shadow mode: a caller with a
     /// shadow setting of its own applies it to the answer.
@@ -431,61 +374,428 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Releases the run lease of `invocation_id`. [`Release::NotHeld`]: it
-    /// held none (a denied turn, a second release); not an error.
-    pub async fn release_run(
+    /// held none (a denied turn, a second release); not an error. No plan
+    /// is needed.
+    ///
+    /// # Errors
+    ///
+    /// An invalid id, or a store fault.
+    pub async fn release_run<'u>(
         &self,
-        user: &str,
-        invocation_id: &str,
+        user: impl IntoId<'u>,
+        invocation_id: impl IntoId<'u>,
     ) -> Result<Release, LimiterError> {
-        check_id("user", user)?;
-        check_id("invocation_id", invocation_id)?;
-        Ok(self.store.release_run(user, invocation_id).await?)
+        let user = id("user", user)?;
+        let invocation_id = id("invocation_id", invocation_id)?;
+        Ok(self
+            .store
+            .release_run(user.as_str(), invocation_id.as_str())
+            .await?)
+    }
+
+    /// [`ForUser::renew_run`] with `user`'s plan now.
+    ///
+    /// # Errors
+    ///
+    /// As [`user`](Self::user), an invalid id, or a store fault.
+    pub async fn renew_run<'u>(
+        &self,
+        user: impl IntoId<'u>,
+        invocation_id: impl IntoId<'u>,
+    ) -> Result<Option<u64>, LimiterError> {
+        let invocation_id = id("invocation_id", invocation_id)?;
+        self.user(user)?.renew_run(invocation_id).await
+    }
+
+    /// [`ForUser::claim_session`] with `user`'s plan now.
+    ///
+    /// # Errors
+    ///
+    /// As [`user`](Self::user), an invalid id, or a store fault.
+    pub async fn claim_session<'u>(
+        &self,
+        user: impl IntoId<'u>,
+        session_id: impl IntoId<'u>,
+        lease_ttl_ms: u64,
+        create: bool,
+    ) -> Result<Decision<SessionsHeld>, LimiterError> {
+        let session_id = id("session_id", session_id)?;
+        self.user(user)?
+            .claim_session(session_id, lease_ttl_ms, create)
+            .await
+    }
+
+    /// Reserves `estimate` tokens for a model call of `invocation_id` with
+    /// `user`'s plan now, decide-only ([`ForUser::reserve`] without a
+    /// request id, a model or a wait).
+    ///
+    /// # Errors
+    ///
+    /// As [`user`](Self::user) and [`ForUser::reserve`].
+    pub async fn reserve_tokens<'u>(
+        &self,
+        user: impl IntoId<'u>,
+        invocation_id: impl IntoId<'u>,
+        estimate: u64,
+    ) -> Result<Decision<Reservation>, LimiterError> {
+        let call = Reserve {
+            invocation_id: id("invocation_id", invocation_id)?,
+            estimate,
+            request_id: None,
+            wait: false,
+            model: None,
+            split: None,
+        };
+        self.user(user)?.reserve_with(call).await
+    }
+
+    /// [`ForUser::reserve`] with `user`'s plan now.
+    ///
+    /// # Errors
+    ///
+    /// As [`user`](Self::user) and [`ForUser::reserve`].
+    pub async fn reserve<'u>(
+        &self,
+        user: impl IntoId<'u>,
+        call: Reserve<'_>,
+    ) -> Result<Decision<Reservation>, LimiterError>
+    where
+        S: Clone,
+    {
+        self.user(user)?.reserve(call).await
+    }
+
+    /// Like [`reserve_tokens`](Self::reserve_tokens), but waits out the wait
+    /// on the clock (no thread blocked) before answering, so the grant's
+    /// `wait_ms` is 0 and `waited_ms` says how long it took.
+    ///
+    /// # Cancel safety
+    ///
+    /// If the future is dropped while waiting, the reservation is refunded
+    /// (on a spawned task: a tokio runtime must be running).
+    ///
+    /// # Errors
+    ///
+    /// As [`reserve_tokens`](Self::reserve_tokens).
+    pub async fn reserve_tokens_and_wait<'u>(
+        &self,
+        user: impl IntoId<'u>,
+        invocation_id: impl IntoId<'u>,
+        estimate: u64,
+    ) -> Result<Decision<Reservation>, LimiterError>
+    where
+        S: Clone,
+    {
+        let call = Reserve {
+            invocation_id: id("invocation_id", invocation_id)?,
+            estimate,
+            request_id: None,
+            wait: true,
+            model: None,
+            split: None,
+        };
+        let user = self.user(user)?;
+        // `reserve` with `wait`, without its layer: a waiter's memory is
+        // this future's size for as long as it waits.
+        user.reserve_and_wait(call).await
+    }
+
+    /// [`ForUser::settle`] with `user`'s plan now.
+    ///
+    /// # Errors
+    ///
+    /// As [`user`](Self::user) and [`ForUser::settle`].
+    pub async fn settle<'u>(
+        &self,
+        user: impl IntoId<'u>,
+        reservation: &ReservationId,
+        actual: u64,
+    ) -> Result<Settled, LimiterError> {
+        self.user(user)?
+            .close(reservation, Some(actual), None)
+            .await
+    }
+
+    /// [`ForUser::settle_split`] with `user`'s plan now.
+    ///
+    /// # Errors
+    ///
+    /// As [`settle`](Self::settle).
+    pub async fn settle_split<'u>(
+        &self,
+        user: impl IntoId<'u>,
+        reservation: &ReservationId,
+        actual: u64,
+        split: Option<TokenSplit>,
+    ) -> Result<Settled, LimiterError> {
+        self.user(user)?
+            .close(reservation, Some(actual), split)
+            .await
+    }
+
+    /// [`ForUser::refund`] with `user`'s plan now.
+    ///
+    /// # Errors
+    ///
+    /// As [`settle`](Self::settle).
+    pub async fn refund<'u>(
+        &self,
+        user: impl IntoId<'u>,
+        reservation: &ReservationId,
+    ) -> Result<Settled, LimiterError> {
+        self.user(user)?.close(reservation, None, None).await
+    }
+
+    /// [`ForUser::budgets`] with `user`'s plan now.
+    ///
+    /// # Errors
+    ///
+    /// As [`user`](Self::user) and [`ForUser::budgets`].
+    pub async fn budgets<'u>(
+        &self,
+        user: impl IntoId<'u>,
+    ) -> Result<Vec<BudgetStatus>, LimiterError> {
+        self.user(user)?.budgets().await
+    }
+
+    /// [`ForUser::adjust_budget`] with `user`'s plan now.
+    ///
+    /// # Errors
+    ///
+    /// As [`user`](Self::user) and [`ForUser::adjust_budget`].
+    pub async fn adjust_budget<'u>(
+        &self,
+        user: impl IntoId<'u>,
+        period: crate::calendar::Period,
+        adjust: BudgetAdjust,
+    ) -> Result<Vec<BudgetStatus>, LimiterError> {
+        self.user(user)?.adjust_budget(period, adjust).await
+    }
+}
+
+/// One request's view of one user: the user's id and the plans in force
+/// when it was taken ([`Limiter::user`]) — the user's plan, and the prices,
+/// the budgets' time zone and the alert thresholds of the same plan book.
+///
+/// Every decision made through it uses that one snapshot, so a reload
+/// that lands while a request is under way changes nothing of it: the
+/// decision, the charge, and what the caller answers and counts (from
+/// [`plan`](Self::plan)) all follow one config. Take one per request; one
+/// kept for long decides with old plans.
+pub struct ForUser<'l, 'u, S> {
+    limiter: &'l Limiter<S>,
+    user: Id<'u>,
+    book: Arc<PlanBook>,
+    plan: Arc<Plan>,
+}
+
+impl<S> std::fmt::Debug for ForUser<'_, '_, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ForUser")
+            .field("user", &self.user)
+            .field("plan", &self.plan.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'l, 'u, S: Store> ForUser<'l, 'u, S> {
+    /// The user.
+    pub fn id(&self) -> Id<'u> {
+        self.user
+    }
+
+    /// The user's plan in this snapshot.
+    pub fn plan(&self) -> &Arc<Plan> {
+        &self.plan
+    }
+
+    /// The plan book of this snapshot (prices, budgets' zone, alerts).
+    pub fn book(&self) -> &PlanBook {
+        &self.book
+    }
+
+    /// The limiter.
+    pub fn limiter(&self) -> &'l Limiter<S> {
+        self.limiter
+    }
+
+    fn report(&self, crossed: Crossed) {
+        if crossed.is_empty() {
+            return;
+        }
+        if let Some(observe) = self.limiter.alerts.get() {
+            for (period, percent) in crossed.iter(self.book.budget_alerts()) {
+                observe(&BudgetAlert {
+                    user: self.user.as_str(),
+                    plan: &self.plan.name,
+                    period,
+                    percent,
+                });
+            }
+        }
+    }
+
+    /// Admits a turn (SPEC §3): turn bucket and run lease, all or nothing.
+    /// Retrying with the same live `invocation_id` refreshes its lease and
+    /// charges nothing.
+    ///
+    /// # Errors
+    ///
+    /// A store fault.
+    pub async fn admit_turn(
+        &self,
+        invocation_id: Id<'_>,
+    ) -> Result<Decision<RunLease>, LimiterError> {
+        let plan = &*self.plan;
+        let checks = match &plan.budgets {
+            Some(b) if b.on_exhausted == OnExhausted::DenyTurns => self.budget_checks(),
+            _ => Vec::new(),
+        };
+        let out = self
+            .limiter
+            .store
+            .admit_turn(TurnRequest {
+                user: self.user.as_str(),
+                invocation_id: invocation_id.as_str(),
+                params: TurnParams {
+                    turns: plan.turns,
+                    max_runs: plan.concurrent_runs,
+                    lease_ttl_ms: plan.lease_ttl_ms,
+                    concurrency_retry_ms: plan.concurrency_retry_ms,
+                },
+                budgets: &checks,
+            })
+            .await?;
+        if out.reclaimed > 0 {
+            self.limiter
+                .reclaimed
+                .fetch_add(u64::from(out.reclaimed), Ordering::Relaxed);
+        }
+        Ok(match out.admit {
+            Admit::Admitted {
+                lease_expires_at,
+                refreshed,
+            } => Decision::Allowed {
+                grant: RunLease {
+                    expires_at_ms: lease_expires_at,
+                    refreshed,
+                },
+                shadow_denied: None,
+            },
+            Admit::Denied(d) if plan.shadow => Decision::Allowed {
+                grant: RunLease {
+                    expires_at_ms: self
+                        .limiter
+                        .clock
+                        .now_ms()
+                        .saturating_add(plan.lease_ttl_ms),
+                    refreshed: false,
+                },
+                shadow_denied: Some(d),
+            },
+            Admit::Denied(d) => Decision::Denied(d),
+        })
+    }
+
+    /// Takes `cost` turns from the user's turn bucket now, or nothing (no
+    /// waiting, no run lease): the same bucket
+    /// [`admit_turn`](Self::admit_turn) takes from, so both draw on one
+    /// budget. For callers that count turns themselves, such as Envoy's
+    /// rate-limit service (`hits_addend`).
+    ///
+    /// A refusal takes nothing and carries the exact retry hint; a cost
+    /// larger than the burst is [`Denial::ExceedsCapacity`]. In shadow mode
+    /// the store applies the same enforcing transition and only the answer
+    /// is rewritten to allowed (`taken: 0`, the denial kept in
+    /// `shadow_denied`). A cost of 0 takes nothing and reports the bucket.
+    ///
+    /// # Errors
+    ///
+    /// A store fault.
+    ///
+    /// [`Denial::ExceedsCapacity`]: crate::Denial::ExceedsCapacity
+    pub async fn take_turns(&self, cost: u64) -> Result<Decision<Taken>, LimiterError> {
+        let plan = &*self.plan;
+        let out = self
+            .limiter
+            .store
+            .take_one(TakeRequest {
+                bucket: BucketRef::Turns(self.user.as_str()),
+                spec: plan.turns,
+                cost,
+            })
+            .await?;
+        Ok(match taken(&out, cost, Limit::TurnRate, &plan.turns) {
+            Ok(grant) => Decision::Allowed {
+                grant,
+                shadow_denied: None,
+            },
+            Err(denial) if plan.shadow => Decision::Allowed {
+                grant: Taken {
+                    taken: 0,
+                    remaining: out.remaining,
+                    full_in_ms: out.full_in_ms,
+                },
+                shadow_denied: Some(denial),
+            },
+            Err(denial) => Decision::Denied(denial),
+        })
     }
 
     /// Renews a live run lease by the plan's TTL. `None`: the lease is lost.
     /// In shadow mode a lost lease is answered renewed (`now + ttl`): the
     /// turn may have been admitted by shadow mode without one.
-    pub async fn renew_run(
-        &self,
-        user: &str,
-        invocation_id: &str,
-    ) -> Result<Option<u64>, LimiterError> {
-        check_id("invocation_id", invocation_id)?;
-        let plan = self.plan_for(user)?;
+    ///
+    /// # Errors
+    ///
+    /// A store fault.
+    pub async fn renew_run(&self, invocation_id: Id<'_>) -> Result<Option<u64>, LimiterError> {
+        let plan = &*self.plan;
         let renewed = self
+            .limiter
             .store
-            .renew_run(user, invocation_id, plan.lease_ttl_ms)
+            .renew_run(
+                self.user.as_str(),
+                invocation_id.as_str(),
+                plan.lease_ttl_ms,
+            )
             .await?;
         Ok(match renewed {
-            None if plan.shadow => Some(self.clock.now_ms().saturating_add(plan.lease_ttl_ms)),
+            None if plan.shadow => Some(
+                self.limiter
+                    .clock
+                    .now_ms()
+                    .saturating_add(plan.lease_ttl_ms),
+            ),
             other => other,
         })
     }
 
-    /// Counts session `session_id` of `user` against the plan's
-    /// `max_sessions` before a session lease operation with `lease_ttl_ms`
-    /// (SPEC §4): `create` for an acquire (a new session past the cap is
-    /// denied, [`Limit::Sessions`], with the time until the earliest claim
-    /// ends), not for a renew or release (which only extend a claim that
-    /// exists). The bound protects the store's memory, so shadow mode does
-    /// not waive it.
+    /// Counts session `session_id` against the plan's `max_sessions` before
+    /// a session lease operation with `lease_ttl_ms` (SPEC §4): `create` for
+    /// an acquire (a new session past the cap is denied,
+    /// [`Limit::Sessions`], with the time until the earliest claim ends),
+    /// not for a renew or release (which only extend a claim that exists).
+    /// The bound protects the store's memory, so shadow mode does not
+    /// waive it.
+    ///
+    /// # Errors
+    ///
+    /// A store fault.
     pub async fn claim_session(
         &self,
-        user: &str,
-        session_id: &str,
+        session_id: Id<'_>,
         lease_ttl_ms: u64,
         create: bool,
     ) -> Result<Decision<SessionsHeld>, LimiterError> {
-        check_id("user", user)?;
-        check_id("session_id", session_id)?;
-        let plan = self.plan_for(user)?;
         let claim = self
+            .limiter
             .store
             .claim_session(ClaimRequest {
-                user,
-                session: session_id,
+                user: self.user.as_str(),
+                session: session_id.as_str(),
                 lease_ttl_ms,
-                max_sessions: plan.max_sessions,
+                max_sessions: self.plan.max_sessions,
                 create,
             })
             .await?;
@@ -511,83 +821,48 @@ impl<S: Store> Limiter<S> {
         })
     }
 
-    /// Reserves `estimate` tokens for a model call of `invocation_id` and
-    /// answers how long to wait before calling (decide-only: nothing waits
-    /// here). The run's model calls are counted against `max_llm_calls`.
+    /// Reserves tokens for a model call as `call` says (SPEC §2): with a
+    /// request id (a retry answers the first grant instead of charging
+    /// again), priced by its model for cost budgets, and waiting or not.
+    /// Decide-only without `wait`: the grant says how long to wait before
+    /// calling. The run's model calls are counted against
+    /// `max_llm_calls`.
     ///
     /// An `estimate` of 0 is invalid (field `estimate`): a reservation
     /// holds a run record and an open reservation in the store, and one
     /// that charges nothing would hold them for free (SPEC §2).
-    pub async fn reserve_tokens(
-        &self,
-        user: &str,
-        invocation_id: &str,
-        estimate: u64,
-    ) -> Result<Decision<Reservation>, LimiterError> {
-        let call = Reserve {
-            invocation_id,
-            estimate,
-            request_id: None,
-            wait: false,
-            model: None,
-            split: None,
-        };
-        let plan = self.reserve_plan(user, &call)?;
-        self.reserve_with(&plan, user, call).await
-    }
-
-    /// Checks a reservation's input and answers the user's plan.
-    fn reserve_plan(&self, user: &str, call: &Reserve<'_>) -> Result<Arc<Plan>, LimiterError> {
-        check_id("invocation_id", call.invocation_id)?;
-        if let Some(id) = call.request_id {
-            check_id("request_id", id)?;
-        }
-        check_estimate(call.estimate)?;
-        if let Some(m) = call.model {
-            check_id("model", m.model)?;
-            check_id("provider", m.provider)?;
-        }
-        self.plan_for(user)
-    }
-
-    /// Reserves tokens for a model call as `call` says: with a request id
-    /// (a retry answers the first grant instead of charging again) and
-    /// waiting or not. [`reserve_tokens`](Self::reserve_tokens) and
-    /// [`reserve_tokens_and_wait`](Self::reserve_tokens_and_wait) are this
-    /// without a request id.
+    ///
+    /// # Cancel safety
+    ///
+    /// With `wait`, if the future is dropped while waiting, the reservation
+    /// is refunded (on a spawned task: a tokio runtime must be running).
     ///
     /// # Errors
     ///
-    /// As [`reserve_tokens`](Self::reserve_tokens); also an invalid
-    /// `request_id`, or one a fallback answered during an outage that was
-    /// reconciled since (field `request_id`: use a new one).
-    pub async fn reserve(
-        &self,
-        user: &str,
-        call: Reserve<'_>,
-    ) -> Result<Decision<Reservation>, LimiterError>
+    /// An estimate of 0; a model with no price under a cost budget (field
+    /// `model`); a `request_id` a fallback answered during an outage that
+    /// was reconciled since (field `request_id`: use a new one); a store
+    /// fault.
+    pub async fn reserve(&self, call: Reserve<'_>) -> Result<Decision<Reservation>, LimiterError>
     where
         S: Clone,
     {
-        let plan = self.reserve_plan(user, &call)?;
         if call.wait {
-            return self.reserve_and_wait(&plan, user, call).await;
+            return self.reserve_and_wait(call).await;
         }
-        self.reserve_with(&plan, user, call).await
+        self.reserve_with(call).await
     }
 
-    async fn reserve_with(
-        &self,
-        plan: &Plan,
-        user: &str,
-        call: Reserve<'_>,
-    ) -> Result<Decision<Reservation>, LimiterError> {
-        let checks = self.budget_checks(plan);
-        let book = self.plans.load();
+    async fn reserve_with(&self, call: Reserve<'_>) -> Result<Decision<Reservation>, LimiterError> {
+        check_estimate(call.estimate)?;
+        let plan = &*self.plan;
+        let checks = self.budget_checks();
         let budget = match &plan.budgets {
             Some(b) if !checks.is_empty() => {
                 let price = match call.model {
-                    Some(m) => b.price(book.prices(), m.provider, m.model).copied(),
+                    Some(m) => b
+                        .price(self.book.prices(), m.provider.as_str(), m.model.as_str())
+                        .copied(),
                     None => b.default_price,
                 };
                 if price.is_none() && checks.iter().any(|c| c.unit == BudgetUnit::Cost) {
@@ -607,22 +882,23 @@ impl<S: Store> Limiter<S> {
                     checks: &checks,
                     price,
                     split: call.split,
-                    alerts: book.budget_alerts(),
+                    alerts: self.book.budget_alerts(),
                 })
             }
             _ => None,
         };
         let out = self
+            .limiter
             .store
             .reserve_tokens(ReserveRequest {
-                user,
-                invocation_id: call.invocation_id,
+                user: self.user.as_str(),
+                invocation_id: call.invocation_id.as_str(),
                 tokens: plan.tokens,
                 estimate: call.estimate,
                 max_wait_ms: plan.max_wait_ms,
                 max_llm_calls: plan.max_llm_calls,
                 shadow: plan.shadow,
-                request_id: call.request_id,
+                request_id: call.request_id.map(Id::as_str),
                 budget,
             })
             .await?;
@@ -632,7 +908,7 @@ impl<S: Store> Limiter<S> {
                 wait_ms,
                 crossed,
             } => {
-                self.report(user, plan, crossed, book.budget_alerts());
+                self.report(crossed);
                 Decision::Allowed {
                     grant: Reservation {
                         id: reservation,
@@ -664,40 +940,8 @@ impl<S: Store> Limiter<S> {
         })
     }
 
-    /// Like [`reserve_tokens`](Self::reserve_tokens), but waits out the wait
-    /// on the clock (no thread blocked) before answering, so the grant's
-    /// `wait_ms` is 0 and `waited_ms` says how long it took.
-    ///
-    /// # Cancel safety
-    ///
-    /// If the future is dropped while waiting, the reservation is refunded
-    /// (on a spawned task: a tokio runtime must be running).
-    pub async fn reserve_tokens_and_wait(
-        &self,
-        user: &str,
-        invocation_id: &str,
-        estimate: u64,
-    ) -> Result<Decision<Reservation>, LimiterError>
-    where
-        S: Clone,
-    {
-        let call = Reserve {
-            invocation_id,
-            estimate,
-            request_id: None,
-            wait: true,
-            model: None,
-            split: None,
-        };
-        // `reserve` with `wait`, without its layer: a waiter's memory is
-        // this future's size for as long as it waits.
-        let plan = self.reserve_plan(user, &call)?;
-        self.reserve_and_wait(&plan, user, call).await
-    }
-
     /// Reserves, then waits out the grant's wait (refunding if dropped
-    /// meanwhile). One plan for the reservation and its refund, even if
-    /// plans are swapped meanwhile.
+    /// meanwhile), the reservation and its refund on this one snapshot.
     ///
     /// A waiter's memory is this future's size for as long as it waits,
     /// so it keeps little across the wait: the store call is boxed (made
@@ -705,14 +949,12 @@ impl<S: Store> Limiter<S> {
     /// reservation's id and wait are kept from the answer.
     fn reserve_and_wait<'a>(
         &'a self,
-        plan: &'a Plan,
-        user: &'a str,
         call: Reserve<'a>,
     ) -> impl Future<Output = Result<Decision<Reservation>, LimiterError>> + 'a
     where
         S: Clone,
     {
-        let reserve = Box::pin(self.reserve_with(plan, user, call));
+        let reserve = Box::pin(self.reserve_with(call));
         async move {
             let (id, wait_ms) = match reserve.await? {
                 Decision::Allowed {
@@ -724,14 +966,13 @@ impl<S: Store> Limiter<S> {
             };
             // Borrows only: what a refund needs is copied if it happens.
             let guard = RefundOnDrop {
-                limiter: self,
-                plan,
-                user,
+                user: self,
                 id: &id,
                 armed: true,
             };
-            let deadline = self.clock.now_ms().saturating_add(wait_ms);
-            self.clock.sleep_until(deadline).await;
+            let clock = &self.limiter.clock;
+            let deadline = clock.now_ms().saturating_add(wait_ms);
+            clock.sleep_until(deadline).await;
             guard.disarm();
             Ok(Decision::Allowed {
                 grant: Reservation {
@@ -751,14 +992,13 @@ impl<S: Store> Limiter<S> {
     ///
     /// [`LimiterError::UnknownReservation`] if the user has no such
     /// reservation; [`LimiterError::InvalidRequest`] if `actual` is too large
-    /// to account exactly.
+    /// to account exactly, or the reservation's run id is no id.
     pub async fn settle(
         &self,
-        user: &str,
         reservation: &ReservationId,
         actual: u64,
     ) -> Result<Settled, LimiterError> {
-        self.close(user, reservation, Some(actual), None).await
+        self.close(reservation, Some(actual), None).await
     }
 
     /// [`settle`](Self::settle) with the usage split into input, output
@@ -770,44 +1010,45 @@ impl<S: Store> Limiter<S> {
     /// As [`settle`](Self::settle).
     pub async fn settle_split(
         &self,
-        user: &str,
         reservation: &ReservationId,
         actual: u64,
         split: Option<TokenSplit>,
     ) -> Result<Settled, LimiterError> {
-        self.close(user, reservation, Some(actual), split).await
+        self.close(reservation, Some(actual), split).await
     }
 
     /// Refunds a reservation: gives its estimate back. A repeat (or a refund
     /// after a settle) changes nothing.
-    pub async fn refund(
-        &self,
-        user: &str,
-        reservation: &ReservationId,
-    ) -> Result<Settled, LimiterError> {
-        self.close(user, reservation, None, None).await
+    ///
+    /// # Errors
+    ///
+    /// As [`settle`](Self::settle).
+    pub async fn refund(&self, reservation: &ReservationId) -> Result<Settled, LimiterError> {
+        self.close(reservation, None, None).await
     }
 
-    /// `user`'s budgets now: each window's limit, what is spent in it and
+    /// The user's budgets now: each window's limit, what is spent in it and
     /// when it resets (empty: the plan has none).
     ///
     /// # Errors
     ///
-    /// [`LimiterError::UnknownUser`] (no plan), an invalid user id, or a
-    /// store fault (a failover store fails closed here: its fallback does
+    /// A store fault (a failover store fails closed here: its fallback does
     /// not know the user's spend).
-    pub async fn budgets(&self, user: &str) -> Result<Vec<BudgetStatus>, LimiterError> {
-        let plan = self.plan_for(user)?;
-        let checks = self.budget_checks(&plan);
+    pub async fn budgets(&self) -> Result<Vec<BudgetStatus>, LimiterError> {
+        let checks = self.budget_checks();
         if checks.is_empty() {
             return Ok(Vec::new());
         }
-        let spent = self.store.budget_spent(user, &checks, None).await?;
+        let spent = self
+            .limiter
+            .store
+            .budget_spent(self.user.as_str(), &checks, None)
+            .await?;
         Ok(self.statuses(&checks, spent))
     }
 
     fn statuses(&self, checks: &[BudgetCheck], spent: Vec<SpentNow>) -> Vec<BudgetStatus> {
-        let now = self.clock.now_ms();
+        let now = self.limiter.clock.now_ms();
         checks
             .iter()
             .zip(spent)
@@ -822,7 +1063,7 @@ impl<S: Store> Limiter<S> {
             .collect()
     }
 
-    /// Applies an operator's `adjust` to `user`'s `period` budget in its
+    /// Applies an operator's `adjust` to the user's `period` budget in its
     /// current window (reset it, or top it up for this window), and answers
     /// every budget of the user after it.
     ///
@@ -833,16 +1074,17 @@ impl<S: Store> Limiter<S> {
     /// (field `amount`) a top-up of 0 or past 2^53.
     pub async fn adjust_budget(
         &self,
-        user: &str,
         period: crate::calendar::Period,
         adjust: BudgetAdjust,
     ) -> Result<Vec<BudgetStatus>, LimiterError> {
-        let plan = self.plan_for(user)?;
-        let checks = self.budget_checks(&plan);
+        let checks = self.budget_checks();
         if !checks.iter().any(|c| c.period == period) {
             return Err(LimiterError::invalid(
                 "window",
-                format!("the user's plan ({}) has no {} budget", plan.name, period),
+                format!(
+                    "the user's plan ({}) has no {} budget",
+                    self.plan.name, period
+                ),
             ));
         }
         if let BudgetAdjust::TopUp(n) = adjust
@@ -854,25 +1096,25 @@ impl<S: Store> Limiter<S> {
             ));
         }
         let spent = self
+            .limiter
             .store
-            .budget_spent(user, &checks, Some((period, adjust)))
+            .budget_spent(self.user.as_str(), &checks, Some((period, adjust)))
             .await?;
         Ok(self.statuses(&checks, spent))
     }
 
-    /// The budgets of `plan` as a store checks them now: each window's
+    /// The budgets of the plan as a store checks them now: each window's
     /// unit and limit, and the current and next windows in the budgets'
-    /// time zone at this limiter's clock (a window the calendar cannot
+    /// time zone at the limiter's clock (a window the calendar cannot
     /// represent, before 1970 or past 9999, is left out). Empty: none.
-    fn budget_checks(&self, plan: &Plan) -> Vec<BudgetCheck> {
-        let Some(b) = &plan.budgets else {
+    fn budget_checks(&self) -> Vec<BudgetCheck> {
+        let Some(b) = &self.plan.budgets else {
             return Vec::new();
         };
-        let now = self.clock.now_ms();
-        let book = self.plans.load();
+        let now = self.limiter.clock.now_ms();
         b.iter()
             .filter_map(|(period, amount)| {
-                let w = book.budget_zone().windows(period, now).ok()?;
+                let w = self.book.budget_zone().windows(period, now).ok()?;
                 let (unit, limit) = match amount {
                     BudgetAmount::Tokens(t) => (BudgetUnit::Tokens, t),
                     BudgetAmount::Cost(c) => (BudgetUnit::Cost, c),
@@ -891,13 +1133,14 @@ impl<S: Store> Limiter<S> {
 
     async fn close(
         &self,
-        user: &str,
         reservation: &ReservationId,
         actual: Option<u64>,
         split: Option<TokenSplit>,
     ) -> Result<Settled, LimiterError> {
-        check_id("reservation_id", &reservation.invocation_id)?;
-        let plan = self.plan_for(user)?;
+        // A reservation id is data a client sends back: its run id is
+        // checked here, once (it names store state).
+        id("reservation_id", &reservation.invocation_id)?;
+        let plan = &*self.plan;
         if let Some(a) = actual
             && plan.tokens.scale(i64::try_from(a).unwrap_or(i64::MAX)) > i128::from(MAX_SCALED)
         {
@@ -909,12 +1152,12 @@ impl<S: Store> Limiter<S> {
                 ),
             ));
         }
-        let checks = self.budget_checks(&plan);
-        let book = self.plans.load();
+        let checks = self.budget_checks();
         let out = self
+            .limiter
             .store
             .settle(SettleRequest {
-                user,
+                user: self.user.as_str(),
                 tokens: plan.tokens,
                 reservation,
                 actual,
@@ -922,13 +1165,13 @@ impl<S: Store> Limiter<S> {
                     checks: &checks,
                     price: None,
                     split,
-                    alerts: book.budget_alerts(),
+                    alerts: self.book.budget_alerts(),
                 }),
             })
             .await?;
         match out {
             SettleOutcome::Applied { balance, crossed } => {
-                self.report(user, &plan, crossed, book.budget_alerts());
+                self.report(crossed);
                 Ok(Settled {
                     balance,
                     applied: true,
@@ -953,30 +1196,28 @@ impl<S: Store> Limiter<S> {
 }
 
 /// Refunds a reservation if dropped before [`disarm`](Self::disarm).
-struct RefundOnDrop<'a, S: Store + Clone> {
-    limiter: &'a Limiter<S>,
-    plan: &'a Plan,
-    user: &'a str,
+struct RefundOnDrop<'a, 'l, 'u, S: Store + Clone> {
+    user: &'a ForUser<'l, 'u, S>,
     id: &'a ReservationId,
     armed: bool,
 }
 
-impl<S: Store + Clone> RefundOnDrop<'_, S> {
+impl<S: Store + Clone> RefundOnDrop<'_, '_, '_, S> {
     fn disarm(mut self) {
         self.armed = false;
     }
 }
 
-impl<S: Store + Clone> Drop for RefundOnDrop<'_, S> {
+impl<S: Store + Clone> Drop for RefundOnDrop<'_, '_, '_, S> {
     fn drop(&mut self) {
         if !self.armed {
             return;
         }
-        let store = self.limiter.store.clone();
-        let user = self.user.to_owned();
+        let store = self.user.limiter.store.clone();
+        let user = self.user.user.as_str().to_owned();
         let id = self.id.clone();
-        let tokens = self.plan.tokens;
-        let checks = self.limiter.budget_checks(self.plan);
+        let tokens = self.user.plan.tokens;
+        let checks = self.user.budget_checks();
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 handle.spawn(async move {

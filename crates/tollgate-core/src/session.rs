@@ -29,8 +29,9 @@
 
 use crate::decision::{Decision, Waited};
 use crate::error::LimiterError;
+use crate::id::{Id, IntoId};
 use crate::lease::{SessionAcquire, SessionGrant};
-use crate::limiter::{Limiter, RunLease};
+use crate::limiter::{ForUser, Limiter, RunLease};
 use crate::store::grouped::{grouped_name, split_grouped};
 use crate::store::{FenceCheck, Store};
 
@@ -212,69 +213,23 @@ pub enum SessionAdmit {
 /// Session leases (SPEC §4) and turns inside them (SPEC §3). Every
 /// operation takes the session's store name ([`SessionKey`]).
 impl<S: Store> Limiter<S> {
-    /// Admits a turn of `user` (as [`admit_turn`](Self::admit_turn)),
-    /// holding `session`'s lease for it when one is named (holder:
-    /// `invocation_id`): the session lease is acquired first, then the turn
-    /// is admitted, and if the turn is denied or its admission fails the
-    /// session lease is released again, so a refused turn holds nothing.
-    /// A session lease the turn's invocation already holds live is
-    /// refreshed (same fence).
-    ///
-    /// The caller counts the session among the user's sessions first if it
-    /// bounds them ([`claim_session`](Self::claim_session)); shadow mode
-    /// never waives a busy session.
+    /// [`ForUser::admit_turn_in_session`] with `user`'s plan now.
     ///
     /// # Errors
     ///
-    /// As [`admit_turn`](Self::admit_turn) (the user's plan is resolved
-    /// before the session lease is taken); a store fault of the session
-    /// lease.
-    pub async fn admit_turn_in_session(
+    /// As [`Limiter::user`] and [`ForUser::admit_turn_in_session`].
+    pub async fn admit_turn_in_session<'u>(
         &self,
-        user: &str,
-        invocation_id: &str,
+        user: impl IntoId<'u>,
+        invocation_id: impl IntoId<'u>,
         session: Option<SessionLease<'_>>,
     ) -> Result<SessionAdmit, LimiterError> {
-        let grant = match session {
-            Some(lease) => {
-                self.plan_for(user)?;
-                match self
-                    .acquire_session(lease.key, invocation_id, lease.ttl_ms)
-                    .await?
-                {
-                    SessionAcquire::Acquired(grant) => Some((lease.key, grant)),
-                    SessionAcquire::Busy { retry_after_ms } => {
-                        return Ok(SessionAdmit::Busy { retry_after_ms });
-                    }
-                }
-            }
-            None => None,
-        };
-        let decision = self.admit_turn(user, invocation_id).await;
-        Ok(SessionAdmit::Decided(match decision {
-            Ok(Decision::Allowed {
-                grant: run,
-                shadow_denied,
-            }) => Decision::Allowed {
-                grant: TurnInSession {
-                    run,
-                    session: grant.map(|(_, g)| g),
-                },
-                shadow_denied,
-            },
-            Ok(Decision::Denied(denial)) => {
-                if let Some((key, _)) = grant {
-                    self.release_after_refusal(key, invocation_id).await;
-                }
-                Decision::Denied(denial)
-            }
-            Err(e) => {
-                if let Some((key, _)) = grant {
-                    self.release_after_refusal(key, invocation_id).await;
-                }
-                return Err(e);
-            }
-        }))
+        let invocation_id = invocation_id
+            .into_id()
+            .map_err(|e| LimiterError::invalid("invocation_id", e.to_string()))?;
+        self.user(user)?
+            .admit_turn_in_session(invocation_id, session)
+            .await
     }
 
     /// Releases the session lease a refused turn took; a failure is logged
@@ -333,6 +288,75 @@ impl<S: Store> Limiter<S> {
     /// A store fault.
     pub async fn check_fence(&self, key: &str, fence: u64) -> Result<FenceCheck, LimiterError> {
         Ok(self.store().fence_check(key, fence).await?)
+    }
+}
+
+/// A turn inside a session lease, on one request's snapshot of its user.
+impl<S: Store> ForUser<'_, '_, S> {
+    /// Admits a turn (as [`admit_turn`](Self::admit_turn)), holding
+    /// `session`'s lease for it when one is named (holder:
+    /// `invocation_id`): the session lease is acquired first, then the turn
+    /// is admitted, and if the turn is denied or its admission fails the
+    /// session lease is released again, so a refused turn holds nothing.
+    /// A session lease the turn's invocation already holds live is
+    /// refreshed (same fence).
+    ///
+    /// The caller counts the session among the user's sessions first if it
+    /// bounds them ([`claim_session`](Self::claim_session)); shadow mode
+    /// never waives a busy session.
+    ///
+    /// # Errors
+    ///
+    /// As [`admit_turn`](Self::admit_turn); a store fault of the session
+    /// lease.
+    pub async fn admit_turn_in_session(
+        &self,
+        invocation_id: Id<'_>,
+        session: Option<SessionLease<'_>>,
+    ) -> Result<SessionAdmit, LimiterError> {
+        let limiter = self.limiter();
+        let grant = match session {
+            Some(lease) => {
+                match limiter
+                    .acquire_session(lease.key, invocation_id.as_str(), lease.ttl_ms)
+                    .await?
+                {
+                    SessionAcquire::Acquired(grant) => Some((lease.key, grant)),
+                    SessionAcquire::Busy { retry_after_ms } => {
+                        return Ok(SessionAdmit::Busy { retry_after_ms });
+                    }
+                }
+            }
+            None => None,
+        };
+        let decision = self.admit_turn(invocation_id).await;
+        let release = async |key| {
+            if let Some(key) = key {
+                limiter
+                    .release_after_refusal(key, invocation_id.as_str())
+                    .await;
+            }
+        };
+        Ok(SessionAdmit::Decided(match decision {
+            Ok(Decision::Allowed {
+                grant: run,
+                shadow_denied,
+            }) => Decision::Allowed {
+                grant: TurnInSession {
+                    run,
+                    session: grant.map(|(_, g)| g),
+                },
+                shadow_denied,
+            },
+            Ok(Decision::Denied(denial)) => {
+                release(grant.map(|(k, _)| k)).await;
+                Decision::Denied(denial)
+            }
+            Err(e) => {
+                release(grant.map(|(k, _)| k)).await;
+                return Err(e);
+            }
+        }))
     }
 }
 

@@ -48,10 +48,18 @@ async fn the_limiter_refuses_control_characters_empty_and_long_ids() {
     let long = "u".repeat(MAX_ID_LEN + 1);
     assert_eq!(
         refused(l.admit_turn(&long, "inv").await),
-        ("user", format!("must be at most {MAX_ID_LEN} bytes"))
+        ("user", format!("must be at most {MAX_ID_LEN} characters"))
+    );
+    // The limit counts characters, as JSON Schema's maxLength does: 513
+    // two-byte characters are too long, 512 of them (1,024 bytes) are not.
+    assert_eq!(
+        refused(l.admit_turn(&"é".repeat(MAX_ID_LEN + 1), "inv").await),
+        ("user", format!("must be at most {MAX_ID_LEN} characters"))
     );
     // The longest id is accepted, and so is any non-control Unicode.
     let longest = "u".repeat(MAX_ID_LEN);
+    assert!(l.admit_turn(&longest, "inv").await.unwrap().is_allowed());
+    let longest = "é".repeat(MAX_ID_LEN);
     assert!(l.admit_turn(&longest, "inv").await.unwrap().is_allowed());
     assert!(l.admit_turn("üser/1 ✓", "inv").await.unwrap().is_allowed());
 }

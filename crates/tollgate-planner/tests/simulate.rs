@@ -201,7 +201,7 @@ fn malformed_lines_name_line_and_field() {
                 "u".repeat(600)
             ),
             Some("user"),
-            r#"t.jsonl: line 3: field "user": must be at most 512 bytes"#,
+            r#"t.jsonl: line 3: field "user": must be at most 512 characters"#,
         ),
     ];
     for (line, field, want) in cases {

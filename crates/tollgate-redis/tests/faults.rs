@@ -833,9 +833,9 @@ async fn a_request_id_the_fallback_answered_is_answered_again_after_recovery() {
     let l = Limiter::new(store.clone(), clock.clone(), plans());
     let plan = l.plan_for("u1").unwrap();
     let call = Reserve {
-        invocation_id: "r1",
+        invocation_id: tollgate_testkit::id("r1"),
         estimate: 2_000,
-        request_id: Some("req-1"),
+        request_id: Some(tollgate_testkit::id("req-1")),
         wait: false,
         model: None,
         split: None,

@@ -1009,7 +1009,7 @@ async fn without_the_key_nothing_is_taken() {
 }
 
 /// More than 16 descriptors, more than 16 entries in one, or an entry key
-/// that is not an id (empty, over 512 bytes, a control character) is
+/// that is not an id (empty, over 512 characters, a control character) is
 /// INVALID_ARGUMENT naming the field; an entry value that is not an id
 /// (values may come from a client's headers) fails safe: the whole request
 /// is OVER_LIMIT. Either way nothing of the request is taken (a valid
@@ -1094,7 +1094,7 @@ async fn bounds_are_invalid_argument_and_take_nothing() {
             vec![desc(&[("user_id", &"u".repeat(512))])],
         ))
         .await
-        .expect("512 bytes")
+        .expect("512 characters")
         .into_inner();
     assert_eq!(code(&r), Code::Ok);
 

@@ -24,6 +24,7 @@ use std::future::Future;
 
 use tollgate_core::{FakeClock, Store};
 
+pub mod faulty;
 pub mod redis;
 pub mod scenarios;
 
@@ -34,6 +35,16 @@ pub const T0: u64 = 1_700_000_000_000;
 /// A fresh fake clock at [`T0`].
 pub fn clock() -> FakeClock {
     FakeClock::new(T0)
+}
+
+/// `v` as an id, for tests that build one by hand.
+///
+/// # Panics
+///
+/// If `v` is no id ([`tollgate_core::id::check_id`]).
+#[track_caller]
+pub fn id(v: &str) -> tollgate_core::Id<'_> {
+    tollgate_core::Id::new(v).expect("a valid id")
 }
 
 /// Calls `$m!` with every scenario's name, once: the one list the test

@@ -216,7 +216,7 @@ async fn a_user_without_a_plan_is_401_and_a_bad_user_id_400() {
     assert_eq!(a.status, StatusCode::BAD_REQUEST);
     assert_eq!(
         a.body,
-        r#"{"error":"invalid_request","field":"user","message":"must be at most 512 bytes"}"#
+        r#"{"error":"invalid_request","field":"user","message":"must be at most 512 characters"}"#
     );
 
     assert_eq!(send(&app, turn(Some("known"))).await.status, StatusCode::OK);

@@ -22,25 +22,34 @@ impl<L: Llm, S: Store + Clone> Llm for LimitedLlm<L, S> {
                  tollgate_adk::identify_calls() as a before_model_callback of the agent",
             ));
         };
-        let plan = self
-            .limiter
-            .plan_for(&who.user)
-            .map_err(|e| unavailable(&e))?;
+        // The caller's ids, checked once, and one snapshot of its plan for
+        // the estimate and the reservation.
+        let invocation_id = Id::new(&who.invocation_id)
+            .map_err(|e| unavailable(&LimiterError::invalid("invocation_id", e.to_string())))?;
+        let user = self.limiter.user(&who.user).map_err(|e| unavailable(&e))?;
         let shape = CallShape::of(
             &who.agent,
             self.inner.name(),
             &request,
-            plan.estimate_tokens,
+            user.plan().estimate_tokens,
         );
         let estimate = self.estimator.estimate(&shape).max(1);
         let request_bytes = shape.request_bytes;
         let max_output_tokens = shape.max_output_tokens;
 
-        let decision = self
-            .limiter
-            .reserve_tokens_and_wait(&who.user, &who.invocation_id, estimate)
+        let decision = user
+            .reserve(Reserve {
+                invocation_id,
+                estimate,
+                request_id: None,
+                wait: true,
+                model: None,
+                split: None,
+            })
             .await
             .map_err(|e| unavailable(&e))?;
+        let plan = Arc::clone(user.plan());
+        drop(user);
         let (reservation, waited_ms, shadow_denied) = match decision {
             Decision::Allowed {
                 grant,

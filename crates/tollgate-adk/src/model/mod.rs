@@ -10,7 +10,9 @@ use adk_core::{
     ErrorComponent, Llm, LlmRequest, LlmResponse, LlmResponseStream, async_trait,
 };
 use futures::Stream;
-use tollgate_core::{Decision, Denial, Limit, Limiter, LimiterError, ReservationId, Store};
+use tollgate_core::{
+    Decision, Denial, Id, Limit, Limiter, LimiterError, ReservationId, Reserve, Store,
+};
 use tollgate_provider::{
     AttemptError, Feedback, PermitRequest, ProviderError, ProviderGovernor, Retrier, RetryError,
     ThrottleScope,

@@ -215,11 +215,11 @@ async fn a_denied_turn_releases_its_session() {
 }
 
 #[tokio::test]
-async fn a_failed_admission_releases_its_session_and_an_unknown_user_takes_nothing() {
+async fn an_invalid_id_or_an_unknown_user_takes_nothing() {
     let l = limiter(false, false, 1);
     let key = session_key("u1", "chat");
-    // An invalid invocation id fails the admission after the session lease
-    // was taken: it is released again.
+    // An invalid invocation id is refused before the session lease is
+    // taken: no fence was ever issued.
     let e = l
         .admit_turn_in_session("u1", "", lease(&key))
         .await
@@ -234,7 +234,7 @@ async fn a_failed_admission_releases_its_session_and_an_unknown_user_takes_nothi
         ),
         "{e}"
     );
-    assert_eq!(l.check_fence(&key, 1).await.unwrap().latest, 1);
+    assert_eq!(l.check_fence(&key, 1).await.unwrap().latest, 0);
     assert!(matches!(
         l.acquire_session(&key, "h", 1_000).await.unwrap(),
         SessionAcquire::Acquired(_)

@@ -20,7 +20,7 @@
 //! simpler choice suffices.
 //!
 //! **Bounds.** At most [`MAX_PENDING`] (minute, user) entries wait between
-//! flushes (a user id is at most 512 bytes, so a few MB at most). A new
+//! flushes (a user id is at most 512 characters, 2 KiB of UTF-8: 32 MiB at most). A new
 //! entry past the cap first drops the lighter half of those waiting (by
 //! |tokens|): a heavy user is never lost to many light ones; the dropped
 //! tokens are missing from the top-users totals, and the drop is logged

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use tollgate_core::plan::{FieldError, toml_key};
-use tollgate_core::{BucketSpec, RateConfig};
+use tollgate_core::{BucketSpec, Id, RateConfig};
 
 /// The domain answered when the config names none.
 pub const DEFAULT_DOMAIN: &str = "tollgate";
@@ -176,18 +176,18 @@ impl Rule {
 
     /// Whether the descriptor of `entries` (key, value) is exactly this
     /// rule's shape; answers the `key` entry's value.
-    fn matches<'e>(&self, entries: &[(&str, &'e str)]) -> Option<&'e str> {
+    fn matches<'e>(&self, entries: &[(&str, Id<'e>)]) -> Option<Id<'e>> {
         if entries.len() != 1 + self.with.len() {
             return None;
         }
         let value = entries.iter().find(|(k, _)| *k == self.key)?.1;
-        if self.value.as_deref().is_some_and(|v| v != value) {
+        if self.value.as_deref().is_some_and(|v| v != value.as_str()) {
             return None;
         }
         // The rule's keys are distinct and as many as the entries, so each
         // entry is one of them exactly once.
         for (k, v) in &self.with {
-            if !entries.iter().any(|(ek, ev)| ek == k && ev == v) {
+            if !entries.iter().any(|(ek, ev)| ek == k && ev.as_str() == v) {
                 return None;
             }
         }
@@ -201,7 +201,7 @@ pub struct Matched<'r, 'e> {
     /// The rule.
     pub rule: &'r Rule,
     /// The `key` entry's value (the user id of a `user_turns` rule).
-    pub value: &'e str,
+    pub value: Id<'e>,
     /// The store key of a named bucket: `{rls:<domain>:<k>=<v>,…}`, entries
     /// sorted by key, `%`, `{`, `}`, `:`, `,` and `=` escaped.
     pub bucket_key: Option<String>,
@@ -251,7 +251,7 @@ impl RlsRules {
     }
 
     /// The first rule matching the descriptor of `entries` (key, value).
-    pub fn find<'r, 'e>(&'r self, entries: &[(&str, &'e str)]) -> Option<Matched<'r, 'e>> {
+    pub fn find<'r, 'e>(&'r self, entries: &[(&str, Id<'e>)]) -> Option<Matched<'r, 'e>> {
         let (rule, value) = self
             .rules
             .iter()
@@ -267,8 +267,8 @@ impl RlsRules {
         })
     }
 
-    fn bucket_key(&self, entries: &[(&str, &str)]) -> String {
-        let mut sorted: Vec<&(&str, &str)> = entries.iter().collect();
+    fn bucket_key(&self, entries: &[(&str, Id<'_>)]) -> String {
+        let mut sorted: Vec<&(&str, Id<'_>)> = entries.iter().collect();
         sorted.sort_unstable();
         let mut key = String::with_capacity(64);
         key.push_str("{rls:");

@@ -10,7 +10,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use parking_lot::RwLock;
-use tollgate_core::{Decision, LimiterError, Outcome, ReplicaGate, Store, StoreError, Taken};
+use tollgate_core::{Decision, Id, LimiterError, Outcome, ReplicaGate, Store, StoreError, Taken};
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
@@ -19,7 +19,6 @@ use super::response::{rate_limit, respond};
 use super::rules::{RlsRules, Target};
 use crate::grpc::api::MAX_MESSAGE_BYTES;
 use crate::metrics::DecisionLabels;
-use crate::ops;
 use crate::outcome::{ApiError, GrpcStatus};
 use crate::state::App;
 
@@ -72,7 +71,7 @@ impl<S> std::fmt::Debug for RlsService<S> {
 /// [`ApiError::Invalid`] naming the first field at fault: more than
 /// [`MAX_DESCRIPTORS`] descriptors, a descriptor of more than
 /// [`MAX_ENTRIES`] entries, an entry key that is not an id
-/// ([`ops::check_id`]). Values are checked by [`values_are_ids`].
+/// ([`tollgate_core::id`]). Values are checked by [`entry_ids`].
 pub fn check_request(req: &RateLimitRequest) -> Result<(), ApiError> {
     if req.descriptors.len() > MAX_DESCRIPTORS {
         return Err(ApiError::invalid(
@@ -96,14 +95,10 @@ pub fn check_request(req: &RateLimitRequest) -> Result<(), ApiError> {
         for (j, e) in d.entries.iter().enumerate() {
             // The field is named only on a refusal: no allocation per entry
             // on the way through.
-            if let Err(e) = ops::check_id("", &e.key) {
-                let message = match e {
-                    ApiError::Invalid { message, .. } => message,
-                    _ => "is not a valid id".to_owned(),
-                };
+            if let Err(e) = Id::new(&e.key) {
                 return Err(ApiError::invalid(
                     format!("descriptors[{i}].entries[{j}].key"),
-                    message,
+                    e.to_string(),
                 ));
             }
         }
@@ -111,13 +106,19 @@ pub fn check_request(req: &RateLimitRequest) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Whether every entry value of `req` is an id ([`ops::check_id`]): a
-/// request with one that is not is refused as a whole, OVER_LIMIT.
-pub fn values_are_ids(req: &RateLimitRequest) -> bool {
+/// Each descriptor's entries (key, value) of `req` with every value made
+/// an id ([`Id`]), checked once here before anything is decided; `None`:
+/// a value is no id, and the request is refused as a whole, OVER_LIMIT.
+pub fn entry_ids(req: &RateLimitRequest) -> Option<Vec<Vec<(&str, Id<'_>)>>> {
     req.descriptors
         .iter()
-        .flat_map(|d| &d.entries)
-        .all(|e| ops::check_id("", &e.value).is_ok())
+        .map(|d| {
+            d.entries
+                .iter()
+                .map(|e| Some((e.key.as_str(), Id::new(&e.value).ok()?)))
+                .collect()
+        })
+        .collect()
 }
 
 /// Swaps the rules of the [`RlsService`] it came from and of all its
@@ -318,7 +319,7 @@ impl<S: Store + Clone> RlsService<S> {
         })?;
         let rules = self.rules();
         let mut verdicts = Vec::with_capacity(req.descriptors.len());
-        if !values_are_ids(req) {
+        let Some(descriptors) = entry_ids(req) else {
             tracing::debug!("rate-limit service: a descriptor value is not an id; refused");
             for _ in &req.descriptors {
                 let v = Verdict::refused("invalid_value", "invalid");
@@ -327,10 +328,10 @@ impl<S: Store + Clone> RlsService<S> {
                 verdicts.push(v);
             }
             return Ok(respond(&rules, &verdicts));
-        }
-        for d in &req.descriptors {
+        };
+        for (d, entries) in req.descriptors.iter().zip(&descriptors) {
             let v = if req.domain == rules.domain() {
-                self.judge(&rules, d, req.hits_addend).await?
+                self.judge(&rules, d, entries, req.hits_addend).await?
             } else {
                 Verdict::unmatched()
             };
@@ -415,14 +416,10 @@ impl<S: Store + Clone> RlsService<S> {
         &self,
         rules: &RlsRules,
         d: &RateLimitDescriptor,
+        entries: &[(&str, Id<'_>)],
         request_hits: u32,
     ) -> Result<Verdict, Status> {
-        let entries: Vec<(&str, &str)> = d
-            .entries
-            .iter()
-            .map(|e| (e.key.as_str(), e.value.as_str()))
-            .collect();
-        let Some(m) = rules.find(&entries) else {
+        let Some(m) = rules.find(entries) else {
             return Ok(Verdict::unmatched());
         };
         let cost = if d.is_negative_hits {
@@ -452,18 +449,24 @@ impl<S: Store + Clone> RlsService<S> {
         }
     }
 
-    async fn judge_turns(&self, user: &str, cost: u64, name: &Arc<str>) -> Result<Verdict, Status> {
-        let limiter = self.app.limiter();
-        let plan = match limiter.plan_for(user) {
-            Ok(p) => p,
+    async fn judge_turns(
+        &self,
+        user: Id<'_>,
+        cost: u64,
+        name: &Arc<str>,
+    ) -> Result<Verdict, Status> {
+        // One snapshot of the user's plan: the decision, the answer's
+        // limit and the metrics' plan follow one config.
+        let u = match self.app.limiter().user(user) {
+            Ok(u) => u,
             Err(e) => {
                 tracing::debug!(error = %e, "rate-limit service: no plan for this user id");
                 return Ok(Verdict::refused("turn_rate", "unknown"));
             }
         };
-        let limit = rate_limit(&plan.turns, name);
-        let plan_label = plan.name.clone();
-        let v = match limiter.take_turns(user, cost).await {
+        let limit = rate_limit(&u.plan().turns, name);
+        let plan_label = u.plan().name.clone();
+        let v = match u.take_turns(cost).await {
             Ok(decision) => Verdict::decided(decision, limit, "turn_rate", plan_label),
             Err(LimiterError::Store(e)) => return Err(self.store_failed(&e)),
             Err(e) => {
@@ -472,7 +475,7 @@ impl<S: Store + Clone> RlsService<S> {
             }
         };
         Ok(Verdict {
-            user: Some(user.into()),
+            user: Some(user.as_str().into()),
             ..v
         })
     }

@@ -4,6 +4,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_li
 use envoy_types::pb::google::protobuf::Duration;
 use serde::Deserialize;
 use tollgate_core::{BucketSpec, Outcome};
+use tollgate_testkit::id;
 
 use super::response::duration;
 use super::service::Verdict;
@@ -55,20 +56,20 @@ fn defaults() {
     assert_eq!(r, RlsRules::default());
     assert_eq!(r.domain(), "tollgate");
     assert!(r.rate_limit_headers() && !r.shadow() && r.rules().is_empty());
-    assert!(r.find(&[("user_id", "u1")]).is_none());
+    assert!(r.find(&[("user_id", id("u1"))]).is_none());
 }
 
 #[test]
 fn whole_descriptors_match_in_order() {
     let r = rules(EXAMPLE);
-    let m = r.find(&[("user_id", "u1")]).unwrap();
-    assert_eq!((m.rule.target(), m.value), (Target::UserTurns, "u1"));
+    let m = r.find(&[("user_id", id("u1"))]).unwrap();
+    assert_eq!((m.rule.target(), m.value), (Target::UserTurns, id("u1")));
     assert_eq!(&**m.rule.name(), "user_id");
     assert!(m.bucket_key.is_none());
 
     // Entries in any order; the `with` value must be exact.
     let m = r
-        .find(&[("user_id", "u1"), ("generic_key", "chat")])
+        .find(&[("user_id", id("u1")), ("generic_key", id("chat"))])
         .unwrap();
     assert_eq!(&**m.rule.name(), "chat per user");
     assert_eq!(
@@ -76,31 +77,38 @@ fn whole_descriptors_match_in_order() {
         Some("{rls:agents:generic_key=chat,user_id=u1}")
     );
     assert!(
-        r.find(&[("user_id", "u1"), ("generic_key", "other")])
+        r.find(&[("user_id", id("u1")), ("generic_key", id("other"))])
             .is_none()
     );
     // A superset or a subset of a rule's entries is another descriptor.
     assert!(
-        r.find(&[("user_id", "u1"), ("generic_key", "chat"), ("x", "y")])
-            .is_none()
+        r.find(&[
+            ("user_id", id("u1")),
+            ("generic_key", id("chat")),
+            ("x", id("y"))
+        ])
+        .is_none()
     );
     assert!(r.find(&[]).is_none());
-    assert!(r.find(&[("user_id", "u1"), ("user_id", "u2")]).is_none());
+    assert!(
+        r.find(&[("user_id", id("u1")), ("user_id", id("u2"))])
+            .is_none()
+    );
 
     // Value-specific first, then the rule for every other value.
-    let m = r.find(&[("generic_key", "search")]).unwrap();
+    let m = r.find(&[("generic_key", id("search"))]).unwrap();
     assert_eq!(&**m.rule.name(), "generic_key=search");
     assert_eq!(
         m.rule.target(),
         Target::Bucket(BucketSpec::new(100, 1_000, 200).unwrap())
     );
-    let m = r.find(&[("generic_key", "x:{y}")]).unwrap();
+    let m = r.find(&[("generic_key", id("x:{y}"))]).unwrap();
     assert_eq!(&**m.rule.name(), "generic_key");
     assert_eq!(
         m.bucket_key.as_deref(),
         Some("{rls:agents:generic_key=x%3A%7By%7D}")
     );
-    assert!(r.find(&[("remote_address", "10.0.0.1")]).is_none());
+    assert!(r.find(&[("remote_address", id("10.0.0.1"))]).is_none());
 }
 
 #[test]
@@ -117,9 +125,9 @@ fn escaping_keeps_descriptors_apart() {
         rate = { amount = 1, period_ms = 1000 }
     "#,
     );
-    let one = r.find(&[("a", "x,b=1")]).unwrap().bucket_key.unwrap();
+    let one = r.find(&[("a", id("x,b=1"))]).unwrap().bucket_key.unwrap();
     let two = r
-        .find(&[("a", "x"), ("b", "1")])
+        .find(&[("a", id("x")), ("b", id("1"))])
         .unwrap()
         .bucket_key
         .unwrap();

@@ -160,7 +160,7 @@ impl<S: Store + Clone> Tollgate for TollgateService<S> {
         request: Request<proto::AdmitRunRequest>,
     ) -> Result<Response<proto::AdmitRunResponse>, Status> {
         self.call("AdmitRun", request, async |app, user, m| {
-            ops::admit_run(app, &user.user, m.into())
+            ops::admit_run(app, user.user.as_id(), m.into())
                 .await
                 .map(Reply::shadowed)
         })
@@ -172,9 +172,14 @@ impl<S: Store + Clone> Tollgate for TollgateService<S> {
         request: Request<proto::ReleaseRunRequest>,
     ) -> Result<Response<proto::ReleaseRunResponse>, Status> {
         self.call("ReleaseRun", request, async |app, user, m| {
-            ops::release_run(app, &user.user, &m.invocation_id, m.session_id.as_deref())
-                .await
-                .map(Reply::new)
+            ops::release_run(
+                app,
+                user.user.as_id(),
+                &m.invocation_id,
+                m.session_id.as_deref(),
+            )
+            .await
+            .map(Reply::new)
         })
         .await
     }
@@ -184,7 +189,7 @@ impl<S: Store + Clone> Tollgate for TollgateService<S> {
         request: Request<proto::RenewRunRequest>,
     ) -> Result<Response<proto::RenewRunResponse>, Status> {
         self.call("RenewRun", request, async |app, user, m| {
-            ops::renew_run(app, &user.user, &m.invocation_id)
+            ops::renew_run(app, user.user.as_id(), &m.invocation_id)
                 .await
                 .map(Reply::new)
         })
@@ -198,7 +203,7 @@ impl<S: Store + Clone> Tollgate for TollgateService<S> {
         // With `wait`, a cancelled call drops this future; the limiter then
         // refunds the reservation it was waiting on.
         self.call("ReserveTokens", request, async |app, user, m| {
-            ops::reserve_tokens(app, &user.user, m.into())
+            ops::reserve_tokens(app, user.user.as_id(), m.into())
                 .await
                 .map(Reply::shadowed)
         })
@@ -210,7 +215,9 @@ impl<S: Store + Clone> Tollgate for TollgateService<S> {
         request: Request<proto::SettleRequest>,
     ) -> Result<Response<proto::SettleResponse>, Status> {
         self.call("Settle", request, async |app, user, m| {
-            ops::settle(app, &user.user, m.into()).await.map(Reply::new)
+            ops::settle(app, user.user.as_id(), m.into())
+                .await
+                .map(Reply::new)
         })
         .await
     }
@@ -220,7 +227,9 @@ impl<S: Store + Clone> Tollgate for TollgateService<S> {
         request: Request<proto::RefundRequest>,
     ) -> Result<Response<proto::RefundResponse>, Status> {
         self.call("Refund", request, async |app, user, m| {
-            ops::refund(app, &user.user, m.into()).await.map(Reply::new)
+            ops::refund(app, user.user.as_id(), m.into())
+                .await
+                .map(Reply::new)
         })
         .await
     }
@@ -234,7 +243,7 @@ impl<S: Store + Clone> Tollgate for TollgateService<S> {
                 holder: m.holder,
                 ttl_ms: m.ttl_ms,
             };
-            ops::acquire_session_lease(app, &user.user, &m.session_id, req)
+            ops::acquire_session_lease(app, user.user.as_id(), &m.session_id, req)
                 .await
                 .map(Reply::new)
         })
@@ -250,7 +259,7 @@ impl<S: Store + Clone> Tollgate for TollgateService<S> {
                 holder: m.holder,
                 ttl_ms: m.ttl_ms,
             };
-            ops::renew_session_lease(app, &user.user, &m.session_id, req)
+            ops::renew_session_lease(app, user.user.as_id(), &m.session_id, req)
                 .await
                 .map(Reply::new)
         })
@@ -262,7 +271,7 @@ impl<S: Store + Clone> Tollgate for TollgateService<S> {
         request: Request<proto::ReleaseSessionLeaseRequest>,
     ) -> Result<Response<proto::ReleaseSessionLeaseResponse>, Status> {
         self.call("ReleaseSessionLease", request, async |app, user, m| {
-            ops::release_session_lease(app, &user.user, &m.session_id, &m.holder)
+            ops::release_session_lease(app, user.user.as_id(), &m.session_id, &m.holder)
                 .await
                 .map(Reply::new)
         })
@@ -275,7 +284,7 @@ impl<S: Store + Clone> Tollgate for TollgateService<S> {
     ) -> Result<Response<proto::CheckFenceResponse>, Status> {
         self.call("CheckFence", request, async |app, user, m| {
             let req = ops::FenceRequest { fence: m.fence };
-            ops::check_fence(app, &user.user, &m.session_id, req)
+            ops::check_fence(app, user.user.as_id(), &m.session_id, req)
                 .await
                 .map(Reply::new)
         })

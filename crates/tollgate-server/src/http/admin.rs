@@ -22,7 +22,7 @@ use tollgate_core::money;
 use tollgate_core::spend::{BudgetAdjust, BudgetUnit};
 use tollgate_provider::{ExhaustionHold, ProviderStatus};
 
-use crate::ops::check_id;
+use crate::ops;
 use crate::outcome::{ApiError, HttpError};
 use crate::state::App;
 
@@ -105,8 +105,8 @@ pub struct BudgetView {
     pub resets_at_ms: u64,
 }
 
-fn path_id(v: &str, field: &str) -> Result<(), ApiError> {
-    check_id(field, v)
+fn path_id<'a>(v: &'a str, field: &str) -> Result<tollgate_core::Id<'a>, ApiError> {
+    ops::id(field, v)
 }
 
 async fn user<S: Store + Clone>(
@@ -114,12 +114,12 @@ async fn user<S: Store + Clone>(
     State(app): State<App<S>>,
     Path(id): Path<String>,
 ) -> Result<Json<UserView>, HttpError> {
-    path_id(&id, "user")?;
-    let plan = app.limiter().plan_for(&id)?;
+    let u = app.limiter().user(path_id(&id, "user")?)?;
+    let plan = u.plan();
     let st = app.store().user_state(&id, plan.turns, plan.tokens).await?;
-    let budgets = budget_views(&app, app.limiter().budgets(&id).await?);
+    let budgets = budget_views(&app, u.budgets().await?);
     Ok(Json(UserView {
-        user: id,
+        user: id.clone(),
         plan: plan.name.to_string(),
         turns_available: st.turns_available,
         tokens_available: st.tokens_available,
@@ -175,11 +175,11 @@ async fn budget_reset<S: Store + Clone>(
     State(app): State<App<S>>,
     Path((id, w)): Path<(String, String)>,
 ) -> Result<Json<serde_json::Value>, HttpError> {
-    path_id(&id, "user")?;
+    let user = path_id(&id, "user")?;
     let period = window(&w)?;
     let after = app
         .limiter()
-        .adjust_budget(&id, period, BudgetAdjust::Reset)
+        .adjust_budget(user, period, BudgetAdjust::Reset)
         .await?;
     tracing::info!(user = %id, window = %period, "admin: budget window reset");
     Ok(Json(
@@ -208,12 +208,13 @@ async fn budget_top_up<S: Store + Clone>(
     Path((id, w)): Path<(String, String)>,
     body: Result<Json<TopUp>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<serde_json::Value>, HttpError> {
-    path_id(&id, "user")?;
+    let user = path_id(&id, "user")?;
     let period = window(&w)?;
     let Json(body) = body.map_err(|e| ApiError::invalid("body", e.body_text()))?;
-    let unit = app
-        .limiter()
-        .budgets(&id)
+    // One snapshot: the unit read and the top-up on the same plan.
+    let u = app.limiter().user(user)?;
+    let unit = u
+        .budgets()
         .await?
         .into_iter()
         .find(|b| b.period == period)
@@ -240,10 +241,7 @@ async fn budget_top_up<S: Store + Clone>(
         // No such budget: the limiter names it.
         (None, ..) => 0,
     };
-    let after = app
-        .limiter()
-        .adjust_budget(&id, period, BudgetAdjust::TopUp(amount))
-        .await?;
+    let after = u.adjust_budget(period, BudgetAdjust::TopUp(amount)).await?;
     tracing::info!(user = %id, window = %period, amount, "admin: budget window topped up");
     Ok(Json(
         serde_json::json!({ "budgets": budget_views(&app, after) }),

@@ -15,7 +15,7 @@ use crate::outcome::{ApiError, HttpError};
 use crate::state::App;
 
 /// The verified user of the request.
-pub(crate) struct User(pub(crate) String);
+pub(crate) struct User(pub(crate) tollgate_core::IdBuf);
 
 impl<S: Store + Clone> FromRequestParts<App<S>> for User {
     type Rejection = HttpError;

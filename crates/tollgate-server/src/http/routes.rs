@@ -20,7 +20,7 @@ use axum::extract::ConnectInfo;
 use axum::http::header::CONNECTION;
 
 use super::extract::{Body, Caller, User, Verified};
-use crate::ops::{self, Shadowed, check_id};
+use crate::ops::{self, Shadowed};
 pub use crate::ops::{
     AdmitRequest, AdmitResponse, BalanceResponse, DEFAULT_SESSION_TTL_MS, FeedbackBody,
     FeedbackResponse, FenceRequest, FenceResponse, MAX_SESSION_TTL_MS, MAX_TOKENS, PermitBody,
@@ -54,13 +54,12 @@ pub struct HealthResponse {
 
 type ApiResult<T> = Result<Json<T>, HttpError>;
 
-/// A path parameter, checked as an id naming `field`.
+/// A path parameter naming `field` (the operation makes it an id).
 fn path_id(
     p: Result<Path<String>, axum::extract::rejection::PathRejection>,
     field: &str,
 ) -> Result<String, ApiError> {
     let Path(v) = p.map_err(|e| ApiError::invalid(field, e.body_text()))?;
-    check_id(field, &v)?;
     Ok(v)
 }
 
@@ -96,11 +95,11 @@ async fn admit_run<S: Store + Clone>(
     User(user): User,
     Body(req): Body<AdmitRequest>,
 ) -> Result<Response, HttpError> {
-    Ok(shadowed(ops::admit_run(&app, &user, req).await?))
+    Ok(shadowed(ops::admit_run(&app, user.as_id(), req).await?))
 }
 
 #[utoipa::path(delete, path = "/v1/runs/{invocation_id}",
-    params(("invocation_id" = String, Path, description = "the run", min_length = 1, max_length = 512, pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$"), ("session_id" = Option<String>, Query, description = "also release this session's lease held by the run", min_length = 1, max_length = 512, pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$")),
+    params(("invocation_id" = String, Path, description = "the run", format = "id"), ("session_id" = Option<String>, Query, description = "also release this session's lease held by the run", format = "id")),
     responses((status = 200, body = ReleasedResponse, description = "`released: false`: the run held nothing (not an error)")))]
 async fn release_run<S: Store + Clone>(
     State(app): State<App<S>>,
@@ -110,12 +109,12 @@ async fn release_run<S: Store + Clone>(
 ) -> ApiResult<ReleasedResponse> {
     let inv = path_id(inv, "invocation_id")?;
     let Query(q) = q.map_err(|e| ApiError::invalid("query", e.body_text()))?;
-    let out = ops::release_run(&app, &user, &inv, q.session_id.as_deref()).await?;
+    let out = ops::release_run(&app, user.as_id(), &inv, q.session_id.as_deref()).await?;
     Ok(Json(out))
 }
 
 #[utoipa::path(post, path = "/v1/runs/{invocation_id}/renew",
-    params(("invocation_id" = String, Path, description = "the run", min_length = 1, max_length = 512, pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$")),
+    params(("invocation_id" = String, Path, description = "the run", format = "id")),
     responses((status = 200, body = RenewResponse, description = "renewed"), (status = 404, body = ErrorBody, description = "lease_lost: the run lease expired or was released")))]
 async fn renew_run<S: Store + Clone>(
     State(app): State<App<S>>,
@@ -123,7 +122,7 @@ async fn renew_run<S: Store + Clone>(
     inv: Result<Path<String>, axum::extract::rejection::PathRejection>,
 ) -> ApiResult<RenewResponse> {
     let inv = path_id(inv, "invocation_id")?;
-    Ok(Json(ops::renew_run(&app, &user, &inv).await?))
+    Ok(Json(ops::renew_run(&app, user.as_id(), &inv).await?))
 }
 
 #[utoipa::path(post, path = "/v1/tokens/reserve", request_body = ReserveRequest,
@@ -146,7 +145,9 @@ async fn reserve<S: Store + Clone>(
 ) -> Result<Response, HttpError> {
     // With wait=true, a client that disconnects drops this future; the
     // limiter then refunds the reservation it was waiting on.
-    Ok(shadowed(ops::reserve_tokens(&app, &user, req).await?))
+    Ok(shadowed(
+        ops::reserve_tokens(&app, user.as_id(), req).await?,
+    ))
 }
 
 #[utoipa::path(post, path = "/v1/tokens/settle", request_body = SettleRequest,
@@ -157,7 +158,7 @@ async fn settle<S: Store + Clone>(
     User(user): User,
     Body(req): Body<SettleRequest>,
 ) -> ApiResult<BalanceResponse> {
-    Ok(Json(ops::settle(&app, &user, req).await?))
+    Ok(Json(ops::settle(&app, user.as_id(), req).await?))
 }
 
 #[utoipa::path(post, path = "/v1/tokens/refund", request_body = RefundRequest,
@@ -167,11 +168,11 @@ async fn refund<S: Store + Clone>(
     User(user): User,
     Body(req): Body<RefundRequest>,
 ) -> ApiResult<BalanceResponse> {
-    Ok(Json(ops::refund(&app, &user, req).await?))
+    Ok(Json(ops::refund(&app, user.as_id(), req).await?))
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{session_id}/lease", request_body = SessionLeaseRequest,
-    params(("session_id" = String, Path, description = "the conversation", min_length = 1, max_length = 512, pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$")),
+    params(("session_id" = String, Path, description = "the conversation", format = "id")),
     responses(
         (status = 200, body = SessionLeaseBody, description = "acquired, with a new fence",
             links(
@@ -193,12 +194,12 @@ async fn session_acquire<S: Store + Clone>(
 ) -> ApiResult<SessionLeaseBody> {
     let sid = path_id(sid, "session_id")?;
     Ok(Json(
-        ops::acquire_session_lease(&app, &user, &sid, req).await?,
+        ops::acquire_session_lease(&app, user.as_id(), &sid, req).await?,
     ))
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{session_id}/lease/renew", request_body = SessionLeaseRequest,
-    params(("session_id" = String, Path, description = "the conversation", min_length = 1, max_length = 512, pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$")),
+    params(("session_id" = String, Path, description = "the conversation", format = "id")),
     responses((status = 200, body = SessionLeaseBody, description = "renewed"), (status = 404, body = ErrorBody, description = "not_holder: this holder does not hold the lease")))]
 async fn session_renew<S: Store + Clone>(
     State(app): State<App<S>>,
@@ -208,12 +209,12 @@ async fn session_renew<S: Store + Clone>(
 ) -> ApiResult<SessionLeaseBody> {
     let sid = path_id(sid, "session_id")?;
     Ok(Json(
-        ops::renew_session_lease(&app, &user, &sid, req).await?,
+        ops::renew_session_lease(&app, user.as_id(), &sid, req).await?,
     ))
 }
 
 #[utoipa::path(delete, path = "/v1/sessions/{session_id}/lease",
-    params(("session_id" = String, Path, description = "the conversation", min_length = 1, max_length = 512, pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$"), ("holder" = String, Query, description = "the holder's token", min_length = 1, max_length = 512, pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$")),
+    params(("session_id" = String, Path, description = "the conversation", format = "id"), ("holder" = String, Query, description = "the holder's token", format = "id")),
     responses((status = 200, body = ReleasedResponse, description = "released (`released` is always true)"), (status = 404, body = ErrorBody, description = "not_holder: this holder does not hold the lease")))]
 async fn session_release<S: Store + Clone>(
     State(app): State<App<S>>,
@@ -224,12 +225,12 @@ async fn session_release<S: Store + Clone>(
     let sid = path_id(sid, "session_id")?;
     let Query(q) = q.map_err(|e| ApiError::invalid("holder", e.body_text()))?;
     Ok(Json(
-        ops::release_session_lease(&app, &user, &sid, &q.holder).await?,
+        ops::release_session_lease(&app, user.as_id(), &sid, &q.holder).await?,
     ))
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{session_id}/fence", request_body = FenceRequest,
-    params(("session_id" = String, Path, description = "the conversation", min_length = 1, max_length = 512, pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$")),
+    params(("session_id" = String, Path, description = "the conversation", format = "id")),
     responses((status = 200, body = FenceResponse, description = "the fence is the latest"), (status = 409, body = ErrorBody, description = "stale_fence, with latest_fence: the writer must stop")))]
 async fn fence_check<S: Store + Clone>(
     State(app): State<App<S>>,
@@ -238,11 +239,11 @@ async fn fence_check<S: Store + Clone>(
     Body(req): Body<FenceRequest>,
 ) -> ApiResult<FenceResponse> {
     let sid = path_id(sid, "session_id")?;
-    Ok(Json(ops::check_fence(&app, &user, &sid, req).await?))
+    Ok(Json(ops::check_fence(&app, user.as_id(), &sid, req).await?))
 }
 
 #[utoipa::path(post, path = "/v1/providers/{provider}/permits", request_body = PermitBody,
-    params(("provider" = String, Path, description = "the provider, e.g. openai", min_length = 1, max_length = 512, pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$")),
+    params(("provider" = String, Path, description = "the provider, e.g. openai", format = "id")),
     responses((status = 200, body = PermitResponse, description = "permitted"),
               (status = 429, body = ErrorBody, description = "provider_rate or provider_cooldown (Retry-After)"),
               (status = 403, body = ErrorBody, description = "provider_exhausted: per-day or billing quota; not retryable (no Retry-After); or forbidden: a tenant other than the verified one"),
@@ -261,7 +262,7 @@ async fn provider_permit<S: Store + Clone>(
 }
 
 #[utoipa::path(post, path = "/v1/providers/{provider}/feedback", request_body = FeedbackBody,
-    params(("provider" = String, Path, description = "the provider, e.g. openai", min_length = 1, max_length = 512, pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$")),
+    params(("provider" = String, Path, description = "the provider, e.g. openai", format = "id")),
     responses((status = 200, body = FeedbackResponse, description = "classified and applied"),
               (status = 403, body = ErrorBody, description = "forbidden: the credential lacks the feedback scope"),
               (status = 404, body = ErrorBody, description = "unknown_provider: no limits configured for this provider and model")))]
@@ -350,38 +351,47 @@ pub fn openapi_document() -> serde_json::Value {
             }
         }
     }
-    state_byte_limits(&mut doc);
+    state_ids(&mut doc);
     doc
 }
 
-/// Says in every id's description what its `maxLength` cannot: JSON
-/// Schema counts characters, tollgate bytes of UTF-8.
-fn state_byte_limits(v: &mut serde_json::Value) {
+/// States every id of the document once, from the one id rule of core
+/// (`tollgate_core::id`): a string schema the handlers and bodies mark
+/// `format: "id"` gets `minLength` 1, `maxLength` [`ops::MAX_ID`] (in
+/// characters, as tollgate counts them) and the no-control-character
+/// `pattern`; one marked `format: "reservation-id"` gets the reservation
+/// id's shape around an id. The marks are removed.
+fn state_ids(v: &mut serde_json::Value) {
+    use serde_json::Value;
     match v {
-        serde_json::Value::Object(o) => {
-            let is_string = match o.get("type") {
-                Some(serde_json::Value::String(t)) => t == "string",
-                Some(serde_json::Value::Array(ts)) => ts.iter().any(|t| t == "string"),
-                _ => false,
-            };
-            let is_id = is_string
-                && o.get("maxLength").and_then(serde_json::Value::as_u64)
-                    == Some(ops::MAX_ID as u64)
-                && o.contains_key("pattern");
-            if is_id {
-                let note = format!(
-                    "1 to {} bytes of UTF-8 (as many characters when all are ASCII, fewer otherwise); no control characters",
-                    ops::MAX_ID
+        Value::Object(o) => {
+            let format = o.get("format").and_then(Value::as_str);
+            if format == Some("id") {
+                o.remove("format");
+                o.insert("minLength".to_owned(), Value::from(1));
+                o.insert("maxLength".to_owned(), Value::from(ops::MAX_ID));
+                o.insert(
+                    "pattern".to_owned(),
+                    Value::from(tollgate_core::id::ID_PATTERN),
                 );
-                let text = match o.get("description").and_then(serde_json::Value::as_str) {
-                    Some(d) => format!("{d} ({note})"),
-                    None => note,
-                };
-                o.insert("description".to_owned(), serde_json::Value::String(text));
+            } else if format == Some("reservation-id") {
+                o.remove("format");
+                // `f<tag>.` (10), a call number of up to 19 digits, a dot and
+                // an id, in characters.
+                o.insert("minLength".to_owned(), Value::from(3));
+                o.insert("maxLength".to_owned(), Value::from(ops::MAX_ID + 30));
+                o.insert(
+                    "pattern".to_owned(),
+                    Value::from(format!(
+                        r"^(f[0-9a-f]{{8}}\.)?[1-9][0-9]{{0,18}}\.{}{{1,{}}}$",
+                        tollgate_core::id::ID_CHARACTER,
+                        ops::MAX_ID
+                    )),
+                );
             }
-            o.values_mut().for_each(state_byte_limits);
+            o.values_mut().for_each(state_ids);
         }
-        serde_json::Value::Array(a) => a.iter_mut().for_each(state_byte_limits),
+        Value::Array(a) => a.iter_mut().for_each(state_ids),
         _ => {}
     }
 }

@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 
 use super::cache::{Cached, TOKEN_CACHE_CAPACITY, TokenCache, TokenCacheStats, digest};
 use super::jwks::JwksSource;
-use super::{AuthError, Identity, MAX_MINT_TTL_S, MAX_TOKEN_BYTES, MintError, check_user_id};
+use super::{AuthError, Identity, MAX_MINT_TTL_S, MAX_TOKEN_BYTES, MintError, user_id};
 
 /// jwt or dev mode: where the keys are, and what the claims must say.
 pub(super) struct Jwt {
@@ -166,7 +166,7 @@ impl Jwt {
                 "only the identity provider holding the private key can issue tokens",
             ));
         };
-        check_user_id(user).map_err(MintError::InvalidUser)?;
+        user_id(user).map_err(MintError::InvalidUser)?;
         if ttl_s == 0 || ttl_s > MAX_MINT_TTL_S {
             return Err(MintError::InvalidTtl);
         }
@@ -421,10 +421,7 @@ impl ClaimRules {
             None | Some(Value::Null) => {
                 return Err(AuthError::MissingUserClaim(self.user_claim.clone()));
             }
-            Some(Value::String(user)) => {
-                check_user_id(user).map_err(AuthError::InvalidUserId)?;
-                user.clone()
-            }
+            Some(Value::String(user)) => user_id(user).map_err(AuthError::InvalidUserId)?,
             Some(_) => return Err(AuthError::InvalidUserId("the user claim is not a string")),
         };
         let feedback = match claims.get(&self.scope_claim) {

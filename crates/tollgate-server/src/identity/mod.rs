@@ -32,7 +32,7 @@
 //!   `aud` (a string or an array of strings) contains it. A token missing the
 //!   claim is refused.
 //! - The user claim (default `sub`) is a non-empty string of at most
-//!   [`MAX_USER_ID_BYTES`] bytes with no control characters.
+//!   [`MAX_USER_ID_LEN`] characters with no control characters.
 //!
 //! Every failure is an [`AuthError`] whose message is safe to send to the
 //! client in a 401 body: it names what is wrong with the token, never a key.
@@ -81,6 +81,7 @@ use std::sync::Arc;
 
 use axum::http::HeaderMap;
 use tollgate_core::Clock;
+use tollgate_core::IdBuf;
 
 pub use self::cache::{TOKEN_CACHE_CAPACITY, TokenCacheStats};
 pub use self::config::{IdentityConfig, IdentityMode};
@@ -107,8 +108,8 @@ pub const DEFAULT_USER_CLAIM: &str = "sub";
 /// The header of `trusted_header` mode when `header` is not set.
 pub const DEFAULT_TRUSTED_HEADER: &str = "x-tollgate-user";
 
-/// The longest accepted user id, bytes (the one id rule of core).
-pub use tollgate_core::id::MAX_ID_LEN as MAX_USER_ID_BYTES;
+/// The longest accepted user id, characters (the one id rule of core).
+pub use tollgate_core::id::MAX_ID_LEN as MAX_USER_ID_LEN;
 
 /// The shortest accepted HS256 secret, bytes (RFC 7518 §3.2: at least the
 /// hash size). The dev secret is exempt: it is public anyway.
@@ -215,7 +216,7 @@ pub enum MintError {
     /// This identity mode cannot mint: only HS256 modes hold a signing key.
     #[error("the {0} identity mode cannot mint tokens: {1}")]
     Unsupported(&'static str, &'static str),
-    /// The user id is not acceptable (see [`MAX_USER_ID_BYTES`]).
+    /// The user id is not acceptable (see [`MAX_USER_ID_LEN`]).
     #[error("invalid user id: {0}")]
     InvalidUser(&'static str),
     /// The lifetime is zero or too large.
@@ -243,7 +244,7 @@ pub const DEFAULT_SCOPE_HEADER: &str = "x-tollgate-scope";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
     /// The user id every limit is keyed by.
-    pub user: String,
+    pub user: IdBuf,
     /// The credential carries the feedback scope: it may report provider
     /// answers, which change the fleet's provider rates.
     pub feedback: bool,
@@ -301,7 +302,7 @@ impl Verifier {
     /// Why the request has no verified identity; answer it with a 401 and
     /// [`AuthError::message`].
     pub fn verify(&self, headers: &HeaderMap) -> Result<String, AuthError> {
-        self.identify(headers, None).map(|id| id.user)
+        self.identify(headers, None).map(|id| id.user.into())
     }
 
     /// The verified [`Identity`] of a request from `peer` (the connection's
@@ -419,14 +420,15 @@ impl fmt::Debug for Verifier {
     }
 }
 
-/// A user id follows the one id rule ([`tollgate_core::id::check_id`]):
-/// non-empty, at most [`MAX_USER_ID_BYTES`] bytes, free of control
-/// characters (it ends up in store keys and logs).
-fn check_user_id(user: &str) -> Result<(), &'static str> {
+/// A user id follows the one id rule ([`tollgate_core::id`]): non-empty,
+/// at most [`MAX_USER_ID_LEN`] characters, free of control characters (it
+/// ends up in store keys and logs). Checked here, once per verified
+/// credential; the request carries it on as an [`IdBuf`].
+fn user_id(user: &str) -> Result<IdBuf, &'static str> {
     use tollgate_core::id::IdError;
-    tollgate_core::id::check_id(user).map_err(|e| match e {
+    IdBuf::new(user).map_err(|e| match e {
         IdError::Empty => "it is empty",
-        IdError::TooLong => "it is longer than 512 bytes",
+        IdError::TooLong => "it is longer than 512 characters",
         _ => "it contains control characters",
     })
 }

@@ -4,7 +4,7 @@
 use axum::http::header::HeaderName;
 use axum::http::{HeaderMap, HeaderValue};
 
-use super::{AuthError, Identity, check_user_id};
+use super::{AuthError, Identity, user_id};
 
 /// trusted_header mode: which headers, believed from which peers.
 pub(super) struct Trusted {
@@ -38,7 +38,7 @@ impl Trusted {
         let user = one_header(headers, &self.user)?.ok_or(AuthError::MissingTrustedHeader)?;
         let user = std::str::from_utf8(user.as_bytes())
             .map_err(|_| AuthError::InvalidUserId("it is not valid UTF-8"))?;
-        check_user_id(user).map_err(AuthError::InvalidUserId)?;
+        let user = user_id(user).map_err(AuthError::InvalidUserId)?;
         let feedback = match one_header(headers, &self.scope)? {
             Some(v) => header_text(v)?.split(' ').any(|s| s == self.feedback_scope),
             None => false,
@@ -51,7 +51,7 @@ impl Trusted {
             },
         };
         Ok(Identity {
-            user: user.to_owned(),
+            user,
             feedback,
             tenant,
         })

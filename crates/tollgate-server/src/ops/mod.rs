@@ -18,7 +18,7 @@ use tollgate_core::limiter::ModelRef;
 use tollgate_core::money::TokenSplit;
 use tollgate_core::session::{SessionAdmit, SessionLease, check_ttl, session_key};
 use tollgate_core::store::Release;
-use tollgate_core::{Decision, Limit, ReplicaPermit, ReservationId, Reserve, Store};
+use tollgate_core::{Decision, ForUser, Id, Limit, ReplicaPermit, ReservationId, Reserve, Store};
 use tollgate_provider::{Feedback, PermitRequest};
 use utoipa::ToSchema;
 
@@ -34,7 +34,7 @@ pub use tollgate_core::session::{DEFAULT_SESSION_TTL_MS, MAX_SESSION_TTL_MS};
 /// Largest token count accepted in a request (2^53: exact everywhere).
 pub const MAX_TOKENS: u64 = 1 << 53;
 /// Longest id accepted (invocation, session, holder, reservation,
-/// provider, model, tenant), bytes: the one id rule of core.
+/// provider, model, tenant), characters: the one id rule of core.
 pub use tollgate_core::id::MAX_ID_LEN as MAX_ID;
 
 mod wire;
@@ -111,14 +111,20 @@ pub fn verify_caller<S: Store + Clone>(
         .map_err(|e| ApiError::Unauthorized(e.message()))
 }
 
-/// Checks an id by the one id rule ([`tollgate_core::id::check_id`]):
-/// non-empty, at most [`MAX_ID`] bytes, no control characters.
+/// `v` as an id, checked once here by the one id rule
+/// ([`tollgate_core::id`]): non-empty, at most [`MAX_ID`] characters, no
+/// control characters. Every id of a request is made one where the request
+/// enters, and travels as an [`Id`] from there.
 ///
 /// # Errors
 ///
 /// [`ApiError::Invalid`] naming `field`.
-pub fn check_id(field: &str, v: &str) -> Result<(), ApiError> {
-    tollgate_core::id::check_id(v).map_err(|e| ApiError::invalid(field, e.to_string()))
+pub fn id<'a>(field: &str, v: &'a str) -> Result<Id<'a>, ApiError> {
+    Id::new(v).map_err(|e| ApiError::invalid(field, e.to_string()))
+}
+
+fn optional_id<'a>(field: &str, v: Option<&'a str>) -> Result<Option<Id<'a>>, ApiError> {
+    v.map(|v| id(field, v)).transpose()
 }
 
 /// Counts session `session_id` among `user`'s live sessions (SPEC §4)
@@ -129,15 +135,12 @@ pub fn check_id(field: &str, v: &str) -> Result<(), ApiError> {
 /// over-estimate the user's session records.
 async fn claim_session<S: Store + Clone>(
     app: &App<S>,
-    user: &str,
-    session_id: &str,
+    user: &ForUser<'_, '_, S>,
+    session_id: Id<'_>,
     ttl_ms: u64,
     create: bool,
 ) -> Result<(), ApiError> {
-    let decision = app
-        .limiter()
-        .claim_session(user, session_id, ttl_ms, create)
-        .await?;
+    let decision = user.claim_session(session_id, ttl_ms, create).await?;
     observe(app, "session", user, &decision);
     match decision {
         Decision::Allowed { .. } => Ok(()),
@@ -176,11 +179,14 @@ fn optional_tokens(field: &str, v: Option<u64>) -> Result<Option<u64>, ApiError>
     v.map(|v| tokens(field, v)).transpose()
 }
 
-/// Longest reservation id: `f<tag>.<call>.<invocation_id>`, a fallback tag
-/// (`f` and 8 hex digits, and a dot), a u64 (at most 20 digits), a dot and
-/// an id of at most [`MAX_ID`] bytes.
-const MAX_RESERVATION_ID: usize = MAX_ID + 31;
+/// Longest reservation id, bytes: `f<tag>.<call>.<invocation_id>`, a
+/// fallback tag (`f` and 8 hex digits, and a dot), a u64 (at most 20
+/// digits), a dot and an id of at most [`MAX_ID`] characters of at most 4
+/// bytes each.
+const MAX_RESERVATION_ID: usize = 4 * MAX_ID + 31;
 
+/// The reservation id `v` names; its run id is checked by the limiter's
+/// settle or refund (once).
 fn reservation(v: &str) -> Result<ReservationId, ApiError> {
     if v.len() > MAX_RESERVATION_ID {
         return Err(ApiError::invalid(
@@ -188,27 +194,23 @@ fn reservation(v: &str) -> Result<ReservationId, ApiError> {
             format!("must be at most {MAX_RESERVATION_ID} bytes"),
         ));
     }
-    let id: ReservationId =
-        v.parse()
-            .map_err(|e: tollgate_core::store::MalformedReservationId| {
-                ApiError::invalid("reservation_id", e.to_string())
-            })?;
-    check_id("reservation_id", &id.invocation_id)?;
-    Ok(id)
+    v.parse()
+        .map_err(|e: tollgate_core::store::MalformedReservationId| {
+            ApiError::invalid("reservation_id", e.to_string())
+        })
 }
 
-/// Counts a decision: by operation, refusing limit, outcome and plan (never
-/// the user), and logs refusals with the user id (logs may carry it).
+/// Counts a decision: by operation, refusing limit, outcome and the plan
+/// that decided it (never the user), and logs refusals with the user id
+/// (logs may carry it).
 fn observe<S: Store + Clone, T: tollgate_core::decision::Waited>(
     app: &App<S>,
     op: &'static str,
-    user: &str,
+    user: &ForUser<'_, '_, S>,
     decision: &Decision<T>,
 ) {
-    let plan = app.limiter().plan_for(user).map_or_else(
-        |_| std::sync::Arc::from(""),
-        |p| std::sync::Arc::clone(&p.name),
-    );
+    let plan = std::sync::Arc::clone(&user.plan().name);
+    let user = user.id().as_str();
     let denial = decision.denial();
     let labels = DecisionLabels {
         op,
@@ -270,41 +272,37 @@ fn observe<S: Store + Clone, T: tollgate_core::decision::Waited>(
 /// invalid input, a store fault.
 pub async fn admit_run<S: Store + Clone>(
     app: &App<S>,
-    user: &str,
+    user: Id<'_>,
     req: AdmitRequest,
 ) -> Result<Shadowed<AdmitResponse>, ApiError> {
-    check_id("invocation_id", &req.invocation_id)?;
+    let invocation_id = id("invocation_id", &req.invocation_id)?;
     // Checked even when no session is named: a field out of its range is
     // refused wherever it appears.
     let ttl = check_ttl(
         "session_ttl_ms",
         req.session_ttl_ms.unwrap_or(DEFAULT_SESSION_TTL_MS),
     )?;
-    if let Some(sid) = &req.session_id {
-        check_id("session_id", sid)?;
-    }
-    // The plan in force as the turn is admitted, read before anything is
-    // taken so an answer never fails after its lease was granted.
-    let plan = app.limiter().plan_for(user)?;
-    let key = match &req.session_id {
+    let session_id = optional_id("session_id", req.session_id.as_deref())?;
+    // The plans in force as the turn is admitted, read once, before
+    // anything is taken: the session count, the decision, the answer and
+    // the metrics all follow them, whatever a reload does meanwhile.
+    let u = app.limiter().user(user)?;
+    let plan = u.plan();
+    let key = match session_id {
         Some(sid) => {
-            claim_session(app, user, sid, ttl, true).await?;
-            Some(session_key(user, sid))
+            claim_session(app, &u, sid, ttl, true).await?;
+            Some(session_key(&user, &sid))
         }
         None => None,
     };
     let lease = key.as_deref().map(|key| SessionLease { key, ttl_ms: ttl });
-    let decision = match app
-        .limiter()
-        .admit_turn_in_session(user, &req.invocation_id, lease)
-        .await?
-    {
+    let decision = match u.admit_turn_in_session(invocation_id, lease).await? {
         SessionAdmit::Decided(d) => d,
         SessionAdmit::Busy { retry_after_ms } => {
             return Err(ApiError::SessionBusy { retry_after_ms });
         }
     };
-    observe(app, "admit", user, &decision);
+    observe(app, "admit", &u, &decision);
     match decision {
         Decision::Allowed {
             grant,
@@ -313,8 +311,9 @@ pub async fn admit_run<S: Store + Clone>(
             // Only a real lease is counted; a turn only shadow mode let
             // through holds none.
             if shadow_denied.is_none() {
-                let (inv, exp, now) = (
-                    &req.invocation_id,
+                let (user, inv, exp, now) = (
+                    user.as_str(),
+                    invocation_id.as_str(),
                     grant.run.expires_at_ms,
                     app.clock().now_ms(),
                 );
@@ -351,24 +350,23 @@ pub async fn admit_run<S: Store + Clone>(
 /// Invalid input, a store fault.
 pub async fn release_run<S: Store + Clone>(
     app: &App<S>,
-    user: &str,
+    user: Id<'_>,
     invocation_id: &str,
     session_id: Option<&str>,
 ) -> Result<ReleasedResponse, ApiError> {
     // Validate everything before acting: bad input must change nothing.
-    check_id("invocation_id", invocation_id)?;
-    if let Some(sid) = session_id {
-        check_id("session_id", sid)?;
-    }
+    let invocation_id = id("invocation_id", invocation_id)?;
+    let session_id = optional_id("session_id", session_id)?;
     let outcome = app.limiter().release_run(user, invocation_id).await?;
     // Even when the store held nothing (it expired, or fail-open admitted it
     // locally) or the release is pending: the run is over either way.
     app.metrics()
-        .turn_ended(user, invocation_id, app.clock().now_ms());
+        .turn_ended(&user, &invocation_id, app.clock().now_ms());
     if let Some(sid) = session_id {
-        claim_session(app, user, sid, 0, false).await?;
+        let u = app.limiter().user(user)?;
+        claim_session(app, &u, sid, 0, false).await?;
         app.limiter()
-            .release_session(&session_key(user, sid), invocation_id)
+            .release_session(&session_key(&user, &sid), &invocation_id)
             .await?;
     }
     Ok(ReleasedResponse {
@@ -384,20 +382,20 @@ pub async fn release_run<S: Store + Clone>(
 /// `lease_lost`, invalid input, a store fault.
 pub async fn renew_run<S: Store + Clone>(
     app: &App<S>,
-    user: &str,
+    user: Id<'_>,
     invocation_id: &str,
 ) -> Result<RenewResponse, ApiError> {
-    check_id("invocation_id", invocation_id)?;
+    let invocation_id = id("invocation_id", invocation_id)?;
     let now = app.clock().now_ms();
     match app.limiter().renew_run(user, invocation_id).await? {
         Some(exp) => {
-            app.metrics().turn_renewed(user, invocation_id, exp, now);
+            app.metrics().turn_renewed(&user, &invocation_id, exp, now);
             Ok(RenewResponse {
                 lease_expires_at_ms: exp,
             })
         }
         None => {
-            app.metrics().turn_ended(user, invocation_id, now);
+            app.metrics().turn_ended(&user, &invocation_id, now);
             Err(ApiError::LeaseLost)
         }
     }
@@ -414,41 +412,34 @@ pub async fn renew_run<S: Store + Clone>(
 /// `exceeds_capacity`, invalid input, a store fault.
 pub async fn reserve_tokens<S: Store + Clone>(
     app: &App<S>,
-    user: &str,
+    user: Id<'_>,
     req: ReserveRequest,
 ) -> Result<Shadowed<ReserveResponse>, ApiError> {
-    check_id("invocation_id", &req.invocation_id)?;
-    if let Some(id) = &req.request_id {
-        check_id("request_id", id)?;
-    }
+    let invocation_id = id("invocation_id", &req.invocation_id)?;
+    let request_id = optional_id("request_id", req.request_id.as_deref())?;
     let estimate = tokens("estimate", req.estimate)?;
     let split = split(req.input_tokens, req.output_tokens, req.cached_input_tokens)?;
-    if let Some(m) = req.model.as_deref() {
-        check_id("model", m)?;
-    }
     // "provider:model", as [prices] names it; anything else names no price
     // (the plan's default_price applies).
-    let model = req
-        .model
-        .as_deref()
-        .and_then(|m| m.split_once(':'))
-        .filter(|(p, m)| !p.is_empty() && !m.is_empty())
-        .map(|(provider, model)| ModelRef { provider, model });
+    let model = optional_id("model", req.model.as_deref())?.and_then(ModelRef::parse);
     let call = Reserve {
-        invocation_id: &req.invocation_id,
+        invocation_id,
         estimate,
-        request_id: req.request_id.as_deref(),
+        request_id,
         wait: req.wait,
         model,
         split,
     };
     let _waiting = if req.wait {
-        Some(wait_place(app, user)?)
+        Some(wait_place(app, &user)?)
     } else {
         None
     };
-    let decision = app.limiter().reserve(user, call).await?;
-    observe(app, "reserve", user, &decision);
+    // One snapshot of the user's plans: the decision, the charge and the
+    // metrics follow it, whatever a reload does meanwhile.
+    let u = app.limiter().user(user)?;
+    let decision = u.reserve(call).await?;
+    observe(app, "reserve", &u, &decision);
     match decision {
         Decision::Allowed {
             grant,
@@ -476,7 +467,7 @@ pub async fn reserve_tokens<S: Store + Clone>(
 /// `unknown_reservation`, invalid input, a store fault.
 pub async fn settle<S: Store + Clone>(
     app: &App<S>,
-    user: &str,
+    user: Id<'_>,
     req: SettleRequest,
 ) -> Result<BalanceResponse, ApiError> {
     let id = reservation(&req.reservation_id)?;
@@ -494,7 +485,7 @@ pub async fn settle<S: Store + Clone>(
 /// `unknown_reservation`, invalid input, a store fault.
 pub async fn refund<S: Store + Clone>(
     app: &App<S>,
-    user: &str,
+    user: Id<'_>,
     req: RefundRequest,
 ) -> Result<BalanceResponse, ApiError> {
     let id = reservation(&req.reservation_id)?;
@@ -502,16 +493,17 @@ pub async fn refund<S: Store + Clone>(
     Ok(s.into())
 }
 
-/// The store key and TTL of a session lease request, its ids checked.
-fn lease_request(
-    user: &str,
-    session_id: &str,
-    req: &SessionLeaseRequest,
-) -> Result<(String, u64), ApiError> {
-    check_id("session_id", session_id)?;
-    check_id("holder", &req.holder)?;
+/// A session lease request's session and holder (each made an id), its
+/// store key and its TTL.
+fn lease_request<'a>(
+    user: Id<'_>,
+    session_id: &'a str,
+    req: &'a SessionLeaseRequest,
+) -> Result<(Id<'a>, Id<'a>, String, u64), ApiError> {
+    let session_id = id("session_id", session_id)?;
+    let holder = id("holder", &req.holder)?;
     let ttl = check_ttl("ttl_ms", req.ttl_ms)?;
-    Ok((session_key(user, session_id), ttl))
+    Ok((session_id, holder, session_key(&user, &session_id), ttl))
 }
 
 /// Acquires the session lease of `session_id` for `req.holder` (SPEC §4),
@@ -524,17 +516,13 @@ fn lease_request(
 /// store fault (session leases always fail closed).
 pub async fn acquire_session_lease<S: Store + Clone>(
     app: &App<S>,
-    user: &str,
+    user: Id<'_>,
     session_id: &str,
     req: SessionLeaseRequest,
 ) -> Result<SessionLeaseBody, ApiError> {
-    let (key, ttl) = lease_request(user, session_id, &req)?;
-    claim_session(app, user, session_id, ttl, true).await?;
-    match app
-        .limiter()
-        .acquire_session(&key, &req.holder, ttl)
-        .await?
-    {
+    let (sid, holder, key, ttl) = lease_request(user, session_id, &req)?;
+    claim_session(app, &app.limiter().user(user)?, sid, ttl, true).await?;
+    match app.limiter().acquire_session(&key, &holder, ttl).await? {
         SessionAcquire::Acquired(g) => Ok(g.into()),
         SessionAcquire::Busy { retry_after_ms } => Err(ApiError::SessionBusy { retry_after_ms }),
     }
@@ -547,13 +535,13 @@ pub async fn acquire_session_lease<S: Store + Clone>(
 /// `not_holder`, invalid input, a store fault.
 pub async fn renew_session_lease<S: Store + Clone>(
     app: &App<S>,
-    user: &str,
+    user: Id<'_>,
     session_id: &str,
     req: SessionLeaseRequest,
 ) -> Result<SessionLeaseBody, ApiError> {
-    let (key, ttl) = lease_request(user, session_id, &req)?;
-    claim_session(app, user, session_id, ttl, false).await?;
-    match app.limiter().renew_session(&key, &req.holder, ttl).await? {
+    let (sid, holder, key, ttl) = lease_request(user, session_id, &req)?;
+    claim_session(app, &app.limiter().user(user)?, sid, ttl, false).await?;
+    match app.limiter().renew_session(&key, &holder, ttl).await? {
         Some(g) => Ok(g.into()),
         None => Err(ApiError::NotHolder),
     }
@@ -566,16 +554,16 @@ pub async fn renew_session_lease<S: Store + Clone>(
 /// `not_holder`, invalid input, a store fault.
 pub async fn release_session_lease<S: Store + Clone>(
     app: &App<S>,
-    user: &str,
+    user: Id<'_>,
     session_id: &str,
     holder: &str,
 ) -> Result<ReleasedResponse, ApiError> {
-    check_id("session_id", session_id)?;
-    check_id("holder", holder)?;
-    claim_session(app, user, session_id, 0, false).await?;
+    let session_id = id("session_id", session_id)?;
+    let holder = id("holder", holder)?;
+    claim_session(app, &app.limiter().user(user)?, session_id, 0, false).await?;
     if app
         .limiter()
-        .release_session(&session_key(user, session_id), holder)
+        .release_session(&session_key(&user, &session_id), &holder)
         .await?
     {
         Ok(ReleasedResponse {
@@ -595,14 +583,14 @@ pub async fn release_session_lease<S: Store + Clone>(
 /// `stale_fence` (with the latest fence), invalid input, a store fault.
 pub async fn check_fence<S: Store + Clone>(
     app: &App<S>,
-    user: &str,
+    user: Id<'_>,
     session_id: &str,
     req: FenceRequest,
 ) -> Result<FenceResponse, ApiError> {
-    check_id("session_id", session_id)?;
+    let session_id = id("session_id", session_id)?;
     let check = app
         .limiter()
-        .check_fence(&session_key(user, session_id), req.fence)
+        .check_fence(&session_key(&user, &session_id), req.fence)
         .await?;
     if check.current {
         Ok(FenceResponse { current: true })
@@ -629,29 +617,24 @@ pub async fn provider_permit<S: Store + Clone>(
     req: PermitBody,
 ) -> Result<PermitResponse, ApiError> {
     let user = caller.user.as_str();
-    check_id("provider", provider)?;
-    check_id("model", &req.model)?;
-    if let Some(t) = &req.tenant {
-        check_id("tenant", t)?;
-    }
+    let provider = id("provider", provider)?.as_str();
+    let model = id("model", &req.model)?.as_str();
+    let body_tenant = optional_id("tenant", req.tenant.as_deref())?;
     // With `tenant_claim`, the tenant is the verified one; a body naming
     // another would spend another tenant's share.
     let tenant = if app.verifier().verifies_tenant() {
-        if req.tenant.is_some() && req.tenant != caller.tenant {
+        if body_tenant.is_some() && req.tenant != caller.tenant {
             return Err(ApiError::Forbidden(
                 "the tenant is taken from your credentials; send none, or your own".to_owned(),
             ));
         }
-        caller.tenant.as_deref()
+        optional_id("tenant", caller.tenant.as_deref())?.map(Id::as_str)
     } else {
-        req.tenant.as_deref()
+        body_tenant.map(Id::as_str)
     };
-    if let Some(t) = tenant {
-        check_id("tenant", t)?;
-    }
     let permit = PermitRequest {
         provider,
-        model: &req.model,
+        model,
         tenant,
         tokens: tokens("tokens", req.tokens)?,
         input_tokens: optional_tokens("input_tokens", req.input_tokens)?,
@@ -756,8 +739,8 @@ pub async fn provider_feedback<S: Store + Clone>(
             app.verifier().feedback_scope()
         )));
     }
-    check_id("provider", provider)?;
-    check_id("model", &req.model)?;
+    let provider = id("provider", provider)?.as_str();
+    id("model", &req.model)?;
     let status = match u16::try_from(req.status) {
         Ok(s) if (100..=599).contains(&s) => s,
         _ => {

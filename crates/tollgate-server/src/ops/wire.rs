@@ -58,19 +58,11 @@ fn optional_integer<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct AdmitRequest {
     /// The run (ADK invocation id); retrying with it is idempotent.
-    #[schema(
-        min_length = 1,
-        max_length = 512,
-        pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$"
-    )]
+    #[schema(format = "id")]
     pub invocation_id: String,
     /// The conversation, to hold its session lease for the turn.
     #[serde(default)]
-    #[schema(
-        min_length = 1,
-        max_length = 512,
-        pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$"
-    )]
+    #[schema(format = "id")]
     pub session_id: Option<String>,
     /// Session lease TTL, ms (default 30,000; at most 3,600,000).
     #[serde(default, deserialize_with = "optional_integer")]
@@ -141,11 +133,7 @@ pub struct RenewResponse {
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct ReserveRequest {
     /// The run making the model call.
-    #[schema(
-        min_length = 1,
-        max_length = 512,
-        pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$"
-    )]
+    #[schema(format = "id")]
     pub invocation_id: String,
     /// Estimated tokens of the call, at least 1.
     #[serde(deserialize_with = "integer")]
@@ -158,21 +146,13 @@ pub struct ReserveRequest {
     /// with the same id (while the run's record is kept, 1 h) answers the
     /// first grant (the same `reservation_id`) instead of charging again.
     #[serde(default)]
-    #[schema(
-        min_length = 1,
-        max_length = 512,
-        pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$"
-    )]
+    #[schema(format = "id")]
     pub request_id: Option<String>,
     /// The model called, as `"provider:model"` (the key of its `[prices]`
     /// entry): prices the call for the plan's cost budgets. Absent, or
     /// naming no `[prices]` entry: the plan's `default_price`.
     #[serde(default)]
-    #[schema(
-        min_length = 1,
-        max_length = 512,
-        pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$"
-    )]
+    #[schema(format = "id")]
     pub model: Option<String>,
     /// Of the estimate, input tokens that are not read from the provider's
     /// prompt cache. With `output_tokens` and `cached_input_tokens` (each
@@ -207,11 +187,7 @@ pub struct ReserveResponse {
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct SettleRequest {
     /// The reservation.
-    #[schema(
-        min_length = 3,
-        max_length = 542,
-        pattern = r"^(f[0-9a-f]{8}\.)?[1-9][0-9]{0,18}\.[^\u0000-\u001f\u007f-\u009f]{1,512}$"
-    )]
+    #[schema(format = "reservation-id")]
     pub reservation_id: String,
     /// Tokens the call really used.
     #[serde(deserialize_with = "integer")]
@@ -241,11 +217,7 @@ pub struct SettleRequest {
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct RefundRequest {
     /// The reservation.
-    #[schema(
-        min_length = 3,
-        max_length = 542,
-        pattern = r"^(f[0-9a-f]{8}\.)?[1-9][0-9]{0,18}\.[^\u0000-\u001f\u007f-\u009f]{1,512}$"
-    )]
+    #[schema(format = "reservation-id")]
     pub reservation_id: String,
 }
 
@@ -276,11 +248,7 @@ impl From<tollgate_core::Settled> for BalanceResponse {
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct SessionLeaseRequest {
     /// The holder's token (e.g. the invocation id).
-    #[schema(
-        min_length = 1,
-        max_length = 512,
-        pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$"
-    )]
+    #[schema(format = "id")]
     pub holder: String,
     /// Lease TTL, ms (1 ..= 3,600,000).
     #[serde(deserialize_with = "integer")]
@@ -309,20 +277,12 @@ pub struct FenceResponse {
 pub struct PermitBody {
     /// The model, e.g. `gpt-4o`: with the provider in the path, the
     /// provider key `[providers."<provider>:<model>"]` of the config.
-    #[schema(
-        min_length = 1,
-        max_length = 512,
-        pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$"
-    )]
+    #[schema(format = "id")]
     pub model: String,
     /// The tenant whose share applies (`[providers.….tenants.<name>]`); an
     /// unconfigured tenant, or none, uses the pool alone.
     #[serde(default)]
-    #[schema(
-        min_length = 1,
-        max_length = 512,
-        pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$"
-    )]
+    #[schema(format = "id")]
     pub tenant: Option<String>,
     /// Estimated tokens of the call, input and output (0 when unknown):
     /// charged to the key's `tokens` rate. At most 2^53.
@@ -365,11 +325,7 @@ pub struct PermitResponse {
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct FeedbackBody {
     /// The model called.
-    #[schema(
-        min_length = 1,
-        max_length = 512,
-        pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$"
-    )]
+    #[schema(format = "id")]
     pub model: String,
     /// The provider's HTTP status (100 ..= 599).
     #[serde(deserialize_with = "integer")]

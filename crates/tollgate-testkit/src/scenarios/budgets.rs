@@ -594,7 +594,7 @@ pub async fn budget_windows_follow_the_calendar<S: Store + Clone>(store: S, cloc
                 .reserve(
                     "nyc",
                     Reserve {
-                        invocation_id: "run",
+                        invocation_id: crate::id("run"),
                         estimate,
                         request_id: None,
                         wait: false,
@@ -718,9 +718,9 @@ pub async fn example_5_budgets<S: Store + Clone>(store: S, clock: FakeClock) {
     use tollgate_core::limiter::{ModelRef, Reserve};
     use tollgate_core::{Decision, Limiter, LimiterError};
 
-    const GPT_4O: ModelRef<'static> = ModelRef {
-        provider: "openai",
-        model: "gpt-4o",
+    let gpt_4o = ModelRef {
+        provider: crate::id("openai"),
+        model: crate::id("gpt-4o"),
     };
     let (cfg, clock) = pro(&clock);
     let l = Limiter::new(store, clock.clone(), cfg.validate().expect("valid plan"));
@@ -730,11 +730,11 @@ pub async fn example_5_budgets<S: Store + Clone>(store: S, clock: FakeClock) {
             l.reserve(
                 "alice",
                 Reserve {
-                    invocation_id: inv,
+                    invocation_id: crate::id(inv),
                     estimate,
                     request_id: None,
                     wait: false,
-                    model: Some(GPT_4O),
+                    model: Some(gpt_4o),
                     split: split.map(|(i, o, c)| TokenSplit::new(i, o, c)),
                 },
             )
@@ -867,13 +867,13 @@ pub async fn example_5_budgets<S: Store + Clone>(store: S, clock: FakeClock) {
         .reserve(
             "alice",
             Reserve {
-                invocation_id: "k",
+                invocation_id: crate::id("k"),
                 estimate: 1,
                 request_id: None,
                 wait: false,
                 model: Some(ModelRef {
-                    provider: "openai",
-                    model: "unpriced",
+                    provider: crate::id("openai"),
+                    model: crate::id("unpriced"),
                 }),
                 split: None,
             },

@@ -223,9 +223,9 @@ pub async fn request_ids_answer_the_first_grant<S: Store + Clone>(store: S, cloc
     use tollgate_core::Reserve;
     let l = limiter_with(store, &clock, support());
     let call = |inv, estimate, id| Reserve {
-        invocation_id: inv,
+        invocation_id: crate::id(inv),
         estimate,
-        request_id: Some(id),
+        request_id: Some(crate::id(id)),
         wait: false,
         model: None,
         split: None,
@@ -282,9 +282,9 @@ pub async fn reconcile_charges_and_resolves_ambiguity<S: Store + Clone>(
     let plan = l.plan_for("u1").unwrap();
     allowed(&l.admit_turn("u1", "held").await.unwrap());
     let ran = Reserve {
-        invocation_id: "run",
+        invocation_id: crate::id("run"),
         estimate: 6_000,
-        request_id: Some("ran"),
+        request_id: Some(crate::id("ran")),
         wait: false,
         model: None,
         split: None,
@@ -328,7 +328,7 @@ pub async fn reconcile_charges_and_resolves_ambiguity<S: Store + Clone>(
     assert!(!l.settle("u1", &first.id, 6_000).await.unwrap().applied);
     for id in ["ran", "never-ran"] {
         let late = Reserve {
-            request_id: Some(id),
+            request_id: Some(crate::id(id)),
             ..ran
         };
         let e = l.reserve("u1", late).await.unwrap_err();

@@ -23,12 +23,19 @@ impl Engine {
         let estimate = estimate.unwrap_or(plan.estimate_tokens);
         let actual = actual.unwrap_or(estimate);
         // The model prices the call for the plan's cost budgets.
-        let model = provider.as_ref().map(|p| ModelRef {
-            provider: &p.provider,
-            model: &p.model,
-        });
+        let id = |field: &'static str, v| {
+            Id::new(v)
+                .map_err(|e| self.limiter_err(line, LimiterError::invalid(field, e.to_string())))
+        };
+        let model = match provider.as_ref() {
+            Some(p) => Some(ModelRef {
+                provider: id("provider", &p.provider)?,
+                model: id("model", &p.model)?,
+            }),
+            None => None,
+        };
         let call = Reserve {
-            invocation_id: invocation,
+            invocation_id: id("invocation", invocation)?,
             estimate,
             request_id: None,
             wait: false,
@@ -36,7 +43,7 @@ impl Engine {
             split: None,
         };
         let decision =
-            ready(self.limiter.reserve(&user, call))?.map_err(|e| self.limiter_err(line, e))?;
+            ready(self.limiter.reserve(&*user, call))?.map_err(|e| self.limiter_err(line, e))?;
         self.decided(t, decision.outcome());
         self.touch(&user)?;
         let (grant, user_shadow) = match decision {
@@ -135,7 +142,7 @@ impl Engine {
             } => {
                 self.record_denial(&c.plan, label, retry, shadow);
                 if !shadow {
-                    match ready(self.limiter.refund(&c.user, &c.reservation))? {
+                    match ready(self.limiter.refund(&*c.user, &c.reservation))? {
                         Ok(_) => {}
                         Err(LimiterError::UnknownReservation(_)) => {
                             self.skipped.unknown_reservation += 1;

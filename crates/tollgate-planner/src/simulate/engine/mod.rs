@@ -14,6 +14,7 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
+use tollgate_core::Id;
 use tollgate_core::limiter::{ModelRef, Reserve};
 use tollgate_core::session::{
     SessionAdmit, SessionLease, renew_every_ms, renewable_ttl, session_key,
@@ -515,7 +516,7 @@ impl Engine {
                 actual,
                 line,
             } => {
-                match ready(self.limiter.settle(&user, &reservation, actual))? {
+                match ready(self.limiter.settle(&*user, &reservation, actual))? {
                     Ok(_) => {}
                     Err(LimiterError::UnknownReservation(_)) => {
                         self.skipped.unknown_reservation += 1;

@@ -30,8 +30,11 @@ impl Engine {
                 key,
                 ttl_ms: self.session_ttl_ms,
             });
-            let admitted = ready(self.limiter.admit_turn_in_session(&user, invocation, lease))?
-                .map_err(|e| self.limiter_err(line, e))?;
+            let admitted = ready(
+                self.limiter
+                    .admit_turn_in_session(&*user, invocation, lease),
+            )?
+            .map_err(|e| self.limiter_err(line, e))?;
             match admitted {
                 SessionAdmit::Decided(d) => break d,
                 SessionAdmit::Busy { retry_after_ms } => {
@@ -108,7 +111,7 @@ impl Engine {
             run.session.clone(),
             run.renew_every,
         );
-        let run_ok = ready(self.limiter.renew_run(&user, &inv))?
+        let run_ok = ready(self.limiter.renew_run(&*user, &*inv))?
             .map_err(replay_err)?
             .is_some();
         let session_ok = match &session {
@@ -135,7 +138,7 @@ impl Engine {
             self.skipped.not_running += 1;
             return Ok(());
         };
-        ready(self.limiter.release_run(&run.user, &run.invocation))?
+        ready(self.limiter.release_run(&*run.user, &*run.invocation))?
             .map_err(|e| self.limiter_err(line, e))?;
         if let Some(skey) = &run.session {
             ready(self.limiter.release_session(skey, &run.invocation))?.map_err(replay_err)?;

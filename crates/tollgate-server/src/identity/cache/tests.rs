@@ -190,7 +190,7 @@ fn an_insert_verified_with_older_keys_is_not_kept() {
     let cache = TokenCache::new(64);
     let cached = |user: &str| Cached {
         identity: Identity {
-            user: user.to_owned(),
+            user: tollgate_core::IdBuf::new(user).unwrap(),
             feedback: false,
             tenant: None,
         },
@@ -233,7 +233,7 @@ fn the_clock_spares_entries_that_were_hit() {
     let cache = TokenCache::new(256);
     let cached = Cached {
         identity: Identity {
-            user: "u".to_owned(),
+            user: tollgate_core::IdBuf::new("u").unwrap(),
             feedback: false,
             tenant: None,
         },

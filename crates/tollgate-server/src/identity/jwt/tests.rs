@@ -309,7 +309,7 @@ fn scopes_and_tenant_come_from_the_verified_claims() {
     assert_eq!(
         minted,
         Identity {
-            user: "svc".into(),
+            user: tollgate_core::IdBuf::new("svc").unwrap(),
             feedback: true,
             tenant: Some("acme".into())
         }
@@ -487,8 +487,13 @@ fn missing_user_claim_is_refused() {
             Err(AuthError::Malformed(_))
         ));
     }
-    c["sub"] = json!("é".repeat(256)); // 512 bytes
+    c["sub"] = json!("é".repeat(512)); // 512 characters, 1,024 bytes
     assert!(v.verify(&bearer(&hs(&c))).is_ok());
+    c["sub"] = json!("é".repeat(513));
+    assert!(matches!(
+        v.verify(&bearer(&hs(&c))),
+        Err(AuthError::InvalidUserId(_))
+    ));
 }
 
 #[test]

@@ -63,7 +63,7 @@ impl Proxied {
     fn verify(&self, headers: &HeaderMap) -> Result<String, AuthError> {
         self.0
             .identify(headers, Some("10.1.2.3".parse().unwrap()))
-            .map(|id| id.user)
+            .map(|id| id.user.into())
     }
     fn describe(&self) -> String {
         self.0.describe()
@@ -82,7 +82,7 @@ fn trusted_header_is_believed_only_from_trusted_proxies() {
     for peer in ["10.255.0.1", "::1", "::ffff:10.0.0.7"] {
         assert_eq!(
             v.identify(&headers, Some(peer.parse().unwrap()))
-                .map(|i| i.user),
+                .map(|i| String::from(i.user)),
             Ok("carol".to_owned()),
             "{peer}"
         );

@@ -80,7 +80,7 @@ public record Reserve(
   /**
    * The request id to send (a retry of the same reservation after a lost answer must reuse it).
    *
-   * @param requestId the id, 1 to 512 bytes
+   * @param requestId the id, 1 to 512 characters
    * @return the request with the id
    */
   public Reserve withRequestId(String requestId) {
