@@ -33,10 +33,10 @@ if ARGV[3] ~= '' then
     if B.of(spend, b[o], ws, b[o + 1]) >= B.limit(spend, b[o], ws, b[o + 1], b[o + 2]) then
       local h = we - now
       if h < 1 then h = 1 end
-      if code == 0 or h > hint then code, hint = 3 + b[o], h end
+      if code == 0 or h > hint then code, hint = ADMIT_BUDGET + b[o], h end
     end
   end
-  if code ~= 0 then return struct.pack('<dddd', 0, code, hint, 0) end
+  if code ~= 0 then return struct.pack('<dddd', DENIED, code, hint, 0) end
 end
 
 local reclaimed = redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
@@ -58,14 +58,14 @@ if held then
   if held > exp then exp = held end
   redis.call('ZADD', KEYS[2], exp, inv)
   lease_expire(false)
-  return struct.pack('<dddd', 1, exp, 1, reclaimed)
+  return struct.pack('<dddd', GRANTED, exp, 1, reclaimed)
 end
 
 local level, ts, existed, old_period = bucket_load(KEYS[1], now, cap, period)
 level, ts = refill(level, ts, now, amount, cap, old_period, period)
 local outcome, hint, after = take(level, period, 0, amount, 0)
 local turn_hint = nil
-if outcome ~= 1 then turn_hint = hint end
+if outcome ~= TAKE_GRANTED then turn_hint = hint end
 
 local lease_hint = nil
 local runs = redis.call('ZCARD', KEYS[2])
@@ -81,11 +81,11 @@ if not turn_hint and not lease_hint then
   bucket_save(KEYS[1], after, ts, now, amount, cap, period)
   redis.call('ZADD', KEYS[2], exp, inv)
   lease_expire(runs == 0)
-  return struct.pack('<dddd', 1, exp, 0, reclaimed)
+  return struct.pack('<dddd', GRANTED, exp, 0, reclaimed)
 end
 -- Denied: take nothing; keep only the refilled level of an existing bucket.
 if existed then bucket_save(KEYS[1], level, ts, now, amount, cap, period) end
 if turn_hint and (not lease_hint or turn_hint > lease_hint) then
-  return struct.pack('<dddd', 0, 1, turn_hint, reclaimed)
+  return struct.pack('<dddd', DENIED, ADMIT_TURN_RATE, turn_hint, reclaimed)
 end
-return struct.pack('<dddd', 0, 2, lease_hint, reclaimed)
+return struct.pack('<dddd', DENIED, ADMIT_CONCURRENCY, lease_hint, reclaimed)

@@ -83,20 +83,21 @@ local function bucket_save(key, level, ts, now, amount, cap, period)
 end
 
 -- Rules 3-5 on a refilled level. Returns outcome, new level:
--- outcome 1 granted (x = wait), 2 refused (x = retry hint), 3 exceeds.
+-- outcome TAKE_GRANTED (x = wait), TAKE_REFUSED (x = retry hint) or
+-- TAKE_EXCEEDS (src/codes.rs).
 -- `exceeds` is computed exactly in Rust (costs may be past 2^53).
 local function take(level, cost_scaled, max_wait, amount, exceeds)
-  if exceeds == 1 then return 3, 0, level end
+  if exceeds == 1 then return TAKE_EXCEEDS, 0, level end
   local after = level - cost_scaled
   local wait = 0
   if after < 0 then wait = ceil_div(-after, amount) end
   if wait > max_wait then
     local hint = wait - max_wait
     if hint < 1 then hint = 1 end
-    return 2, hint, level
+    return TAKE_REFUSED, hint, level
   end
   if after < -MAX_SCALED then after = -MAX_SCALED end
-  return 1, wait, after
+  return TAKE_GRANTED, wait, after
 end
 
 -- One bucket taken once (take_one, a one-bucket take_many): bucket_load,
@@ -130,7 +131,7 @@ local function take_now(key, now, amount, period, cap, cost_scaled, max_wait, ex
     ts = now
   end
   if level > cap then level = cap end
-  local outcome, x, after = 3, 0, level
+  local outcome, x, after = TAKE_EXCEEDS, 0, level
   if exceeds ~= 1 then
     after = level - cost_scaled
     if after < 0 then
@@ -138,14 +139,14 @@ local function take_now(key, now, amount, period, cap, cost_scaled, max_wait, ex
       if x * amount < -after then x = x + 1 end
     end
     if x > max_wait then
-      outcome, x, after = 2, x - max_wait, level
+      outcome, x, after = TAKE_REFUSED, x - max_wait, level
       if x < 1 then x = 1 end
     else
-      outcome = 1
+      outcome = TAKE_GRANTED
       if after < -MAX_SCALED then after = -MAX_SCALED end
     end
   end
-  if outcome == 1 or existed or save_refused then
+  if outcome == TAKE_GRANTED or existed or save_refused then
     local to_full = floor_div(cap - after, amount)
     if to_full * amount < cap - after then to_full = to_full + 1 end
     if to_full < 0 then to_full = 0 end

@@ -53,17 +53,17 @@ if v[1] and tonumber(v[2]) > now then
     if r then
       local sep = string.find(r, ':', 1, true)
       local first, ready = tonumber(string.sub(r, 1, sep - 1)), tonumber(string.sub(r, sep + 1))
-      if first == 0 then return struct.pack('<dddd', 2, 0, 0, 0) end
+      if first == 0 then return struct.pack('<dddd', SUPERSEDED, 0, 0, 0) end
       local left = ready - now
       if left < 0 then left = 0 end
-      return struct.pack('<dddd', 3, first, left, 0)
+      return struct.pack('<dddd', REPEATED, first, left, 0)
     end
   end
 elseif v[1] then
   redis.call('DEL', KEYS[2])
 end
 if calls >= max_calls and shadow == 0 then
-  return struct.pack('<dddd', 0, 3, 0, 0)
+  return struct.pack('<dddd', DENIED, RESERVE_MAX_CALLS, 0, 0)
 end
 
 local function record_call(charged, wait, brec)
@@ -102,13 +102,13 @@ if ARGV[5] ~= '' then
     local ws, we = B.window(now, bud[o + 3], bud[o + 4], bud[o + 5], bud[o + 6])
     local limit = B.limit(spend, p, ws, u, bud[o + 2])
     if ch > limit then
-      b_code, b_hint = 9 + p, limit
+      b_code, b_hint = RESERVE_BUDGET_EXCEEDS + p, limit
       break
     end
     if B.of(spend, p, ws, u) + ch > limit then
       local h = we - now
       if h < 1 then h = 1 end
-      if b_code == 0 or h > b_hint then b_code, b_hint = 6 + p, h end
+      if b_code == 0 or h > b_hint then b_code, b_hint = RESERVE_BUDGET + p, h end
     end
   end
 end
@@ -136,10 +136,10 @@ end
 -- then a charge that can never fit (the token bucket's first), then the
 -- later retry hint of the token bucket and the budgets (a tie: budget).
 local code, hint = 0, 0
-if calls >= max_calls then code = 3
-elseif outcome == 3 then code = 5
-elseif b_code >= 9 then code, hint = b_code, b_hint
-elseif outcome == 2 and (b_code == 0 or x > b_hint) then code, hint = 4, x
+if calls >= max_calls then code = RESERVE_MAX_CALLS
+elseif outcome == TAKE_EXCEEDS then code = RESERVE_EXCEEDS
+elseif b_code >= RESERVE_BUDGET_EXCEEDS then code, hint = b_code, b_hint
+elseif outcome == TAKE_REFUSED and (b_code == 0 or x > b_hint) then code, hint = RESERVE_TOKEN_RATE, x
 elseif b_code ~= 0 then code, hint = b_code, b_hint end
 
 if code == 0 then
@@ -161,7 +161,7 @@ if code == 0 then
     B.save(KEYS[4], spend, now)
     brec = bud_record(false)
   end
-  return struct.pack('<ddddd', 1, record_call(estimate, x, brec), x, now, crossed)
+  return struct.pack('<ddddd', GRANTED, record_call(estimate, x, brec), x, now, crossed)
 end
 -- Denied: take nothing; keep the refilled level.
 tok_save(KEYS[1], level, ts, now, amount, cap, period, um, uc, up)
@@ -171,4 +171,4 @@ if shadow == 1 then
   if bud then brec = bud_record(true) end
   call = record_call(0, nil, brec)
 end
-return struct.pack('<dddd', 0, code, hint, call)
+return struct.pack('<dddd', DENIED, code, hint, call)

@@ -27,11 +27,11 @@ local now = now_ms(o)
 
 local v = redis.call('HMGET', KEYS[2], 'c', 'e', 'o' .. call, 'b' .. call)
 if not v[1] or tonumber(v[2]) <= now or call < 1 or call > tonumber(v[1]) then
-  return struct.pack('<dddd', 0, 0, 0, 0)
+  return struct.pack('<dddd', SETTLE_UNKNOWN, 0, 0, 0)
 end
 local level, ts, _, old_period, um, uc, up = tok_load(KEYS[1], now, cap, period)
 level, ts = refill(level, ts, now, amount, cap, old_period, period)
-if not v[3] then return struct.pack('<dddd', 2, floor_div(level, period), 0, 0) end
+if not v[3] then return struct.pack('<dddd', SETTLE_CLOSED, floor_div(level, period), 0, 0) end
 
 local charged = tonumber(v[3])
 redis.call('HDEL', KEYS[2], 'o' .. call, 'b' .. call)
@@ -95,4 +95,4 @@ if v[4] and ARGV[2] ~= '' then
   end
   B.save(KEYS[3], spend, now)
 end
-return struct.pack('<ddddd', 1, floor_div(level, period), delta, now, crossed)
+return struct.pack('<ddddd', SETTLE_APPLIED, floor_div(level, period), delta, now, crossed)

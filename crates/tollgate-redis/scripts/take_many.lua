@@ -34,12 +34,12 @@ for i = 1, n do
   end
   level, ts = refill(level, ts, now, amount, cap, old_period, period)
   local outcome, x, after = take(level, cost * period, max_wait, amount, exceeds)
-  if outcome == 1 then
+  if outcome == TAKE_GRANTED then
     if x > wait then wait = x end
     cur[key] = {after, ts, period}
   else
     cur[key] = {level, ts, period}
-    if outcome == 2 then
+    if outcome == TAKE_REFUSED then
       if not refused_h or x > refused_h then refused_i, refused_h = i, x end
     elseif not exceeds_i then
       exceeds_i = i
@@ -79,6 +79,6 @@ for i = 1, n do
   end
   bucket_save(key, st[1], st[2], now, amount, cap, period)
 end
-if exceeds_i then return struct.pack('<ddd', 3, exceeds_i, 0) end
-if refused_h then return struct.pack('<ddd', 2, refused_i, refused_h) end
-return struct.pack('<ddd', 1, wait, 0)
+if exceeds_i then return struct.pack('<ddd', TAKE_EXCEEDS, exceeds_i, 0) end
+if refused_h then return struct.pack('<ddd', TAKE_REFUSED, refused_i, refused_h) end
+return struct.pack('<ddd', TAKE_GRANTED, wait, 0)

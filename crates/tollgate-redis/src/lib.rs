@@ -14,6 +14,7 @@
 //! The top-users counter (for the admin endpoint) lives in its own slot; a
 //! replica counts in memory and writes it in batches, off the decision path.
 
+mod codes;
 mod config;
 mod error;
 mod keys;

@@ -5,6 +5,9 @@
 //! answers NOSCRIPT. Each script's KEYS/ARGV contract is documented in its
 //! header under `scripts/`.
 //!
+//! The integer codes the scripts answer are Lua locals of the same names
+//! as the constants of [`crate::codes`], composed in like prelude blocks.
+//!
 //! Redis runs a script's whole text on every call, so each helper the
 //! prelude defines is a closure made anew per call (about 3 µs for the whole
 //! prelude, measured). A script therefore carries only the prelude blocks
@@ -84,7 +87,13 @@ fn code(text: &str) -> String {
 
 /// The text loaded for `body`: the prelude blocks it needs, then the body.
 fn compose(body: &str) -> String {
-    let blocks: Vec<(&str, Vec<&str>)> = PRELUDE.split("\n\n").map(|b| (b, defines(b))).collect();
+    // The reply codes first (src/codes.rs): prelude functions name them.
+    let blocks: Vec<(&str, Vec<&str>)> = crate::codes::LUA
+        .split("\n\n")
+        .filter(|b| !b.is_empty())
+        .chain(PRELUDE.split("\n\n"))
+        .map(|b| (b, defines(b)))
+        .collect();
     let codes: Vec<String> = blocks.iter().map(|(b, _)| code(b)).collect();
     let body_code = code(body);
     let mut need = vec![false; blocks.len()];
@@ -211,6 +220,58 @@ mod tests {
         let reserve = lua_source("reserve_tokens").unwrap();
         assert!(reserve.contains("local function track_run"));
         assert!(lua_source("nope").is_none());
+    }
+
+    /// A reply code is a name both sides read (src/codes.rs): every
+    /// upper-case name a script's code uses is defined in what is loaded
+    /// (a misspelt code would be a nil global in Lua), and the codes the
+    /// scripts answer are the Rust constants.
+    #[test]
+    fn every_code_a_script_names_is_defined_as_in_rust() {
+        for (name, _) in BODIES {
+            let text = lua_source(name).unwrap();
+            // The code without its string literals ('TIME', 'PX', ...).
+            let mut quote = None;
+            let body: String = code(&text)
+                .chars()
+                .filter(|&c| match quote {
+                    Some(q) if c == q => {
+                        quote = None;
+                        false
+                    }
+                    Some(_) => false,
+                    None if c == '\'' || c == '"' => {
+                        quote = Some(c);
+                        false
+                    }
+                    None => true,
+                })
+                .collect();
+            let names = body
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| {
+                    w.len() > 1
+                        && w.starts_with(|c: char| c.is_ascii_uppercase())
+                        && w.chars()
+                            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+                });
+            for n in names {
+                if ["KEYS", "ARGV"].contains(&n) {
+                    continue;
+                }
+                assert!(
+                    defines(&text).contains(&n),
+                    "{name}.lua uses {n}, which nothing it loads defines"
+                );
+            }
+        }
+        let admit = lua_source("admit_turn").unwrap();
+        assert!(admit.contains(&format!("local GRANTED = {}\n", crate::codes::GRANTED)));
+        assert!(admit.contains(&format!(
+            "local ADMIT_CONCURRENCY = {}\n",
+            crate::codes::ADMIT_CONCURRENCY
+        )));
+        assert!(!admit.contains("local RESERVE_TOKEN_RATE"));
     }
 
     #[test]

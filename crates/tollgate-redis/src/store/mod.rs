@@ -293,6 +293,16 @@ impl Packed {
 }
 
 /// The budget limit a script's period number names.
+/// The budget limit a reply code names, if `code` is one of the
+/// [`BUDGET_PERIODS`](crate::codes::BUDGET_PERIODS) codes from `base`
+/// (`ADMIT_BUDGET`, `RESERVE_BUDGET`, `RESERVE_BUDGET_EXCEEDS`).
+fn budget_code(code: i64, base: i64) -> Option<Limit> {
+    (base..base + crate::codes::BUDGET_PERIODS)
+        .contains(&code)
+        .then(|| budget_limit(code - base))
+        .flatten()
+}
+
 fn budget_limit(period: i64) -> Option<Limit> {
     Some(match period {
         0 => Limit::BudgetDaily,

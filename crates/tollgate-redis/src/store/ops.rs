@@ -1,6 +1,7 @@
 //! The `Store` operations of [`RedisStore`]: each one Lua script (one `EVALSHA`) or one read.
 
 use super::*;
+use crate::codes::*;
 
 impl Store for RedisStore {
     async fn admit_turn(&self, req: TurnRequest<'_>) -> Result<TurnOutcome, StoreError> {
@@ -24,22 +25,24 @@ impl Store for RedisStore {
             return Err(bad_reply("admit_turn", format!("{r:?}")));
         };
         let admit = match (ok, a) {
-            (1, exp) => Admit::Admitted {
+            (GRANTED, exp) => Admit::Admitted {
                 lease_expires_at: u(exp),
                 refreshed: b == 1,
             },
-            (0, 1) => Admit::Denied(Denial::Limited {
+            (DENIED, ADMIT_TURN_RATE) => Admit::Denied(Denial::Limited {
                 limit: Limit::TurnRate,
                 retry_after_ms: u(b),
             }),
-            (0, 2) => Admit::Denied(Denial::Limited {
+            (DENIED, ADMIT_CONCURRENCY) => Admit::Denied(Denial::Limited {
                 limit: Limit::Concurrency,
                 retry_after_ms: u(b),
             }),
-            (0, code @ 3..=5) => Admit::Denied(Denial::Limited {
-                limit: budget_limit(code - 3).unwrap_or(Limit::BudgetDaily),
-                retry_after_ms: u(b),
-            }),
+            (DENIED, code) if budget_code(code, ADMIT_BUDGET).is_some() => {
+                Admit::Denied(Denial::Limited {
+                    limit: budget_code(code, ADMIT_BUDGET).unwrap_or(Limit::BudgetDaily),
+                    retry_after_ms: u(b),
+                })
+            }
             _ => return Err(bad_reply("admit_turn", format!("{r:?}"))),
         };
         Ok(TurnOutcome {
@@ -102,7 +105,7 @@ impl Store for RedisStore {
             .arg(Packed::reserve_budgets(req.budget.as_ref(), req.estimate));
         let r: Vec<u8> = self.run("reserve_tokens", &inv).await?;
         let reservation = |call: i64| ReservationId::new(req.invocation_id, u(call));
-        if let Some([1, call, wait, now, crossed]) = unpacked::<5>(&r) {
+        if let Some([GRANTED, call, wait, now, crossed]) = unpacked::<5>(&r) {
             self.count_top(req.user, u(now), req.estimate as i64);
             return Ok(ReserveOutcome::Granted {
                 reservation: reservation(call),
@@ -114,34 +117,34 @@ impl Store for RedisStore {
             return Err(bad_reply("reserve_tokens", format!("{r:?}")));
         };
         match r {
-            [2, ..] => Ok(ReserveOutcome::Superseded),
-            [3, call, wait, _] => Ok(ReserveOutcome::Granted {
+            [SUPERSEDED, ..] => Ok(ReserveOutcome::Superseded),
+            [REPEATED, call, wait, _] => Ok(ReserveOutcome::Granted {
                 reservation: reservation(call),
                 wait_ms: u(wait),
                 crossed: Crossed::NONE,
             }),
-            [0, code, hint, call] => {
+            [DENIED, code, hint, call] => {
                 let denial = match code {
-                    3 => Denial::CapReached {
+                    RESERVE_MAX_CALLS => Denial::CapReached {
                         limit: Limit::MaxLlmCalls,
                         cap: req.max_llm_calls,
                     },
-                    4 => Denial::Limited {
+                    RESERVE_TOKEN_RATE => Denial::Limited {
                         limit: Limit::TokenRate,
                         retry_after_ms: u(hint),
                     },
-                    5 => Denial::ExceedsCapacity {
+                    RESERVE_EXCEEDS => Denial::ExceedsCapacity {
                         limit: Limit::TokenRate,
                         cost: req.estimate,
                         max_cost: req.tokens.max_cost(req.max_wait_ms),
                     },
-                    6..=8 => Denial::Limited {
-                        limit: budget_limit(code - 6)
+                    code if budget_code(code, RESERVE_BUDGET).is_some() => Denial::Limited {
+                        limit: budget_code(code, RESERVE_BUDGET)
                             .ok_or_else(|| bad_reply("reserve_tokens", format!("{r:?}")))?,
                         retry_after_ms: u(hint),
                     },
-                    9..=11 => {
-                        let limit = budget_limit(code - 9);
+                    code if budget_code(code, RESERVE_BUDGET_EXCEEDS).is_some() => {
+                        let limit = budget_code(code, RESERVE_BUDGET_EXCEEDS);
                         let b = req.budget.as_ref().and_then(|b| {
                             let c = b.checks.iter().find(|c| Some(c.limit_name()) == limit)?;
                             Some(Denial::ExceedsCapacity {
@@ -188,7 +191,7 @@ impl Store for RedisStore {
         inv.arg(args.0)
             .arg(Packed::settle_budgets(req.budget.as_ref()));
         let r: Vec<u8> = self.run("settle", &inv).await?;
-        if let Some([1, balance, delta, now, crossed]) = unpacked::<5>(&r) {
+        if let Some([SETTLE_APPLIED, balance, delta, now, crossed]) = unpacked::<5>(&r) {
             self.count_top(req.user, u(now), delta);
             return Ok(SettleOutcome::Applied {
                 balance,
@@ -196,8 +199,8 @@ impl Store for RedisStore {
             });
         }
         match unpacked::<4>(&r) {
-            Some([2, balance, ..]) => Ok(SettleOutcome::AlreadyClosed { balance }),
-            Some([0, ..]) => Ok(SettleOutcome::Unknown),
+            Some([SETTLE_CLOSED, balance, ..]) => Ok(SettleOutcome::AlreadyClosed { balance }),
+            Some([SETTLE_UNKNOWN, ..]) => Ok(SettleOutcome::Unknown),
             _ => Err(bad_reply("settle", format!("{r:?}"))),
         }
     }
@@ -220,12 +223,13 @@ impl Store for RedisStore {
                 .take_single("take_many", key, &t.spec, t.cost, max_wait, true)
                 .await?
             {
-                [1, wait, _] => Ok(MultiTake::Granted { wait_ms: u(wait) }),
-                [2, hint, _] => Ok(MultiTake::Refused {
+                [TAKE_GRANTED, wait, _] => Ok(MultiTake::Granted { wait_ms: u(wait) }),
+                [TAKE_REFUSED, hint, _] => Ok(MultiTake::Refused {
                     index: Some(0),
                     retry_after_ms: u(hint),
                 }),
-                _ => Ok(MultiTake::ExceedsCapacity { index: 0 }),
+                [TAKE_EXCEEDS, ..] => Ok(MultiTake::ExceedsCapacity { index: 0 }),
+                r => Err(bad_reply("take_many", format!("{r:?}"))),
             };
         }
         let mut inv = self.inner.scripts.take_many.prepare_invoke();
@@ -251,12 +255,12 @@ impl Store for RedisStore {
         inv.arg(args.0);
         let r: Vec<u8> = self.run("take_many", &inv).await?;
         match unpacked::<3>(&r) {
-            Some([1, wait, _]) => Ok(MultiTake::Granted { wait_ms: u(wait) }),
-            Some([2, index, hint]) => Ok(MultiTake::Refused {
+            Some([TAKE_GRANTED, wait, _]) => Ok(MultiTake::Granted { wait_ms: u(wait) }),
+            Some([TAKE_REFUSED, index, hint]) => Ok(MultiTake::Refused {
                 index: (index > 0).then(|| (index - 1) as usize),
                 retry_after_ms: u(hint),
             }),
-            Some([3, index, _]) if index > 0 => Ok(MultiTake::ExceedsCapacity {
+            Some([TAKE_EXCEEDS, index, _]) if index > 0 => Ok(MultiTake::ExceedsCapacity {
                 index: (index - 1) as usize,
             }),
             _ => Err(bad_reply("take_many", format!("{r:?}"))),
@@ -273,14 +277,15 @@ impl Store for RedisStore {
             .take_single("take_one", key, &req.spec, req.cost, 0, false)
             .await?
         {
-            [1, _, level] => (Take::Granted { wait_ms: 0 }, level),
-            [2, hint, level] => (
+            [TAKE_GRANTED, _, level] => (Take::Granted { wait_ms: 0 }, level),
+            [TAKE_REFUSED, hint, level] => (
                 Take::Refused {
                     retry_after_ms: u(hint).max(1),
                 },
                 level,
             ),
-            [_, _, level] => (Take::ExceedsCapacity, level),
+            [TAKE_EXCEEDS, _, level] => (Take::ExceedsCapacity, level),
+            r => return Err(bad_reply("take_one", format!("{r:?}"))),
         };
         Ok(TakeOutcome::new(take, &req.spec, level))
     }
