@@ -1,4 +1,4 @@
-//! Spend budgets as plan data (issue #21, first increment): per-user caps
+//! Spend budgets as plan data: per-user caps
 //! on a calendar day, week and month, in tokens or in money.
 //!
 //! This module holds the config (`[plans.<name>.budgets]`, the top-level

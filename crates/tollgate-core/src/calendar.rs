@@ -1,4 +1,4 @@
-//! Calendar windows of spend budgets (issue #21): the day, the week
+//! Calendar windows of spend budgets: the day, the week
 //! (from Monday) and the month (from the 1st), each starting at local
 //! midnight in the configured IANA time zone, as `[start, end)` instants
 //! in ms since the Unix epoch.

@@ -1,4 +1,4 @@
-//! Prices as data and money in exact integer arithmetic (issue #21).
+//! Prices as data and money in exact integer arithmetic.
 //!
 //! Amounts of money are whole **micro-units** of the config's one
 //! `currency` (1 micro-unit = 0.000001 of it; `"50.00"` USD is 50,000,000).

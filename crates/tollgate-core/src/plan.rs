@@ -122,7 +122,7 @@ pub struct PlanConfig {
     /// Shadow mode: decide and count, but never refuse.
     #[serde(default)]
     pub shadow: bool,
-    /// Spend budgets per day, week and month (issue #21).
+    /// Spend budgets per day, week and month.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budgets: Option<BudgetsConfig>,
 }

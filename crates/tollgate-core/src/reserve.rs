@@ -40,7 +40,7 @@ pub struct CallState {
     /// batch), at most [`MAX_RECONCILING_REPLICAS`], the least recent
     /// forgotten first.
     pub reconciled: Vec<(u32, u64)>,
-    /// Spend per budget window (issue #21), for a user whose plan has
+    /// Spend per budget window, for a user whose plan has
     /// budgets.
     pub spend: Option<Box<Spend>>,
 }

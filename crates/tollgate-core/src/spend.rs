@@ -1,4 +1,4 @@
-//! Spend budgets in a store (issue #21): a user's spend per calendar
+//! Spend budgets in a store: a user's spend per calendar
 //! window, checked and charged by a reserve in the same step as its token
 //! take, adjusted by the settle with the real usage, given back by a
 //! refund. Pure transitions like [`crate::reserve`]: given `now` and the

@@ -152,7 +152,7 @@ pub struct TurnRequest<'a> {
     /// Bucket, cap and lease settings from the user's plan.
     pub params: TurnParams,
     /// Budgets whose exhaustion refuses the turn (a plan with
-    /// `on_exhausted = "deny_turns"`, issue #21): a spent one refuses it
+    /// `on_exhausted = "deny_turns"`): a spent one refuses it
     /// before the turn bucket and the lease are looked at, taking nothing.
     /// Empty: none.
     pub budgets: &'a [BudgetCheck],
@@ -193,7 +193,7 @@ pub struct ReserveRequest<'a> {
     /// denial is not remembered: its repeat is decided anew. Stores keep
     /// at most one id per model call of the run.
     pub request_id: Option<&'a str>,
-    /// The user's spend budgets (issue #21), checked and charged in the
+    /// The user's spend budgets, checked and charged in the
     /// same step as the token take (all or nothing); `None` or no checks:
     /// none.
     pub budget: Option<BudgetRequest<'a>>,
@@ -209,7 +209,7 @@ pub enum ReserveOutcome {
         reservation: ReservationId,
         /// How long to wait first, ms.
         wait_ms: u64,
-        /// Budget alert thresholds this charge crossed (issue #21).
+        /// Budget alert thresholds this charge crossed.
         crossed: Crossed,
     },
     /// Refused; nothing taken.
@@ -255,7 +255,7 @@ pub enum SettleOutcome {
     Applied {
         /// Token level after, whole tokens.
         balance: i64,
-        /// Budget alert thresholds the settle's charge crossed (issue #21).
+        /// Budget alert thresholds the settle's charge crossed.
         crossed: Crossed,
     },
     /// Already settled or refunded: nothing changed.
@@ -753,7 +753,7 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<UserState, StoreError>> + Send;
 
     /// What `user` has spent in each budget of `checks`, in the window the
-    /// store's clock picks (issue #21): one per check, in its unit (tokens
+    /// store's clock picks: one per check, in its unit (tokens
     /// or micro-units), with the window's top-ups. With `adjust`, first
     /// applies the operator's change to that budget's window
     /// ([`Spend::adjust`](crate::spend::Spend::adjust)).

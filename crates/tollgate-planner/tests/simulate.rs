@@ -532,7 +532,7 @@ max_wait_ms = 4000
     assert_eq!(r.top_users[0].tokens, 61_000);
 }
 
-/// Spend budgets in a replay (issue #21): the real limiter charges each
+/// Spend budgets in a replay: the real limiter charges each
 /// model call to the plan's budgets at its model's price, refuses what
 /// would go over until the window resets (`budget_daily` in the report),
 /// and a turn admission under `deny_turns`; a trace of a budgeted config

@@ -232,7 +232,7 @@ local function bucket_adjust(key, now, amount, period, cap, delta)
   return level
 end
 
--- Spend budgets (issue #21; tollgate-core/src/spend.rs restated), as one
+-- Spend budgets (tollgate-core/src/spend.rs restated), as one
 -- helper that answers a table of functions: Redis runs a script's whole
 -- text on every call, making each top-level helper's closure anew, so the
 -- budget helpers cost a call nothing until a request names budgets.

@@ -921,7 +921,7 @@ async fn budgets_fail_closed_under_fail_open() {
 /// (0.5) from a fresh window, and what it charged is added to Redis's
 /// window when it answers again; a settle journalled during the outage of
 /// a reservation Redis made moves that reservation's budget charge by the
-/// real usage when it is replayed (issue #21). The data survives the
+/// real usage when it is replayed. The data survives the
 /// restart (a durable server).
 #[tokio::test]
 async fn budgets_opted_into_the_fallback_are_reconciled_and_journalled_settles_adjust_them() {

@@ -1,5 +1,4 @@
-//! Chaos: the acceptance test of issue #17 ("nothing lost when Redis
-//! fails"). Real `tollgate serve` processes built from this tree, on a real
+//! Chaos: nothing is lost when Redis fails. Real `tollgate serve` processes built from this tree, on a real
 //! Redis that the harness breaks while client tasks drive the API over
 //! loopback HTTP; afterwards the store itself is read to check that what
 //! the clients were told holds there.
@@ -74,8 +73,7 @@ const ADMIN: &str = "chaos-admin-token-0123456789abcdef";
 const FAULT: Duration = Duration::from_secs(3);
 /// Steady state before a fault.
 const WARMUP: Duration = Duration::from_secs(1);
-/// The longest recovery asserted (issue #17: within 2 s of the store
-/// answering).
+/// The longest recovery asserted (within 2 s of the store answering, SPEC §6).
 const RECOVERY_BOUND: Duration = Duration::from_secs(2);
 /// The same after a cluster failover: a newly promoted master (six
 /// appendfsync-always nodes on one disk) can time out a few calls while the

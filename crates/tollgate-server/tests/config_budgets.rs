@@ -1,4 +1,4 @@
-//! Spend budgets in the server's config (issue #21): `currency`,
+//! Spend budgets in the server's config: `currency`,
 //! `[prices]`, `[budgets]`, `[plans.<name>.budgets]` and
 //! `[overrides.<user>.budgets]` parse and validate with field paths. No
 //! Redis needed.
@@ -229,7 +229,7 @@ fn the_docs_budget_example_is_valid() {
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/config.md"))
             .unwrap();
     let start = doc
-        .find("```toml\n# Spend budgets: the config of issue #21's worked example.")
+        .find("```toml\n# Spend budgets: the config of SPEC §7's example 5.")
         .expect("the example in docs/config.md")
         + "```toml\n".len();
     let text = &doc[start..start + doc[start..].find("```").unwrap()];

@@ -1555,7 +1555,7 @@ async fn admit_answer_carries_the_plan_a_client_needs() {
     srv.shutdown().await;
 }
 
-/// A configured budget over gRPC and HTTP on one limiter (issue #21): plan
+/// A configured budget over gRPC and HTTP on one limiter: plan
 /// "support" with 10,000 tokens a day and $0.10 a month in UTC, `gpt-4o`
 /// at $2.50 / $10.00 per million input / output tokens. T0 is 2023-11-14
 /// 22:13:20 UTC: the day resets at 2023-11-15 00:00, the month at

@@ -1,4 +1,4 @@
-//! One request decides with one config (issue #31): a reload that lands
+//! One request decides with one config: a reload that lands
 //! in the middle of a request — here, just before the request's store call,
 //! through a store that runs the reload there — changes nothing of that
 //! request. Its decision, its charge, its answer and its metrics all follow

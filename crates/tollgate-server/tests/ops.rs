@@ -520,7 +520,7 @@ impl Server {
 }
 
 /// A reload that lowers a budget applies at the next request: what was
-/// spent stays and is checked against the new limit (issue #21). T0 is
+/// spent stays and is checked against the new limit. T0 is
 /// 2023-11-14 22:13:20 UTC, so the day resets at 2023-11-15 00:00 UTC.
 #[tokio::test]
 async fn a_reload_lowering_a_budget_applies_at_once() {
@@ -699,7 +699,7 @@ impl Captured {
 
 /// Budget alerts (80 % and 100 %, once per window, counted without a user
 /// id and logged with it), an operator's top-up and reset (logged), their
-/// refusals, and shadow mode over a spent budget (issue #21).
+/// refusals, and shadow mode over a spent budget.
 #[tokio::test]
 async fn budget_alerts_top_ups_resets_and_shadow_mode() {
     use reqwest::Method;

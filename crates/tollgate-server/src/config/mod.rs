@@ -78,10 +78,10 @@ pub struct FileConfig {
     /// The one currency of prices and cost budgets, an ISO 4217 code.
     #[serde(default)]
     pub currency: Option<String>,
-    /// Prices per million tokens by `"provider:model"` (issue #21).
+    /// Prices per million tokens by `"provider:model"`.
     #[serde(default)]
     pub prices: PricesConfig,
-    /// Settings of every plan's budgets: `time_zone` (issue #21).
+    /// Settings of every plan's budgets: `time_zone`.
     #[serde(default)]
     pub budgets: BudgetSettingsConfig,
     /// Envoy's rate-limit service: descriptors → limits (docs/envoy.md).

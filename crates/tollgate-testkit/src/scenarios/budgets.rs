@@ -1,4 +1,4 @@
-//! Spend budgets in the store (issue #21): checked and charged with the
+//! Spend budgets in the store: checked and charged with the
 //! token take, moved by the settle at the reservation's price, given back
 //! by a refund, refusing turns once spent, windows picked by the store's
 //! clock.
