@@ -10,14 +10,16 @@
 //! Everything is built on one primitive, the token bucket with debt in exact
 //! integer arithmetic ([`bucket`]), and pure lease transitions ([`lease`]).
 //! A [`Store`] applies them atomically ([`MemoryStore`] here; Redis in
-//! `tollgate-redis`), and the [`Limiter`] resolves each user's [`Plan`];
-//! [`session`] owns session keys, lease TTLs and turns held inside a
-//! session lease. [`Failover`](failover::Failover) applies the failure
-//! policy of SPEC §6 (fail closed, or fail open on a local store with scaled
-//! rates) to any store. Time always comes from an injected [`Clock`].
-//! Spend budgets are plan data so far ([`budget`], with exact prices in
-//! [`money`] and calendar windows in [`calendar`]): validated, not yet
-//! enforced by any store.
+//! `tollgate-redis`), and the [`Limiter`] resolves each user's [`Plan`]
+//! once per request ([`Limiter::user`] → [`ForUser`], one snapshot of the
+//! plans); ids are checked once, as an [`Id`] ([`id`]). [`session`] owns
+//! session keys, lease TTLs and turns held inside a session lease.
+//! [`Failover`](failover::Failover) applies the failure policy of SPEC §6
+//! (fail closed, or fail open on a local store with scaled rates) to any
+//! store. Time always comes from an injected [`Clock`]. Spend budgets are
+//! plan data ([`budget`], with exact prices in [`money`] and calendar
+//! windows in [`calendar`]) that the stores check and charge with the token
+//! take ([`spend`]).
 //!
 //! ```
 //! use tollgate_core::{FakeClock, Limiter, MemoryStore, PlansConfig};
