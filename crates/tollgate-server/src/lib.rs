@@ -104,16 +104,48 @@ pub fn app<S: Store + Clone>(
     store: S,
     clock: Arc<dyn Clock>,
 ) -> Result<App<S>, ConfigError> {
-    app_with_metrics(config, store, clock.clone(), clock, Arc::default())
+    app_with_metrics(
+        config,
+        Deciding {
+            store,
+            store_desc: String::new(),
+            clock: clock.clone(),
+            wall: clock,
+            metrics: Arc::default(),
+        },
+    )
+}
+
+/// What a replica decides with: its store (and how the startup banner
+/// names it), the clock decisions run on, the wall clock token expiry is
+/// checked on, and the metrics everything reports to.
+struct Deciding<S> {
+    store: S,
+    store_desc: String,
+    clock: Arc<dyn Clock>,
+    wall: Arc<dyn Clock>,
+    metrics: Arc<metrics::Metrics>,
+}
+
+/// How the servers run: their listeners, what is told once they listen,
+/// and the signal that stops them.
+struct Serving<F, G> {
+    listeners: Listeners,
+    on_start: F,
+    shutdown: G,
 }
 
 fn app_with_metrics<S: Store + Clone>(
     config: &Config,
-    store: S,
-    clock: Arc<dyn Clock>,
-    wall: Arc<dyn Clock>,
-    metrics: Arc<metrics::Metrics>,
+    deciding: Deciding<S>,
 ) -> Result<App<S>, ConfigError> {
+    let Deciding {
+        store,
+        clock,
+        wall,
+        metrics,
+        ..
+    } = deciding;
     let verifier = verifier(config, wall)?;
     let limiter = Limiter::new(store, clock, config.plans.clone());
     let m = metrics.clone();
@@ -304,22 +336,23 @@ pub async fn serve_with(
         None => (Arc::new(MonotonicClock::new()), Arc::new(SystemClock)),
     };
     let metrics = Arc::new(metrics::Metrics::new());
+    let serving = Serving {
+        listeners,
+        on_start,
+        shutdown,
+    };
     match &config.store {
         StoreSettings::Memory(memory) => {
             let store = MemoryStore::with_config(clock.clone(), *memory);
             store.on_full(full_hook(&metrics, memory.max_entries));
-            run(
-                &config,
+            let deciding = Deciding {
                 store,
+                store_desc: "memory (this process only)".into(),
                 clock,
                 wall,
                 metrics,
-                listeners,
-                "memory (this process only)".into(),
-                on_start,
-                shutdown,
-            )
-            .await
+            };
+            run(&config, deciding, serving).await
         }
         StoreSettings::Redis {
             redis,
@@ -387,10 +420,14 @@ pub async fn serve_with(
                     }
                 }
             });
-            let served = run(
-                &config, store, clock, wall, metrics, listeners, desc, on_start, shutdown,
-            )
-            .await;
+            let deciding = Deciding {
+                store,
+                store_desc: desc,
+                clock,
+                wall,
+                metrics,
+            };
+            let served = run(&config, deciding, serving).await;
             recovery.abort();
             served
         }
@@ -428,18 +465,17 @@ fn redact(url: &str) -> String {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn run<S: Store + Clone>(
     config: &Config,
-    store: S,
-    clock: Arc<dyn Clock>,
-    wall: Arc<dyn Clock>,
-    metrics: Arc<metrics::Metrics>,
-    listeners: Listeners,
-    store_desc: String,
-    on_start: impl FnOnce(&Running),
-    shutdown: impl Future<Output = ()> + Send + 'static,
+    mut deciding: Deciding<S>,
+    serving: Serving<impl FnOnce(&Running), impl Future<Output = ()> + Send + 'static>,
 ) -> Result<(), StartError> {
+    let Serving {
+        listeners,
+        on_start,
+        shutdown,
+    } = serving;
+    let store_desc = std::mem::take(&mut deciding.store_desc);
     let Listeners {
         http,
         grpc,
@@ -453,7 +489,7 @@ async fn run<S: Store + Clone>(
     {
         return Err(StartError::RlsKeyRequired { addr });
     }
-    let app = app_with_metrics(config, store, clock, wall, metrics)?;
+    let app = app_with_metrics(config, deciding)?;
     if config.identity.audience_check == Some(false) {
         tracing::warn!(
             "identity.audience_check = false: tokens issued for any service are accepted"

@@ -393,6 +393,58 @@ impl fmt::Display for ConfigError {
     }
 }
 
+/// The listeners' addresses of a config ([`FileConfig::validate`]).
+struct Addresses {
+    listen: Option<SocketAddr>,
+    grpc_listen: Option<SocketAddr>,
+    admin_listen: Option<SocketAddr>,
+    rls_listen: Option<SocketAddr>,
+}
+
+/// `text` as the socket address of `field`, or an error showing `example`.
+fn socket_addr(
+    field: &str,
+    text: &str,
+    example: &str,
+    errors: &mut Vec<FieldError>,
+) -> Option<SocketAddr> {
+    match text.parse() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            errors.push(err(
+                field,
+                format!("{text:?} is not an address like {example}"),
+            ));
+            None
+        }
+    }
+}
+
+/// The optional listener `field` at `text`: refused when it shares a
+/// non-zero port with one of `taken` (name, address), saying `why(name)`.
+fn own_listener(
+    field: &str,
+    text: Option<&str>,
+    example: &str,
+    taken: &[(&str, Option<SocketAddr>)],
+    why: impl Fn(&str) -> String,
+    errors: &mut Vec<FieldError>,
+) -> Option<SocketAddr> {
+    let a = socket_addr(field, text?, example, errors)?;
+    if a.port() != 0
+        && let Some((other, _)) = taken.iter().find(|(_, t)| *t == Some(a))
+    {
+        errors.push(err(field, format!("{a} is also {}", why(other))));
+        return None;
+    }
+    Some(a)
+}
+
+/// The value of a part's validation, its errors added to `errors`.
+fn collect<T>(r: Result<T, Vec<FieldError>>, errors: &mut Vec<FieldError>) -> Option<T> {
+    r.map_err(|e| errors.extend(e)).ok()
+}
+
 fn err(path: impl Into<String>, reason: impl Into<String>) -> FieldError {
     FieldError {
         path: path.into(),
@@ -476,147 +528,17 @@ impl FileConfig {
     pub fn validate(self, base_dir: &Path) -> Result<Config, Vec<FieldError>> {
         let restart_only = RestartOnly::of(&self);
         let mut errors = Vec::new();
-        let listen = match self.listen.parse::<SocketAddr>() {
-            Ok(a) => Some(a),
-            Err(_) => {
-                errors.push(err(
-                    "listen",
-                    format!("{:?} is not an address like 127.0.0.1:8787", self.listen),
-                ));
-                None
-            }
-        };
-        let grpc_listen = match self.grpc_listen.as_deref() {
-            None => None,
-            Some(text) => match text.parse::<SocketAddr>() {
-                Ok(a) if Some(a) == listen && a.port() != 0 => {
-                    errors.push(err(
-                        "grpc_listen",
-                        format!("{a} is also `listen`: gRPC needs its own port"),
-                    ));
-                    None
-                }
-                Ok(a) => Some(a),
-                Err(_) => {
-                    errors.push(err(
-                        "grpc_listen",
-                        format!("{text:?} is not an address like 127.0.0.1:8788"),
-                    ));
-                    None
-                }
-            },
-        };
-        let admin_listen = match self.admin_listen.as_deref() {
-            None => None,
-            Some(text) => {
-                match text.parse::<SocketAddr>() {
-                    Ok(a) if a.port() != 0 && (Some(a) == listen || Some(a) == grpc_listen) => {
-                        errors.push(err(
-                        "admin_listen",
-                        format!("{a} is also `listen` or `grpc_listen`: the operator's port is its own"),
-                    ));
-                        None
-                    }
-                    Ok(a) => Some(a),
-                    Err(_) => {
-                        errors.push(err(
-                            "admin_listen",
-                            format!("{text:?} is not an address like 127.0.0.1:9787"),
-                        ));
-                        None
-                    }
-                }
-            }
-        };
-        // Anyone can mint a dev token for anyone: dev mode serves this
-        // machine only.
-        if self.identity.mode == crate::identity::IdentityMode::Dev {
-            for (field, addr) in [("listen", listen), ("grpc_listen", grpc_listen)] {
-                if let Some(a) = addr
-                    && !a.ip().is_loopback()
-                {
-                    errors.push(err(
-                        field,
-                        format!(
-                            "{a} is not a loopback address: the dev identity mode (a well-known \
-                             secret) serves this machine only; use mode = \"jwt\" to serve others"
-                        ),
-                    ));
-                }
-            }
-        }
-        let rls_listen = match self.rls_listen.as_deref() {
-            None => None,
-            Some(text) => match text.parse::<SocketAddr>() {
-                Ok(a) if a.port() != 0 && (Some(a) == listen || Some(a) == grpc_listen) => {
-                    let other = if Some(a) == listen {
-                        "listen"
-                    } else {
-                        "grpc_listen"
-                    };
-                    errors.push(err(
-                        "rls_listen",
-                        format!(
-                            "{a} is also `{other}`: Envoy's rate-limit service needs its own port"
-                        ),
-                    ));
-                    None
-                }
-                Ok(a) => Some(a),
-                Err(_) => {
-                    errors.push(err(
-                        "rls_listen",
-                        format!("{text:?} is not an address like 127.0.0.1:8789"),
-                    ));
-                    None
-                }
-            },
-        };
-        if let (Some(a), Some(r)) = (admin_listen, rls_listen)
-            && a == r
-            && a.port() != 0
-        {
-            errors.push(err(
-                "admin_listen",
-                format!("{a} is also `rls_listen`: the operator's port is its own"),
-            ));
-        }
-        let has_key = self.rls.key.is_some() || self.rls.key_file.is_some();
-        match (&self.rls_listen, rls_listen) {
-            (Some(_), Some(a)) if !a.ip().is_loopback() && !has_key => errors.push(err(
-                "rls_listen",
-                "a non-loopback address needs [rls] key or key_file",
-            )),
-            (None, _) => {
-                for (set, name) in [
-                    (self.rls.key.is_some(), "key"),
-                    (self.rls.key_file.is_some(), "key_file"),
-                    (self.rls.max_in_flight.is_some(), "max_in_flight"),
-                ] {
-                    if set {
-                        errors.push(err(
-                            format!("rls.{name}"),
-                            "only applies when rls_listen is set",
-                        ));
-                    }
-                }
-                if !self.rls.descriptors.is_empty() {
-                    errors.push(err(
-                        "rls.descriptors",
-                        "Envoy's rate-limit service is off without rls_listen (it is no longer \
-                         served on grpc_listen): set rls_listen and point Envoy at it",
-                    ));
-                }
-            }
-            _ => {}
-        }
-        let rls_server = match crate::envoy::validate_rls_server(&self.rls, base_dir) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                errors.extend(e);
-                None
-            }
-        };
+        let Addresses {
+            listen,
+            grpc_listen,
+            admin_listen,
+            rls_listen,
+        } = self.addresses(&mut errors);
+        self.check_rls_listener(rls_listen, &mut errors);
+        let rls_server = collect(
+            crate::envoy::validate_rls_server(&self.rls, base_dir),
+            &mut errors,
+        );
         if self.max_in_flight == 0 || self.max_in_flight > crate::envoy::MAX_MAX_IN_FLIGHT {
             errors.push(err(
                 "max_in_flight",
@@ -628,26 +550,14 @@ impl FileConfig {
             ));
         }
         let limits = self.limits.validate(self.max_in_flight, &mut errors);
-        let telemetry = match &self.telemetry {
-            None => None,
-            Some(t) => match t.validate() {
-                Ok(t) => Some(t),
-                Err(e) => {
-                    errors.extend(e);
-                    None
-                }
-            },
-        };
-        let audit = match &self.audit {
-            None => None,
-            Some(a) => match a.validate(base_dir) {
-                Ok(a) => Some(a),
-                Err(e) => {
-                    errors.extend(e);
-                    None
-                }
-            },
-        };
+        let telemetry = self
+            .telemetry
+            .as_ref()
+            .and_then(|t| collect(t.validate(), &mut errors));
+        let audit = self
+            .audit
+            .as_ref()
+            .and_then(|a| collect(a.validate(base_dir), &mut errors));
         if let Some(t) = &self.admin_token
             && t.len() < 16
         {
@@ -668,27 +578,12 @@ impl FileConfig {
             prices: self.prices,
             budgets: self.budgets,
         };
-        let plans = match plans.validate() {
-            Ok(p) => Some(p),
-            Err(e) => {
-                errors.extend(e.errors);
-                None
-            }
-        };
-        let providers = match validate_providers(&self.providers) {
-            Ok(p) => Some(p),
-            Err(e) => {
-                errors.extend(e.errors);
-                None
-            }
-        };
-        let rls = match crate::envoy::validate_rls(&self.rls) {
-            Ok(r) => Some(r),
-            Err(e) => {
-                errors.extend(e);
-                None
-            }
-        };
+        let plans = collect(plans.validate().map_err(|e| e.errors), &mut errors);
+        let providers = collect(
+            validate_providers(&self.providers).map_err(|e| e.errors),
+            &mut errors,
+        );
+        let rls = collect(crate::envoy::validate_rls(&self.rls), &mut errors);
         match (listen, store, plans, providers, rls, rls_server) {
             (
                 Some(listen),
@@ -718,6 +613,104 @@ impl FileConfig {
                 source: None,
             }),
             _ => Err(errors),
+        }
+    }
+
+    /// The four listeners' addresses, each parsed once and refused (with
+    /// an error naming it) when it is no address or shares a port with an
+    /// earlier one (port 0, any free port, is never shared); the dev
+    /// identity mode serves loopback only.
+    fn addresses(&self, errors: &mut Vec<FieldError>) -> Addresses {
+        let listen = socket_addr("listen", &self.listen, "127.0.0.1:8787", errors);
+        let grpc_listen = own_listener(
+            "grpc_listen",
+            self.grpc_listen.as_deref(),
+            "127.0.0.1:8788",
+            &[("listen", listen)],
+            |other| format!("`{other}`: gRPC needs its own port"),
+            errors,
+        );
+        let admin_listen = own_listener(
+            "admin_listen",
+            self.admin_listen.as_deref(),
+            "127.0.0.1:9787",
+            &[("listen", listen), ("grpc_listen", grpc_listen)],
+            |_| "`listen` or `grpc_listen`: the operator's port is its own".to_owned(),
+            errors,
+        );
+        // Anyone can mint a dev token for anyone: dev mode serves this
+        // machine only.
+        if self.identity.mode == crate::identity::IdentityMode::Dev {
+            for (field, addr) in [("listen", listen), ("grpc_listen", grpc_listen)] {
+                if let Some(a) = addr
+                    && !a.ip().is_loopback()
+                {
+                    errors.push(err(
+                        field,
+                        format!(
+                            "{a} is not a loopback address: the dev identity mode (a well-known \
+                             secret) serves this machine only; use mode = \"jwt\" to serve others"
+                        ),
+                    ));
+                }
+            }
+        }
+        let rls_listen = own_listener(
+            "rls_listen",
+            self.rls_listen.as_deref(),
+            "127.0.0.1:8789",
+            &[("listen", listen), ("grpc_listen", grpc_listen)],
+            |other| format!("`{other}`: Envoy's rate-limit service needs its own port"),
+            errors,
+        );
+        if let (Some(a), Some(r)) = (admin_listen, rls_listen)
+            && a == r
+            && a.port() != 0
+        {
+            errors.push(err(
+                "admin_listen",
+                format!("{a} is also `rls_listen`: the operator's port is its own"),
+            ));
+        }
+        Addresses {
+            listen,
+            grpc_listen,
+            admin_listen,
+            rls_listen,
+        }
+    }
+
+    /// What `[rls]` needs of `rls_listen`: a key off loopback, and nothing
+    /// of the service's settings without the listener.
+    fn check_rls_listener(&self, rls_listen: Option<SocketAddr>, errors: &mut Vec<FieldError>) {
+        let has_key = self.rls.key.is_some() || self.rls.key_file.is_some();
+        match (&self.rls_listen, rls_listen) {
+            (Some(_), Some(a)) if !a.ip().is_loopback() && !has_key => errors.push(err(
+                "rls_listen",
+                "a non-loopback address needs [rls] key or key_file",
+            )),
+            (None, _) => {
+                for (set, name) in [
+                    (self.rls.key.is_some(), "key"),
+                    (self.rls.key_file.is_some(), "key_file"),
+                    (self.rls.max_in_flight.is_some(), "max_in_flight"),
+                ] {
+                    if set {
+                        errors.push(err(
+                            format!("rls.{name}"),
+                            "only applies when rls_listen is set",
+                        ));
+                    }
+                }
+                if !self.rls.descriptors.is_empty() {
+                    errors.push(err(
+                        "rls.descriptors",
+                        "Envoy's rate-limit service is off without rls_listen (it is no longer \
+                         served on grpc_listen): set rls_listen and point Envoy at it",
+                    ));
+                }
+            }
+            _ => {}
         }
     }
 }

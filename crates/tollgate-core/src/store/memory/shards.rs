@@ -154,9 +154,15 @@ struct Shard<V> {
 type LockedShard<V> = Padded<Mutex<Shard<V>>>;
 
 pub(super) struct Shards<V> {
+    shared: Shared,
+    shards: Box<[LockedShard<V>]>,
+}
+
+/// What every shard of one table shares: how keys hash, and the bound on
+/// entries (of every table of the store).
+struct Shared {
     hasher: DefaultHashBuilder,
     cap: Arc<EntryCap>,
-    shards: Box<[LockedShard<V>]>,
 }
 
 /// A key's hash: of its bytes, so a stored [`Key`] rehashes without
@@ -168,8 +174,10 @@ fn hash(hasher: &DefaultHashBuilder, key: &[u8]) -> u64 {
 impl<V: Expiring> Shards<V> {
     pub(super) fn new(cap: Arc<EntryCap>) -> Self {
         Self {
-            hasher: DefaultHashBuilder::default(),
-            cap,
+            shared: Shared {
+                hasher: DefaultHashBuilder::default(),
+                cap,
+            },
             shards: (0..SHARDS)
                 .map(|_| {
                     Padded(Mutex::new(Shard {
@@ -183,7 +191,7 @@ impl<V: Expiring> Shards<V> {
     }
 
     fn locate(&self, key: &str) -> (u64, usize) {
-        let hash = hash(&self.hasher, key.as_bytes());
+        let hash = hash(&self.shared.hasher, key.as_bytes());
         (hash, ((hash >> 40) as usize) % SHARDS)
     }
 
@@ -199,8 +207,8 @@ impl<V: Expiring> Shards<V> {
     ) -> Result<R, Full> {
         let (hash, i) = self.locate(key);
         let mut shard = self.shards[i].0.lock();
-        let r = shard.with(&self.hasher, &self.cap, true, hash, key, now, f);
-        shard.maybe_sweep(&self.hasher, &self.cap, now);
+        let r = shard.with(&self.shared, true, (hash, key), now, f);
+        shard.maybe_sweep(&self.shared, now);
         r
     }
 
@@ -231,8 +239,7 @@ impl<V: Expiring> Shards<V> {
         idx.dedup();
         let guards = idx.iter().map(|&i| (i, self.shards[i].0.lock())).collect();
         Multi {
-            hasher: &self.hasher,
-            cap: &self.cap,
+            shared: &self.shared,
             located,
             guards,
         }
@@ -244,7 +251,7 @@ impl<V: Expiring> Shards<V> {
 
     pub(super) fn purge(&self, now: u64) {
         for s in self.shards.iter() {
-            s.0.lock().sweep(&self.hasher, &self.cap, now);
+            s.0.lock().sweep(&self.shared, now);
         }
     }
 
@@ -263,17 +270,15 @@ impl<V: Expiring> Shards<V> {
 impl<V: Expiring> Shard<V> {
     /// As [`Shards::with`]. With `check`, a new key needs room under `cap`
     /// (a multi-key step checks for room first and passes `false`).
-    #[allow(clippy::too_many_arguments)]
     fn with<R>(
         &mut self,
-        hasher: &DefaultHashBuilder,
-        cap: &EntryCap,
+        shared: &Shared,
         check: bool,
-        hash: u64,
-        key: &str,
+        (hash, key): (u64, &str),
         now: u64,
         f: impl FnOnce(&mut V) -> R,
     ) -> Result<R, Full> {
+        let Shared { hasher, cap } = shared;
         let eq = |Slot(k, _): &Slot<V>| k.matches(key.as_bytes());
         match self
             .table
@@ -311,13 +316,13 @@ impl<V: Expiring> Shard<V> {
         }
     }
 
-    fn maybe_sweep(&mut self, hasher: &DefaultHashBuilder, cap: &EntryCap, now: u64) {
+    fn maybe_sweep(&mut self, shared: &Shared, now: u64) {
         if self.table.len() > self.sweep_len || now >= self.next_sweep_at {
-            self.sweep(hasher, cap, now);
+            self.sweep(shared, now);
         }
     }
 
-    fn sweep(&mut self, hasher: &DefaultHashBuilder, cap: &EntryCap, now: u64) {
+    fn sweep(&mut self, Shared { hasher, cap }: &Shared, now: u64) {
         let before = self.table.len();
         self.table.retain(|Slot(_, v)| v.expires_at() > now);
         cap.sub(before - self.table.len());
@@ -331,8 +336,7 @@ impl<V: Expiring> Shard<V> {
 }
 
 pub(super) struct Multi<'a, 'k, V> {
-    hasher: &'a DefaultHashBuilder,
-    cap: &'a EntryCap,
+    shared: &'a Shared,
     located: Vec<(&'k str, u64, usize)>,
     guards: Vec<(usize, MutexGuard<'a, Shard<V>>)>,
 }
@@ -372,7 +376,7 @@ impl<V: Expiring> Multi<'_, '_, V> {
                 missing.push(key);
             }
         }
-        if self.cap.has_room(missing.len()) {
+        if self.shared.cap.has_room(missing.len()) {
             Ok(())
         } else {
             Err(Full)
@@ -389,8 +393,8 @@ impl<V: Expiring> Multi<'_, '_, V> {
         f: impl FnOnce(&mut V) -> R,
     ) -> Result<R, Full> {
         let (key, hash, i) = self.located[n];
-        let (hasher, cap) = (self.hasher, self.cap);
-        self.guard(i).with(hasher, cap, false, hash, key, now, f)
+        let shared = self.shared;
+        self.guard(i).with(shared, false, (hash, key), now, f)
     }
 }
 

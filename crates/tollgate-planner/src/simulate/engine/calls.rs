@@ -2,26 +2,32 @@
 
 use super::*;
 
+/// One `model_call` event of a trace, as [`Event::ModelCall`] carries it.
+pub(super) struct ModelCall<'a> {
+    pub(super) user: &'a str,
+    pub(super) invocation: &'a str,
+    pub(super) estimate: Option<u64>,
+    pub(super) actual: Option<u64>,
+    pub(super) duration_ms: u64,
+    pub(super) provider: Option<ProviderRef<'a>>,
+}
+
 impl Engine {
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn model_call(
         &mut self,
         line: u64,
         t: u64,
-        user: &str,
-        invocation: &str,
-        estimate: Option<u64>,
-        actual: Option<u64>,
-        duration_ms: u64,
-        provider: Option<ProviderRef<'_>>,
+        call: ModelCall<'_>,
     ) -> Result<(), PlanError> {
-        let Some(run) = self.runs.get(&run_key(user, invocation)) else {
+        let (invocation, duration_ms, provider) =
+            (call.invocation, call.duration_ms, call.provider);
+        let Some(run) = self.runs.get(&run_key(call.user, invocation)) else {
             self.skipped.not_running += 1;
             return Ok(());
         };
         let (user, plan) = (Arc::clone(&run.user), Arc::clone(&run.plan));
-        let estimate = estimate.unwrap_or(plan.estimate_tokens);
-        let actual = actual.unwrap_or(estimate);
+        let estimate = call.estimate.unwrap_or(plan.estimate_tokens);
+        let actual = call.actual.unwrap_or(estimate);
         // The model prices the call for the plan's cost budgets.
         let id = |field: &'static str, v| {
             Id::new(v)

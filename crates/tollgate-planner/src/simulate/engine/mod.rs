@@ -433,12 +433,14 @@ impl Engine {
             } => self.model_call(
                 line,
                 t,
-                &user,
-                &invocation,
-                estimate,
-                actual,
-                duration_ms,
-                provider,
+                calls::ModelCall {
+                    user: &user,
+                    invocation: &invocation,
+                    estimate,
+                    actual,
+                    duration_ms,
+                    provider,
+                },
             ),
             Event::TurnEnd { user, invocation } => self.turn_end(line, &user, &invocation),
             Event::TurnAbandon { user, invocation } => {
