@@ -58,7 +58,7 @@
 
 mod breaker;
 mod journal;
-mod ops;
+mod store;
 mod reconcile;
 #[cfg(test)]
 mod tests;

@@ -1,4 +1,4 @@
-use super::ops::scale_spec;
+use super::store::scale_spec;
 use super::*;
 use crate::BucketSpec;
 

@@ -37,7 +37,7 @@ use crate::error::{bad_reply, classify, timed_out};
 use crate::keys::Keys;
 use crate::scripts::Scripts;
 
-mod ops;
+mod commands;
 mod top;
 
 use top::TopCounter;
