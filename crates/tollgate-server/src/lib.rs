@@ -31,6 +31,7 @@ pub mod grpc;
 pub mod http;
 pub mod identity;
 pub mod metrics;
+mod observe;
 pub mod ops;
 pub mod outcome;
 pub mod reload;

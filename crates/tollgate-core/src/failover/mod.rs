@@ -58,8 +58,8 @@
 
 mod breaker;
 mod journal;
-mod store;
 mod reconcile;
+mod store;
 #[cfg(test)]
 mod tests;
 

@@ -18,7 +18,6 @@ use super::listener::{KeyCheck, RlsGrpcServer, RlsKey, RlsServer};
 use super::response::{rate_limit, respond};
 use super::rules::{RlsRules, Target};
 use crate::grpc::api::MAX_MESSAGE_BYTES;
-use crate::metrics::DecisionLabels;
 use crate::outcome::{ApiError, GrpcStatus};
 use crate::state::App;
 
@@ -323,7 +322,6 @@ impl<S: Store + Clone> RlsService<S> {
             tracing::debug!("rate-limit service: a descriptor value is not an id; refused");
             for _ in &req.descriptors {
                 let v = Verdict::refused("invalid_value", "invalid");
-                self.count(&v, false);
                 self.observe(&v, false, ctx);
                 verdicts.push(v);
             }
@@ -335,65 +333,29 @@ impl<S: Store + Clone> RlsService<S> {
             } else {
                 Verdict::unmatched()
             };
-            self.count(&v, rules.shadow());
             self.observe(&v, rules.shadow(), ctx);
             verdicts.push(v);
         }
         Ok(respond(&rules, &verdicts))
     }
 
-    fn count(&self, v: &Verdict, shadow: bool) {
-        self.app
-            .metrics()
-            .decisions
-            .get_or_create(&DecisionLabels {
+    /// Counts the verdict, and traces and audits it when those are on
+    /// ([`crate::observe`]: the user for a `user_turns` rule, none for a
+    /// bucket, whose rule name is the plan field).
+    fn observe(&self, v: &Verdict, shadow: bool, ctx: &crate::audit::RequestContext) {
+        crate::observe::decision(
+            &self.app,
+            &crate::observe::Observed {
                 op: "rls",
                 limit: v.limit_label,
                 outcome: v.outcome(shadow).as_str(),
-                plan: Arc::clone(&v.plan_label),
-            })
-            .inc();
-    }
-
-    /// The decision's span (`[telemetry]`) and, for a refusal, its audit
-    /// line (`[audit]`; the user for a `user_turns` rule, none for a
-    /// bucket, whose rule name is the plan field).
-    fn observe(&self, v: &Verdict, shadow: bool, ctx: &crate::audit::RequestContext) {
-        let (telemetry, audit) = (self.app.telemetry(), self.app.audit());
-        if telemetry.is_none() && audit.is_none() {
-            return;
-        }
-        let now = self.app.clock().now_ms();
-        let outcome = v.outcome(shadow).as_str();
-        if let Some(t) = telemetry {
-            t.decision(
-                &crate::telemetry::DecisionSpan {
-                    op: "rls",
-                    limit: v.limit_label,
-                    outcome,
-                    plan: &v.plan_label,
-                    wait_ms: 0,
-                    user: v.user.as_deref(),
-                    started_ms: ctx.started_ms,
-                    ended_ms: now,
-                },
-                ctx.parent.as_ref(),
-            );
-        }
-        if let Some(a) = audit
-            && matches!(outcome, "denied" | "shadow_denied")
-        {
-            a.record(&crate::audit::AuditEntry {
-                ts_ms: now,
-                user: v.user.as_deref(),
                 plan: &v.plan_label,
-                op: "rls",
-                limit: v.limit_label,
-                outcome,
+                user: v.user.as_deref(),
+                wait_ms: 0,
                 retry_after_ms: v.retry_after_ms,
-                trace_id: ctx.parent.as_ref().map(|p| p.trace_id.as_str()),
-            });
-        }
+            },
+            Some(ctx),
+        );
     }
 
     fn store_failed(&self, e: &StoreError) -> Status {

@@ -23,7 +23,6 @@ use tollgate_provider::{Feedback, PermitRequest};
 use utoipa::ToSchema;
 
 use crate::identity::Identity;
-use crate::metrics::DecisionLabels;
 use crate::outcome::ApiError;
 use crate::state::App;
 
@@ -209,56 +208,28 @@ fn observe<S: Store + Clone, T: tollgate_core::decision::Waited>(
     user: &ForUser<'_, '_, S>,
     decision: &Decision<T>,
 ) {
-    let plan = std::sync::Arc::clone(&user.plan().name);
-    let user = user.id().as_str();
     let denial = decision.denial();
-    let labels = DecisionLabels {
+    let observed = crate::observe::Observed {
         op,
         limit: denial.map_or("none", |d| d.limit().as_str()),
         outcome: decision.outcome().as_str(),
-        plan,
-    };
-    app.metrics().decisions.get_or_create(&labels).inc();
-    if let Some(t) = app.telemetry() {
-        let request = crate::audit::current();
-        let now = app.clock().now_ms();
-        let wait_ms = match decision {
+        plan: &user.plan().name,
+        user: Some(user.id().as_str()),
+        wait_ms: match decision {
             Decision::Allowed { grant, .. } => grant.wait_ms(),
             Decision::Denied(_) => 0,
-        };
-        t.decision(
-            &crate::telemetry::DecisionSpan {
-                op,
-                limit: labels.limit,
-                outcome: labels.outcome,
-                plan: &labels.plan,
-                wait_ms,
-                user: Some(user),
-                started_ms: request.as_ref().map_or(now, |r| r.started_ms),
-                ended_ms: now,
-            },
-            request.as_ref().and_then(|r| r.parent.as_ref()),
-        );
-    }
+        },
+        retry_after_ms: denial.and_then(tollgate_core::Denial::retry_after_ms),
+    };
+    crate::observe::decision(app, &observed, crate::audit::current().as_ref());
     if let Some(d) = denial {
-        tracing::info!(user, op, outcome = labels.outcome, limit = labels.limit, plan = %labels.plan, "{d}");
-        if let Some(audit) = app.audit() {
-            let request = crate::audit::current();
-            let trace = request
-                .as_ref()
-                .and_then(|r| r.parent.as_ref())
-                .map(|p| p.trace_id.as_str());
-            audit.record(&crate::audit::AuditEntry {
-                ts_ms: app.clock().now_ms(),
-                user: Some(user),
-                plan: &labels.plan,
-                op,
-                limit: labels.limit,
-                outcome: labels.outcome,
-                retry_after_ms: d.retry_after_ms(),
-                trace_id: trace,
-            });
-        }
+        let (user, outcome, limit, plan) = (
+            user.id().as_str(),
+            observed.outcome,
+            observed.limit,
+            &observed.plan,
+        );
+        tracing::info!(user, op, outcome, limit, plan = %plan, "{d}");
     }
 }
 
