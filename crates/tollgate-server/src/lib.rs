@@ -183,17 +183,17 @@ fn app_with_metrics<S: Store + Clone>(
     };
     let app = App::with_metrics(
         limiter,
-        config.providers.clone(),
         verifier,
         config.max_in_flight,
         config.admin_token.clone(),
         metrics,
-        config
-            .source
-            .clone()
-            .map(|path| (path, config.restart_only.clone())),
     )
+    .with_providers(config.providers.clone())
     .with_edge(config.limits.clone());
+    let app = match &config.source {
+        Some(path) => app.reloading_from(path.clone(), config.restart_only.clone()),
+        None => app,
+    };
     let app = match audit {
         Some(a) => app.with_audit(a),
         None => app,

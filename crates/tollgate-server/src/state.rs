@@ -43,17 +43,22 @@ struct Inner<S> {
     waits: WaitGate,
     admin_token: Option<String>,
     metrics: Arc<Metrics>,
-    config_path: Option<PathBuf>,
-    /// The restart-only settings the server started with (none: not from
-    /// a file).
-    restart_only: Option<RestartOnly>,
-    reload_lock: tokio::sync::Mutex<()>,
-    /// The Envoy rate-limit services' rule holders, swapped on reload.
-    rls_rules: parking_lot::Mutex<Vec<crate::envoy::RulesHandle>>,
+    reloading: Reloading,
     /// The decision audit log, if configured.
     audit: Option<crate::audit::AuditLog>,
     /// Decision spans over OTLP, if configured.
     telemetry: Option<crate::telemetry::Telemetry>,
+}
+
+/// What a reload needs: the file it rereads and the restart-only settings
+/// the server started with (none: the embedded default, nothing to
+/// reload), one reload at a time, and the Envoy rate-limit services' rule
+/// holders it swaps.
+#[derive(Default)]
+struct Reloading {
+    source: Option<(PathBuf, RestartOnly)>,
+    lock: tokio::sync::Mutex<()>,
+    rls_rules: parking_lot::Mutex<Vec<crate::envoy::RulesHandle>>,
 }
 
 impl<S: Store + Clone> App<S> {
@@ -69,35 +74,28 @@ impl<S: Store + Clone> App<S> {
     ) -> Self {
         Self::with_metrics(
             limiter,
-            ProviderBook::default(),
             verifier,
             max_in_flight,
             admin_token,
             Arc::default(),
-            None,
         )
         .with_edge(EdgeLimits::defaults(max_in_flight))
     }
 
-    /// The same with the provider quotas of `providers` (governed on the
-    /// limiter's store and clock), reporting to `metrics` and reloading
-    /// plans and providers from `source`'s file (none: the embedded
-    /// default, nothing to reload), whose restart-only settings the running
-    /// server keeps.
+    /// The same reporting to `metrics`, with no provider quotas configured
+    /// ([`with_providers`](Self::with_providers)) and nothing to reload
+    /// ([`reloading_from`](Self::reloading_from)).
     pub fn with_metrics(
         limiter: Limiter<S>,
-        providers: ProviderBook,
         verifier: Verifier,
         max_in_flight: usize,
         admin_token: Option<String>,
         metrics: Arc<Metrics>,
-        source: Option<(PathBuf, RestartOnly)>,
     ) -> Self {
-        let (config_path, restart_only) = source.unzip();
         let providers = Arc::new(ProviderGovernor::new(
             limiter.store().clone(),
             limiter.clock().clone(),
-            providers,
+            ProviderBook::default(),
         ));
         metrics.max_in_flight.set(max_in_flight as i64);
         let weak = Arc::downgrade(&providers);
@@ -119,14 +117,35 @@ impl<S: Store + Clone> App<S> {
                 },
                 admin_token,
                 metrics,
-                config_path,
-                restart_only,
-                reload_lock: tokio::sync::Mutex::new(()),
-                rls_rules: parking_lot::Mutex::new(Vec::new()),
+                reloading: Reloading::default(),
                 audit: None,
                 telemetry: None,
             }),
         }
+    }
+
+    /// The same governing the provider quotas of `providers` (on the
+    /// limiter's store and clock).
+    pub fn with_providers(self, providers: ProviderBook) -> Self {
+        self.inner.providers.set_book(providers);
+        self
+    }
+
+    /// The same reloading plans and providers from the config file `path`,
+    /// whose restart-only settings (`restart_only`, as it started) the
+    /// running server keeps. Call it on a new application, before it is
+    /// cloned.
+    ///
+    /// # Panics
+    ///
+    /// If the application was already cloned.
+    #[track_caller]
+    pub fn reloading_from(mut self, path: PathBuf, restart_only: RestartOnly) -> Self {
+        let Some(inner) = Arc::get_mut(&mut self.inner) else {
+            panic!("App::reloading_from after the application was shared");
+        };
+        inner.reloading.source = Some((path, restart_only));
+        self
     }
 
     /// The same with the edge limits `edge` (`[limits]`): the body timeout
@@ -198,7 +217,7 @@ impl<S: Store + Clone> App<S> {
 
     /// Swaps `rules`' Envoy rate-limit rules on every reload.
     pub fn reload_rls_rules(&self, rules: crate::envoy::RulesHandle) {
-        self.inner.rls_rules.lock().push(rules);
+        self.inner.reloading.rls_rules.lock().push(rules);
     }
 
     /// The metrics.
@@ -219,20 +238,17 @@ impl<S: Store + Clone> App<S> {
     ///
     /// The file is unreadable or invalid.
     pub async fn reload(&self) -> Result<Reloaded, ConfigError> {
-        let _one_at_a_time = self.inner.reload_lock.lock().await;
-        let Some(path) = &self.inner.config_path else {
+        let _one_at_a_time = self.inner.reloading.lock.lock().await;
+        let Some((path, running)) = &self.inner.reloading.source else {
             tracing::info!("reload: serving the embedded default config; nothing to reload");
             return Ok(Reloaded::default());
         };
         let result = match Config::load(path) {
             Ok(cfg) => {
-                let needs_restart = match &self.inner.restart_only {
-                    Some(running) => running.changed(&cfg.restart_only),
-                    None => Vec::new(),
-                };
+                let needs_restart = running.changed(&cfg.restart_only);
                 self.inner.limiter.set_plans(cfg.plans);
                 self.inner.providers.set_book(cfg.providers);
-                for rules in self.inner.rls_rules.lock().iter() {
+                for rules in self.inner.reloading.rls_rules.lock().iter() {
                     rules.set(cfg.rls.clone());
                 }
                 tracing::info!(path = %path.display(), "config reloaded: plans, users, overrides, providers and rate-limit service rules swapped in");
@@ -259,7 +275,11 @@ impl<S: Store + Clone> App<S> {
 
     /// The config file plans are reloaded from, if any.
     pub fn config_path(&self) -> Option<&std::path::Path> {
-        self.inner.config_path.as_deref()
+        self.inner
+            .reloading
+            .source
+            .as_ref()
+            .map(|(p, _)| p.as_path())
     }
 
     /// The limiter.
