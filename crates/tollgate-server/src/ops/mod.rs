@@ -126,23 +126,25 @@ fn optional_id<'a>(field: &str, v: Option<&'a str>) -> Result<Option<Id<'a>>, Ap
     v.map(|v| id(field, v)).transpose()
 }
 
-/// Counts session `session_id` among `user`'s live sessions (SPEC §4)
-/// before a session lease operation with `ttl_ms` (0: a release): `create`
+/// The first step of every session lease operation (an admission naming
+/// a session, an acquire, a renew, a release): counts session
+/// `session_id` among `user`'s live sessions (SPEC §4) for a lease of
+/// `ttl_ms` (0: a release) and answers the session's store key. `create`
 /// for an acquire, which past the plan's `max_sessions` is refused
-/// (`sessions`), not for a renew or release, which only extend a claim
+/// (`sessions`); not for a renew or release, which only extend a claim
 /// that exists. Always before the session step: the count may then only
 /// over-estimate the user's session records.
-async fn claim_session<S: Store + Clone>(
+async fn counted_session<S: Store + Clone>(
     app: &App<S>,
     user: &ForUser<'_, '_, S>,
     session_id: Id<'_>,
     ttl_ms: u64,
     create: bool,
-) -> Result<(), ApiError> {
+) -> Result<String, ApiError> {
     let decision = user.claim_session(session_id, ttl_ms, create).await?;
     observe(app, "session", user, &decision);
     match decision {
-        Decision::Allowed { .. } => Ok(()),
+        Decision::Allowed { .. } => Ok(session_key(&user.id(), &session_id)),
         Decision::Denied(d) => Err(ApiError::denied_at(d, app.limiter().clock().now_ms())),
     }
 }
@@ -260,10 +262,7 @@ pub async fn admit_run<S: Store + Clone>(
     let u = app.limiter().user(user)?;
     let plan = u.plan();
     let key = match session_id {
-        Some(sid) => {
-            claim_session(app, &u, sid, ttl, true).await?;
-            Some(session_key(&user, &sid))
-        }
+        Some(sid) => Some(counted_session(app, &u, sid, ttl, true).await?),
         None => None,
     };
     let lease = key.as_deref().map(|key| SessionLease { key, ttl_ms: ttl });
@@ -335,10 +334,8 @@ pub async fn release_run<S: Store + Clone>(
         .turn_ended(&user, &invocation_id, app.clock().now_ms());
     if let Some(sid) = session_id {
         let u = app.limiter().user(user)?;
-        claim_session(app, &u, sid, 0, false).await?;
-        app.limiter()
-            .release_session(&session_key(&user, &sid), &invocation_id)
-            .await?;
+        let key = counted_session(app, &u, sid, 0, false).await?;
+        app.limiter().release_session(&key, &invocation_id).await?;
     }
     Ok(ReleasedResponse {
         released: outcome.released(),
@@ -464,17 +461,16 @@ pub async fn refund<S: Store + Clone>(
     Ok(s.into())
 }
 
-/// A session lease request's session and holder (each made an id), its
-/// store key and its TTL.
+/// A session lease request's session and holder (each made an id) and
+/// its TTL.
 fn lease_request<'a>(
-    user: Id<'_>,
     session_id: &'a str,
     req: &'a SessionLeaseRequest,
-) -> Result<(Id<'a>, Id<'a>, String, u64), ApiError> {
+) -> Result<(Id<'a>, Id<'a>, u64), ApiError> {
     let session_id = id("session_id", session_id)?;
     let holder = id("holder", &req.holder)?;
     let ttl = check_ttl("ttl_ms", req.ttl_ms)?;
-    Ok((session_id, holder, session_key(&user, &session_id), ttl))
+    Ok((session_id, holder, ttl))
 }
 
 /// Acquires the session lease of `session_id` for `req.holder` (SPEC §4),
@@ -491,8 +487,8 @@ pub async fn acquire_session_lease<S: Store + Clone>(
     session_id: &str,
     req: SessionLeaseRequest,
 ) -> Result<SessionLeaseBody, ApiError> {
-    let (sid, holder, key, ttl) = lease_request(user, session_id, &req)?;
-    claim_session(app, &app.limiter().user(user)?, sid, ttl, true).await?;
+    let (sid, holder, ttl) = lease_request(session_id, &req)?;
+    let key = counted_session(app, &app.limiter().user(user)?, sid, ttl, true).await?;
     match app.limiter().acquire_session(&key, &holder, ttl).await? {
         SessionAcquire::Acquired(g) => Ok(g.into()),
         SessionAcquire::Busy { retry_after_ms } => Err(ApiError::SessionBusy { retry_after_ms }),
@@ -510,8 +506,8 @@ pub async fn renew_session_lease<S: Store + Clone>(
     session_id: &str,
     req: SessionLeaseRequest,
 ) -> Result<SessionLeaseBody, ApiError> {
-    let (sid, holder, key, ttl) = lease_request(user, session_id, &req)?;
-    claim_session(app, &app.limiter().user(user)?, sid, ttl, false).await?;
+    let (sid, holder, ttl) = lease_request(session_id, &req)?;
+    let key = counted_session(app, &app.limiter().user(user)?, sid, ttl, false).await?;
     match app.limiter().renew_session(&key, &holder, ttl).await? {
         Some(g) => Ok(g.into()),
         None => Err(ApiError::NotHolder),
@@ -531,12 +527,8 @@ pub async fn release_session_lease<S: Store + Clone>(
 ) -> Result<ReleasedResponse, ApiError> {
     let session_id = id("session_id", session_id)?;
     let holder = id("holder", holder)?;
-    claim_session(app, &app.limiter().user(user)?, session_id, 0, false).await?;
-    if app
-        .limiter()
-        .release_session(&session_key(&user, &session_id), &holder)
-        .await?
-    {
+    let key = counted_session(app, &app.limiter().user(user)?, session_id, 0, false).await?;
+    if app.limiter().release_session(&key, &holder).await? {
         Ok(ReleasedResponse {
             released: true,
             pending: false,
