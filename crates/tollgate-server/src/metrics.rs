@@ -496,17 +496,14 @@ impl Metrics {
         let n = self
             .runs
             .lock()
-            .extended(&run_key(user, invocation_id), expires_at_ms, now_ms);
+            .extended(run_key(user, invocation_id), expires_at_ms, now_ms);
         self.turns_in_flight.set(n as i64);
     }
 
     /// A run's lease ended: released (whether or not the store still held
     /// it), force-released by an operator, or answered lost on renewal.
     pub fn turn_ended(&self, user: &str, invocation_id: &str, now_ms: u64) {
-        let n = self
-            .runs
-            .lock()
-            .ended(&run_key(user, invocation_id), now_ms);
+        let n = self.runs.lock().ended(run_key(user, invocation_id), now_ms);
         self.turns_in_flight.set(n as i64);
     }
 
@@ -679,24 +676,28 @@ pub fn provider_gauges<S: tollgate_core::Store>(
 }
 
 /// Most runs [`RunTable`] tracks at once. Past it, admitting one more drops
-/// the run whose lease expires first (that run is no longer counted). Each
-/// entry costs its key (user and invocation id, at most 1,044 bytes) and
-/// about 100 bytes of table: at most about 300 MiB at this cap with ids of
-/// the longest length, some 40 MiB with ids of 30 bytes.
+/// the run whose lease expires first (that run is no longer counted). An
+/// entry is a 128-bit key and an expiry, about 100 bytes with the table's
+/// overhead whatever the length of the ids (a client chooses invocation
+/// ids of up to 512 characters): some 26 MiB at this cap.
 pub const MAX_RUN_TABLE_ENTRIES: usize = 1 << 18;
 
-/// The user and invocation id as one key, unambiguously (length prefix).
-fn run_key(user: &str, invocation_id: &str) -> String {
-    use std::fmt::Write as _;
-    // Sized once (a length has at most 20 digits): `format!` would grow
-    // the string two or three times on every admission and release.
-    let mut key = String::with_capacity(user.len() + invocation_id.len() + 22);
-    let _ = write!(key, "{}", user.len());
-    key.push(':');
-    key.push_str(user);
-    key.push('/');
-    key.push_str(invocation_id);
-    key
+/// A run's key in [`RunTable`]: its user and invocation id (length-
+/// prefixed, so unambiguous) hashed to 128 bits under keys drawn at random
+/// once per process, so no client can aim two runs at one key (two runs
+/// share one by chance with probability about n² / 2^129).
+fn run_key(user: &str, invocation_id: &str) -> u128 {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    static KEYS: std::sync::OnceLock<[std::hash::RandomState; 2]> = std::sync::OnceLock::new();
+    let keys = KEYS.get_or_init(|| [std::hash::RandomState::new(), std::hash::RandomState::new()]);
+    let half = |state: &std::hash::RandomState| {
+        let mut h = state.build_hasher();
+        user.len().hash(&mut h);
+        user.hash(&mut h);
+        invocation_id.hash(&mut h);
+        h.finish()
+    };
+    (u128::from(half(&keys[0])) << 64) | u128::from(half(&keys[1]))
 }
 
 /// The run leases this replica admitted, by run, with their expiry as the
@@ -721,8 +722,8 @@ fn run_key(user: &str, invocation_id: &str) -> String {
 /// counts the run leaves it counted there until its expiry).
 #[derive(Debug, Default)]
 pub struct RunTable {
-    expiry: HashMap<Arc<str>, u64>,
-    by_expiry: BTreeSet<(u64, Arc<str>)>,
+    expiry: HashMap<u128, u64>,
+    by_expiry: BTreeSet<(u64, u128)>,
 }
 
 impl RunTable {
@@ -738,26 +739,26 @@ impl RunTable {
         }
     }
 
-    fn remove(&mut self, key: &str) {
-        if let Some((key, exp)) = self.expiry.remove_entry(key) {
+    fn remove(&mut self, key: u128) {
+        if let Some(exp) = self.expiry.remove(&key) {
             self.by_expiry.remove(&(exp, key));
         }
     }
 
-    fn set(&mut self, key: Arc<str>, expires_at: u64) {
-        self.remove(&key);
-        self.expiry.insert(Arc::clone(&key), expires_at);
+    fn set(&mut self, key: u128, expires_at: u64) {
+        self.remove(key);
+        self.expiry.insert(key, expires_at);
         self.by_expiry.insert((expires_at, key));
     }
 
     /// A new lease of `key` expiring at `expires_at`; answers the runs
     /// counted.
-    pub fn admitted(&mut self, key: String, expires_at: u64, now: u64) -> usize {
+    pub fn admitted(&mut self, key: u128, expires_at: u64, now: u64) -> usize {
         self.prune(now);
         if expires_at <= now {
             return self.expiry.len();
         }
-        let expires_at = match self.expiry.get(key.as_str()) {
+        let expires_at = match self.expiry.get(&key) {
             Some(old) => (*old).max(expires_at),
             None => {
                 if self.expiry.len() >= MAX_RUN_TABLE_ENTRIES
@@ -768,25 +769,22 @@ impl RunTable {
                 expires_at
             }
         };
-        self.set(Arc::from(key), expires_at);
+        self.set(key, expires_at);
         self.expiry.len()
     }
 
     /// `key`'s lease now expires at `expires_at` (never earlier than it
     /// did), if the table has it; answers the runs counted.
-    pub fn extended(&mut self, key: &str, expires_at: u64, now: u64) -> usize {
+    pub fn extended(&mut self, key: u128, expires_at: u64, now: u64) -> usize {
         self.prune(now);
-        if let Some((k, old)) = self.expiry.get_key_value(key)
-            && expires_at > *old
-        {
-            let k = Arc::clone(k);
-            self.set(k, expires_at);
+        if self.expiry.get(&key).is_some_and(|old| expires_at > *old) {
+            self.set(key, expires_at);
         }
         self.expiry.len()
     }
 
     /// `key`'s lease ended; answers the runs counted.
-    pub fn ended(&mut self, key: &str, now: u64) -> usize {
+    pub fn ended(&mut self, key: u128, now: u64) -> usize {
         self.prune(now);
         self.remove(key);
         self.expiry.len()
@@ -814,8 +812,19 @@ impl RunTable {
 mod tests {
     use super::*;
 
-    fn k(inv: &str) -> String {
+    fn k(inv: &str) -> u128 {
         run_key("alice", inv)
+    }
+
+    #[test]
+    fn a_run_key_names_one_user_and_invocation() {
+        assert_eq!(run_key("alice", "r1"), run_key("alice", "r1"));
+        assert_ne!(run_key("alice", "r1"), run_key("alice", "r2"));
+        assert_ne!(run_key("a", "b/c"), run_key("a/b", "c"));
+        assert_ne!(run_key("ab", "c"), run_key("a", "bc"));
+        // A key is 16 bytes whatever the ids' length.
+        let long = "é".repeat(512);
+        assert_ne!(run_key(&long, &long), run_key(&long, "x"));
     }
 
     #[test]
@@ -824,7 +833,7 @@ mod tests {
         assert_eq!(t.admitted(k("a"), 1_000, 0), 1);
         assert_eq!(t.admitted(k("b"), 1_000, 0), 2);
         assert_eq!(t.admitted(k("c"), 2_000, 0), 3);
-        assert_eq!(t.ended(&k("a"), 10), 2);
+        assert_eq!(t.ended(k("a"), 10), 2);
         // A repeat of an admission (a retry) counts once.
         assert_eq!(t.admitted(k("b"), 1_000, 10), 2);
         assert_eq!(t.live(999), 2);
@@ -843,14 +852,14 @@ mod tests {
     fn renewals_extend_only_runs_admitted_here_and_never_shorten() {
         let mut t = RunTable::default();
         t.admitted(k("a"), 1_000, 0);
-        assert_eq!(t.extended(&k("a"), 3_000, 900), 1);
-        assert_eq!(t.extended(&k("a"), 2_000, 950), 1, "never shortened");
+        assert_eq!(t.extended(k("a"), 3_000, 900), 1);
+        assert_eq!(t.extended(k("a"), 2_000, 950), 1, "never shortened");
         assert_eq!(t.live(2_500), 1);
         // A renewal of a run admitted elsewhere adds nothing.
-        assert_eq!(t.extended(&k("other"), 9_000, 2_500), 1);
+        assert_eq!(t.extended(k("other"), 9_000, 2_500), 1);
         assert_eq!(t.live(3_000), 0);
         // Nor does a renewal after expiry bring it back.
-        assert_eq!(t.extended(&k("a"), 9_000, 3_000), 0);
+        assert_eq!(t.extended(k("a"), 9_000, 3_000), 0);
         // A lease already expired when the answer arrives is not counted.
         assert_eq!(t.admitted(k("late"), 3_000, 3_000), 0);
     }
