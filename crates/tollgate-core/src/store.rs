@@ -1,9 +1,12 @@
-//! The one async [`Store`] trait every backend implements.
+//! Where tollgate keeps its state: operations as typed requests ([`Op`]),
+//! the [`Store`] that runs any of them ([`Store::call`]), and the
+//! [`Backend`] contract a backend implements, one method per operation.
 //!
 //! Each operation is one atomic step on the store (one lock in memory, one
 //! Lua script in Redis) and answers with data; `Err` means the store itself
 //! failed. The store takes `now` from its own clock: an injected [`Clock`]
-//! in memory, Redis `TIME` in Redis.
+//! in memory, Redis `TIME` in Redis. Decorators (the failure policy, test
+//! fault injectors) implement [`Store::call`] once for every operation.
 //!
 //! [`Clock`]: crate::Clock
 
@@ -23,9 +26,15 @@ use crate::spend::{BudgetAdjust, BudgetCheck, BudgetRequest, BudgetUnit, Crossed
 
 pub mod grouped;
 pub mod memory;
+mod op;
 
 pub use grouped::{
     LogWrite, SessionAppend, SessionAppended, SessionCreate, SessionCreated, SessionDelete,
+};
+pub use op::{
+    AcquireSession, Aimd, AppendFenced, BudgetSpent, CheckFence, ClearProvider, DeleteRecords,
+    ExtendCooldown, Op, Outage, ReadRecords, ReadUser, ReleaseRun, ReleaseSession, RenewRun,
+    RenewSession, ResetUser, TakeMany, TopUsers,
 };
 
 /// How long a reservation (and a run's model-call counter) is remembered
@@ -576,12 +585,294 @@ pub fn rank_top(mut users: Vec<TopUser>, n: usize) -> Vec<TopUser> {
     users
 }
 
-/// Where tollgate keeps its state. One async trait; the in-memory store
-/// returns ready futures.
-///
-/// Every operation is atomic on the store. Implementations must pass the
-/// conformance suite in `tollgate-testkit`.
+/// Where tollgate keeps its state, as its users and decorators see it: one
+/// method, [`call`](Store::call), that runs any [`Op`]. A backend is one
+/// by running the operation on itself ([`Op::apply`]); a decorator (the
+/// failure policy's [`Failover`](crate::failover::Failover), a test's
+/// fault injector) wraps another store's `call` once for every operation.
+/// The other methods are shorthand for a call, the [`Backend`] method's
+/// promise holding for each.
 pub trait Store: Send + Sync + 'static {
+    /// Runs `op`: one atomic step on the store of record, or what the
+    /// decorator makes of it.
+    fn call<O: Op>(&self, op: O) -> impl Future<Output = Result<O::Reply, StoreError>> + Send;
+
+    /// Turn admission (SPEC §3): [`TurnRequest`]. See [`Backend::admit_turn`].
+    fn admit_turn<'a>(
+        &'a self,
+        req: TurnRequest<'a>,
+    ) -> impl Future<Output = Result<TurnOutcome, StoreError>> + Send {
+        self.call(req)
+    }
+
+    /// [`ReleaseRun`]. See [`Backend::release_run`].
+    fn release_run<'a>(
+        &'a self,
+        user: &'a str,
+        invocation_id: &'a str,
+    ) -> impl Future<Output = Result<Release, StoreError>> + Send {
+        self.call(ReleaseRun {
+            user,
+            invocation_id,
+        })
+    }
+
+    /// [`RenewRun`]. See [`Backend::renew_run`].
+    fn renew_run<'a>(
+        &'a self,
+        user: &'a str,
+        invocation_id: &'a str,
+        ttl_ms: u64,
+    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send {
+        self.call(RenewRun {
+            user,
+            invocation_id,
+            ttl_ms,
+        })
+    }
+
+    /// A token reservation: [`ReserveRequest`]. See [`Backend::reserve_tokens`].
+    fn reserve_tokens<'a>(
+        &'a self,
+        req: ReserveRequest<'a>,
+    ) -> impl Future<Output = Result<ReserveOutcome, StoreError>> + Send {
+        self.call(req)
+    }
+
+    /// A settle or refund: [`SettleRequest`]. See [`Backend::settle`].
+    fn settle<'a>(
+        &'a self,
+        req: SettleRequest<'a>,
+    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
+        self.call(req)
+    }
+
+    /// [`TakeMany`]. See [`Backend::take_many`].
+    fn take_many<'a>(
+        &'a self,
+        takes: &'a [BucketTake<'a>],
+        cooldown: Option<CooldownCheck<'a>>,
+    ) -> impl Future<Output = Result<MultiTake, StoreError>> + Send {
+        self.call(TakeMany { takes, cooldown })
+    }
+
+    /// A single take: [`TakeRequest`]. See [`Backend::take_one`].
+    fn take_one<'a>(
+        &'a self,
+        req: TakeRequest<'a>,
+    ) -> impl Future<Output = Result<TakeOutcome, StoreError>> + Send {
+        self.call(req)
+    }
+
+    /// [`ExtendCooldown`]. See [`Backend::extend_cooldown`].
+    fn extend_cooldown<'a>(
+        &'a self,
+        key: &'a str,
+        until_ms: u64,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        self.call(ExtendCooldown { key, until_ms })
+    }
+
+    /// [`Aimd`]. See [`Backend::aimd`].
+    fn aimd<'a>(
+        &'a self,
+        key: &'a str,
+        params: AimdParams,
+        throttled: bool,
+    ) -> impl Future<Output = Result<u32, StoreError>> + Send {
+        self.call(Aimd {
+            key,
+            params,
+            throttled,
+        })
+    }
+
+    /// [`ClearProvider`]. See [`Backend::clear_provider`].
+    fn clear_provider<'a>(
+        &'a self,
+        cooldown: &'a str,
+        aimd: &'a str,
+        params: AimdParams,
+    ) -> impl Future<Output = Result<ProviderCleared, StoreError>> + Send {
+        self.call(ClearProvider {
+            cooldown,
+            aimd,
+            params,
+        })
+    }
+
+    /// A session claim: [`ClaimRequest`]. See [`Backend::claim_session`].
+    fn claim_session<'a>(
+        &'a self,
+        req: ClaimRequest<'a>,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send {
+        self.call(req)
+    }
+
+    /// [`AcquireSession`]. See [`Backend::session_acquire`].
+    fn session_acquire<'a>(
+        &'a self,
+        session: &'a str,
+        holder: &'a str,
+        ttl_ms: u64,
+    ) -> impl Future<Output = Result<SessionAcquire, StoreError>> + Send {
+        self.call(AcquireSession {
+            session,
+            holder,
+            ttl_ms,
+        })
+    }
+
+    /// [`RenewSession`]. See [`Backend::session_renew`].
+    fn session_renew<'a>(
+        &'a self,
+        session: &'a str,
+        holder: &'a str,
+        ttl_ms: u64,
+    ) -> impl Future<Output = Result<Option<SessionGrant>, StoreError>> + Send {
+        self.call(RenewSession {
+            session,
+            holder,
+            ttl_ms,
+        })
+    }
+
+    /// [`ReleaseSession`]. See [`Backend::session_release`].
+    fn session_release<'a>(
+        &'a self,
+        session: &'a str,
+        holder: &'a str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        self.call(ReleaseSession { session, holder })
+    }
+
+    /// [`CheckFence`]. See [`Backend::fence_check`].
+    fn fence_check<'a>(
+        &'a self,
+        session: &'a str,
+        fence: u64,
+    ) -> impl Future<Output = Result<FenceCheck, StoreError>> + Send {
+        self.call(CheckFence { session, fence })
+    }
+
+    /// [`AppendFenced`]. See [`Backend::append_fenced`].
+    fn append_fenced<'a>(
+        &'a self,
+        session: &'a str,
+        fence: u64,
+        record: &'a [u8],
+    ) -> impl Future<Output = Result<AppendOutcome, StoreError>> + Send {
+        self.call(AppendFenced {
+            session,
+            fence,
+            record,
+        })
+    }
+
+    /// [`ReadRecords`]. See [`Backend::read_records`].
+    fn read_records<'a>(
+        &'a self,
+        session: &'a str,
+        from: u64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<Vec<u8>>, StoreError>> + Send {
+        self.call(ReadRecords {
+            session,
+            from,
+            limit,
+        })
+    }
+
+    /// [`DeleteRecords`]. See [`Backend::delete_records`].
+    fn delete_records<'a>(
+        &'a self,
+        session: &'a str,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        self.call(DeleteRecords { session })
+    }
+
+    /// [`ReadUser`]. See [`Backend::user_state`].
+    fn user_state<'a>(
+        &'a self,
+        user: &'a str,
+        turns: BucketSpec,
+        tokens: BucketSpec,
+    ) -> impl Future<Output = Result<UserState, StoreError>> + Send {
+        self.call(ReadUser {
+            user,
+            turns,
+            tokens,
+        })
+    }
+
+    /// [`BudgetSpent`]. See [`Backend::budget_spent`].
+    fn budget_spent<'a>(
+        &'a self,
+        user: &'a str,
+        checks: &'a [BudgetCheck],
+        adjust: Option<(Period, BudgetAdjust)>,
+    ) -> impl Future<Output = Result<Vec<SpentNow>, StoreError>> + Send {
+        self.call(BudgetSpent {
+            user,
+            checks,
+            adjust,
+        })
+    }
+
+    /// [`TopUsers`]. See [`Backend::top_users`].
+    fn top_users(&self, n: usize) -> impl Future<Output = Result<Vec<TopUser>, StoreError>> + Send {
+        self.call(TopUsers { n })
+    }
+
+    /// [`ResetUser`]. See [`Backend::reset_user`].
+    fn reset_user<'a>(
+        &'a self,
+        user: &'a str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        self.call(ResetUser { user })
+    }
+
+    /// A reconciliation: [`ReconcileRequest`]. See [`Backend::reconcile`].
+    fn reconcile<'a>(
+        &'a self,
+        req: ReconcileRequest<'a>,
+    ) -> impl Future<Output = Result<Reconciled, StoreError>> + Send {
+        self.call(req)
+    }
+
+    /// A grouped session create: [`SessionCreate`]. See [`Backend::session_create`].
+    fn session_create<'a>(
+        &'a self,
+        req: SessionCreate<'a>,
+    ) -> impl Future<Output = Result<SessionCreated, StoreError>> + Send {
+        self.call(req)
+    }
+
+    /// A grouped session append: [`SessionAppend`]. See [`Backend::session_append`].
+    fn session_append<'a>(
+        &'a self,
+        req: SessionAppend<'a>,
+    ) -> impl Future<Output = Result<SessionAppended, StoreError>> + Send {
+        self.call(req)
+    }
+
+    /// A grouped session delete: [`SessionDelete`]. See [`Backend::session_delete`].
+    fn session_delete<'a>(
+        &'a self,
+        req: SessionDelete<'a>,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        self.call(req)
+    }
+}
+
+/// A backend that keeps tollgate's state: one method per operation, each
+/// one atomic step there (one lock in memory, one Lua script in Redis).
+/// The in-memory store returns ready futures. An [`Op`] names the method
+/// that runs it ([`Op::apply`]); a backend is a [`Store`] whose
+/// [`call`](Store::call) is `op.apply(self)`.
+///
+/// Implementations must pass the conformance suite in `tollgate-testkit`.
+pub trait Backend: Send + Sync + 'static {
     /// Turn admission (SPEC §3): turn bucket and run lease, all or nothing.
     fn admit_turn(
         &self,

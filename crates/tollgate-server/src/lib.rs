@@ -35,6 +35,7 @@ mod observe;
 pub mod ops;
 pub mod outcome;
 pub mod reload;
+pub mod runs;
 pub mod shutdown;
 pub mod state;
 pub mod telemetry;

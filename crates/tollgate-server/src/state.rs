@@ -10,6 +10,7 @@ use crate::config::{Config, ConfigError, RestartOnly};
 use crate::edge::{EdgeLimits, WaitGate};
 use crate::identity::Verifier;
 use crate::metrics::{Metrics, ReloadLabels};
+use crate::runs::Runs;
 
 /// The application: limiter, provider governor, identity, replica gate.
 /// Cloning shares it.
@@ -39,15 +40,30 @@ struct Inner<S> {
     providers: Arc<ProviderGovernor<S>>,
     verifier: Verifier,
     gate: ReplicaGate,
-    edge: EdgeLimits,
-    waits: WaitGate,
+    edge: Edge,
     admin_token: Option<String>,
     metrics: Arc<Metrics>,
+    runs: Runs,
     reloading: Reloading,
     /// The decision audit log, if configured.
     audit: Option<crate::audit::AuditLog>,
     /// Decision spans over OTLP, if configured.
     telemetry: Option<crate::telemetry::Telemetry>,
+}
+
+/// The edge limits and the gate on waiting requests they bound.
+struct Edge {
+    limits: EdgeLimits,
+    waits: WaitGate,
+}
+
+impl Edge {
+    fn new(limits: EdgeLimits) -> Self {
+        Self {
+            waits: WaitGate::new(limits.max_waits_per_user, limits.max_waiting),
+            limits,
+        }
+    }
 }
 
 /// What a reload needs: the file it rereads and the restart-only settings
@@ -110,12 +126,9 @@ impl<S: Store + Clone> App<S> {
                 providers,
                 verifier,
                 gate: ReplicaGate::new(max_in_flight),
-                edge: EdgeLimits::defaults(max_in_flight),
-                waits: {
-                    let d = EdgeLimits::defaults(max_in_flight);
-                    WaitGate::new(d.max_waits_per_user, d.max_waiting)
-                },
+                edge: Edge::new(EdgeLimits::defaults(max_in_flight)),
                 admin_token,
+                runs: Runs::new(metrics.turns_in_flight.clone()),
                 metrics,
                 reloading: Reloading::default(),
                 audit: None,
@@ -160,8 +173,7 @@ impl<S: Store + Clone> App<S> {
         let Some(inner) = Arc::get_mut(&mut self.inner) else {
             panic!("App::with_edge after the application was shared");
         };
-        inner.waits = WaitGate::new(edge.max_waits_per_user, edge.max_waiting);
-        inner.edge = edge;
+        inner.edge = Edge::new(edge);
         self
     }
 
@@ -207,12 +219,17 @@ impl<S: Store + Clone> App<S> {
 
     /// The edge limits (`[limits]`).
     pub fn edge(&self) -> &EdgeLimits {
-        &self.inner.edge
+        &self.inner.edge.limits
     }
 
     /// The bounds on `wait=true` requests waiting.
     pub fn waits(&self) -> &WaitGate {
-        &self.inner.waits
+        &self.inner.edge.waits
+    }
+
+    /// The runs admitted through this replica (`tollgate_turns_in_flight`).
+    pub fn runs(&self) -> &Runs {
+        &self.inner.runs
     }
 
     /// Swaps `rules`' Envoy rate-limit rules on every reload.

@@ -2,7 +2,6 @@
 //! and a fake clock (no sleeps).
 
 use std::convert::Infallible;
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -11,15 +10,9 @@ use axum::routing::post;
 use axum::{Extension, Router};
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use tollgate_core::lease::{SessionAcquire, SessionGrant};
-use tollgate_core::store::{
-    AppendOutcome, BucketTake, CooldownCheck, FenceCheck, MultiTake, ReconcileRequest, Reconciled,
-    Release, ReserveOutcome, ReserveRequest, SettleOutcome, SettleRequest, TakeOutcome,
-    TakeRequest, TopUser, TurnOutcome, TurnRequest, UserState,
-};
+use tollgate_core::store::{Op, TurnRequest, UserState};
 use tollgate_core::{
-    BucketSpec, FakeClock, Limiter, MemoryStore, PlanConfig, PlansConfig, Store, StoreError,
-    StoreErrorKind,
+    FakeClock, Limiter, MemoryStore, PlanConfig, PlansConfig, Store, StoreError, StoreErrorKind,
 };
 use tollgate_tower::{
     HeaderIdentity, IdentityExtractor, ResponseBody, SHADOW_DENIED_HEADER, TurnChecked, TurnRate,
@@ -232,186 +225,14 @@ struct Flaky {
 }
 
 impl Store for Flaky {
-    async fn admit_turn(&self, req: TurnRequest<'_>) -> Result<TurnOutcome, StoreError> {
-        if self.down.load(Ordering::SeqCst) {
+    async fn call<O: Op>(&self, op: O) -> Result<O::Reply, StoreError> {
+        if O::NAME == TurnRequest::NAME && self.down.load(Ordering::SeqCst) {
             return Err(StoreError::new(
                 StoreErrorKind::Unavailable,
                 "connection refused (test)",
             ));
         }
-        self.inner.admit_turn(req).await
-    }
-    fn release_run(
-        &self,
-        user: &str,
-        invocation_id: &str,
-    ) -> impl Future<Output = Result<Release, StoreError>> + Send {
-        self.inner.release_run(user, invocation_id)
-    }
-    fn renew_run(
-        &self,
-        user: &str,
-        invocation_id: &str,
-        ttl_ms: u64,
-    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send {
-        self.inner.renew_run(user, invocation_id, ttl_ms)
-    }
-    fn reserve_tokens(
-        &self,
-        req: ReserveRequest<'_>,
-    ) -> impl Future<Output = Result<ReserveOutcome, StoreError>> + Send {
-        self.inner.reserve_tokens(req)
-    }
-    fn settle(
-        &self,
-        req: SettleRequest<'_>,
-    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
-        self.inner.settle(req)
-    }
-    fn take_many(
-        &self,
-        takes: &[BucketTake<'_>],
-        cooldown: Option<CooldownCheck<'_>>,
-    ) -> impl Future<Output = Result<MultiTake, StoreError>> + Send {
-        self.inner.take_many(takes, cooldown)
-    }
-    fn take_one(
-        &self,
-        req: TakeRequest<'_>,
-    ) -> impl Future<Output = Result<TakeOutcome, StoreError>> + Send {
-        self.inner.take_one(req)
-    }
-    fn extend_cooldown(
-        &self,
-        key: &str,
-        until_ms: u64,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        self.inner.extend_cooldown(key, until_ms)
-    }
-    fn aimd(
-        &self,
-        key: &str,
-        params: tollgate_core::aimd::AimdParams,
-        throttled: bool,
-    ) -> impl Future<Output = Result<u32, StoreError>> + Send {
-        self.inner.aimd(key, params, throttled)
-    }
-    fn clear_provider(
-        &self,
-        cooldown: &str,
-        aimd: &str,
-        params: tollgate_core::aimd::AimdParams,
-    ) -> impl Future<Output = Result<tollgate_core::store::ProviderCleared, StoreError>> + Send
-    {
-        self.inner.clear_provider(cooldown, aimd, params)
-    }
-    fn claim_session(
-        &self,
-        req: tollgate_core::store::ClaimRequest<'_>,
-    ) -> impl Future<Output = Result<tollgate_core::store::Claim, StoreError>> + Send {
-        self.inner.claim_session(req)
-    }
-    fn session_acquire(
-        &self,
-        session: &str,
-        holder: &str,
-        ttl_ms: u64,
-    ) -> impl Future<Output = Result<SessionAcquire, StoreError>> + Send {
-        self.inner.session_acquire(session, holder, ttl_ms)
-    }
-    fn session_renew(
-        &self,
-        session: &str,
-        holder: &str,
-        ttl_ms: u64,
-    ) -> impl Future<Output = Result<Option<SessionGrant>, StoreError>> + Send {
-        self.inner.session_renew(session, holder, ttl_ms)
-    }
-    fn session_release(
-        &self,
-        session: &str,
-        holder: &str,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        self.inner.session_release(session, holder)
-    }
-    fn fence_check(
-        &self,
-        session: &str,
-        fence: u64,
-    ) -> impl Future<Output = Result<FenceCheck, StoreError>> + Send {
-        self.inner.fence_check(session, fence)
-    }
-    fn append_fenced(
-        &self,
-        session: &str,
-        fence: u64,
-        record: &[u8],
-    ) -> impl Future<Output = Result<AppendOutcome, StoreError>> + Send {
-        self.inner.append_fenced(session, fence, record)
-    }
-    fn read_records(
-        &self,
-        session: &str,
-        from: u64,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<Vec<u8>>, StoreError>> + Send {
-        self.inner.read_records(session, from, limit)
-    }
-    fn delete_records(
-        &self,
-        session: &str,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        self.inner.delete_records(session)
-    }
-    fn user_state(
-        &self,
-        user: &str,
-        turns: BucketSpec,
-        tokens: BucketSpec,
-    ) -> impl Future<Output = Result<UserState, StoreError>> + Send {
-        self.inner.user_state(user, turns, tokens)
-    }
-    fn budget_spent(
-        &self,
-        user: &str,
-        checks: &[tollgate_core::spend::BudgetCheck],
-        adjust: Option<(
-            tollgate_core::calendar::Period,
-            tollgate_core::spend::BudgetAdjust,
-        )>,
-    ) -> impl Future<Output = Result<Vec<tollgate_core::spend::SpentNow>, StoreError>> + Send {
-        self.inner.budget_spent(user, checks, adjust)
-    }
-    fn top_users(&self, n: usize) -> impl Future<Output = Result<Vec<TopUser>, StoreError>> + Send {
-        self.inner.top_users(n)
-    }
-    fn reset_user(&self, user: &str) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        self.inner.reset_user(user)
-    }
-    fn reconcile(
-        &self,
-        req: ReconcileRequest<'_>,
-    ) -> impl Future<Output = Result<Reconciled, StoreError>> + Send {
-        self.inner.reconcile(req)
-    }
-    fn session_create(
-        &self,
-        req: tollgate_core::store::SessionCreate<'_>,
-    ) -> impl Future<Output = Result<tollgate_core::store::SessionCreated, StoreError>> + Send {
-        self.inner.session_create(req)
-    }
-    fn session_append(
-        &self,
-        req: tollgate_core::store::SessionAppend<'_>,
-    ) -> impl Future<Output = Result<tollgate_core::store::SessionAppended, StoreError>> + Send
-    {
-        self.inner.session_append(req)
-    }
-    fn session_delete(
-        &self,
-        req: tollgate_core::store::SessionDelete<'_>,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        self.inner.session_delete(req)
+        self.inner.call(op).await
     }
 }
 

@@ -73,6 +73,7 @@ use crate::store::ReservationId;
 use crate::{Clock, MemoryStore, Store, StoreError, StoreErrorKind};
 
 pub use breaker::{BreakerConfig, BreakerState};
+pub(crate) use store::{scale_checks, scale_spec, scale_turn};
 
 use breaker::{Breaker, Pass, Transition};
 use journal::Journal;

@@ -2,16 +2,14 @@
 //! store may decide (scaled by the fallback share), which are journalled,
 //! and which always fail closed (SPEC §6).
 
-use crate::aimd::AimdParams;
-use crate::calendar::Period;
-use crate::lease::{Admit, SessionAcquire, SessionGrant, TurnParams};
-use crate::spend::{self, BudgetAdjust, BudgetCheck, BudgetRequest, Charged, Spend, SpentNow};
+use std::future::Future;
+
+use crate::lease::{Admit, TurnParams};
+use crate::spend::{self, BudgetCheck, BudgetRequest, Charged, Spend};
 use crate::store::{
-    AppendOutcome, BucketRef, BucketTake, Claim, ClaimRequest, CooldownCheck, FenceCheck,
-    MultiTake, ProviderCleared, ReconcileRequest, Reconciled, Release, ReservationId,
-    ReserveOutcome, ReserveRequest, SessionAppend, SessionAppended, SessionCreate, SessionCreated,
-    SessionDelete, SettleOutcome, SettleRequest, TakeOutcome, TakeRequest, TopUser, TurnOutcome,
-    TurnRequest, UserState,
+    BucketRef, ClearProvider, Op, Outage, ProviderCleared, Release, ReleaseRun, RenewRun,
+    ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome, SettleRequest, TakeOutcome,
+    TakeRequest, TurnOutcome, TurnRequest,
 };
 use crate::{BucketSpec, Store, StoreError};
 
@@ -24,7 +22,7 @@ fn scale(v: u64, share: f64) -> u64 {
 }
 
 /// `spec` with amount and capacity scaled by `share` (at least 1 each).
-pub(super) fn scale_spec(spec: &BucketSpec, share: f64) -> BucketSpec {
+pub(crate) fn scale_spec(spec: &BucketSpec, share: f64) -> BucketSpec {
     if share >= 1.0 {
         return *spec;
     }
@@ -38,7 +36,7 @@ pub(super) fn scale_spec(spec: &BucketSpec, share: f64) -> BucketSpec {
 
 /// `checks` with their limits scaled by `share` (at least 1 each): the
 /// fallback's part of each budget.
-fn scale_checks(checks: &[BudgetCheck], share: f64) -> Vec<BudgetCheck> {
+pub(crate) fn scale_checks(checks: &[BudgetCheck], share: f64) -> Vec<BudgetCheck> {
     checks
         .iter()
         .map(|c| BudgetCheck {
@@ -59,7 +57,7 @@ fn closed_budgets(checks: &[BudgetCheck]) -> bool {
     checks.iter().any(|c| !c.fallback)
 }
 
-fn scale_turn(p: &TurnParams, share: f64) -> TurnParams {
+pub(crate) fn scale_turn(p: &TurnParams, share: f64) -> TurnParams {
     TurnParams {
         turns: scale_spec(&p.turns, share),
         max_runs: u32::try_from(scale(u64::from(p.max_runs), share)).unwrap_or(p.max_runs),
@@ -68,24 +66,44 @@ fn scale_turn(p: &TurnParams, share: f64) -> TurnParams {
 }
 
 impl<S: Store + Clone> Store for Failover<S> {
-    async fn admit_turn(&self, req: TurnRequest<'_>) -> Result<TurnOutcome, StoreError> {
+    fn call<O: Op>(&self, op: O) -> impl Future<Output = Result<O::Reply, StoreError>> + Send {
+        op.failover(self)
+    }
+}
+
+/// The operations' outage policies ([`Op::OUTAGE`]): the two that keep no
+/// books in one place, and those that do, one function each.
+impl<S: Store + Clone> Failover<S> {
+    /// An operation under its stated policy: [`Outage::FailClosed`] (and,
+    /// safe by default, one that keeps books but wrote none) refused while
+    /// the shared store fails, [`Outage::Fallback`] decided by the local
+    /// store on its share.
+    pub(crate) async fn by_policy<O: Op>(&self, op: O) -> Result<O::Reply, StoreError> {
+        match O::OUTAGE {
+            Outage::Fallback => {
+                self.decide_value(O::NAME, self.primary.call(op), |m, share| {
+                    op.on_fallback(m, share)
+                })
+                .await
+            }
+            Outage::FailClosed | Outage::Owed | Outage::Journalled => {
+                self.closed_only(O::NAME, self.primary.call(op)).await
+            }
+        }
+    }
+
+    /// Turn admission ([`Outage::Owed`]): a turn the local store admitted
+    /// is owed, and an ambiguous one remembered.
+    pub(crate) async fn admit_owed(&self, req: TurnRequest<'_>) -> Result<TurnOutcome, StoreError> {
         let attempt = self
-            .attempt("admit_turn", self.primary.admit_turn(req))
+            .attempt(TurnRequest::NAME, self.primary.call(req))
             .await;
         let (out, local) = self
             .decide_budgeted(
-                "admit_turn",
+                TurnRequest::NAME,
                 attempt,
                 closed_budgets(req.budgets),
-                |m, share| async move {
-                    let budgets = scale_checks(req.budgets, share);
-                    m.admit_turn(TurnRequest {
-                        params: scale_turn(&req.params, share),
-                        budgets: &budgets,
-                        ..req
-                    })
-                    .await
-                },
+                |m, share| req.on_fallback(m, share),
             )
             .await?;
         if let Some(ambiguous) = local
@@ -104,17 +122,19 @@ impl<S: Store + Clone> Store for Failover<S> {
         Ok(out)
     }
 
-    async fn release_run(&self, user: &str, invocation_id: &str) -> Result<Release, StoreError> {
-        let shared = match self
-            .attempt("release_run", self.primary.release_run(user, invocation_id))
-            .await
-        {
+    /// A run release ([`Outage::Journalled`]): a lease the local store
+    /// issued is released there; one of the shared store's is journalled.
+    pub(crate) async fn release_journalled(
+        &self,
+        req: ReleaseRun<'_>,
+    ) -> Result<Release, StoreError> {
+        let shared = match self.attempt(ReleaseRun::NAME, self.primary.call(req)).await {
             Attempt::Done(r) => Some(r?),
             Attempt::Failed(_) => None,
         };
         // A run admitted locally during an outage holds its lease here.
         let local = if self.local_used() {
-            self.inner.fallback.release_run(user, invocation_id).await?
+            self.inner.fallback.call(req).await?
         } else {
             Release::NotHeld
         };
@@ -123,10 +143,10 @@ impl<S: Store + Clone> Store for Failover<S> {
             Some(_) => Ok(local),
             None => {
                 let journalled = self.journal(
-                    "release_run",
+                    ReleaseRun::NAME,
                     Close::Release {
-                        user: user.to_owned(),
-                        invocation_id: invocation_id.to_owned(),
+                        user: req.user.to_owned(),
+                        invocation_id: req.invocation_id.to_owned(),
                     },
                 );
                 match (local, journalled) {
@@ -138,27 +158,14 @@ impl<S: Store + Clone> Store for Failover<S> {
         }
     }
 
-    async fn renew_run(
-        &self,
-        user: &str,
-        invocation_id: &str,
-        ttl_ms: u64,
-    ) -> Result<Option<u64>, StoreError> {
-        let cause = match self
-            .attempt(
-                "renew_run",
-                self.primary.renew_run(user, invocation_id, ttl_ms),
-            )
-            .await
-        {
+    /// A run renewal ([`Outage::FailClosed`] but for a lease the local
+    /// store issued, renewed there).
+    pub(crate) async fn renew_local(&self, req: RenewRun<'_>) -> Result<Option<u64>, StoreError> {
+        let cause = match self.attempt(RenewRun::NAME, self.primary.call(req)).await {
             Attempt::Done(Ok(Some(exp))) => return Ok(Some(exp)),
+            // Maybe admitted locally during an outage.
             Attempt::Done(Ok(None)) if self.local_used() => {
-                // Maybe admitted locally during an outage.
-                return self
-                    .inner
-                    .fallback
-                    .renew_run(user, invocation_id, ttl_ms)
-                    .await;
+                return self.inner.fallback.call(req).await;
             }
             Attempt::Done(Ok(None)) => return Ok(None),
             Attempt::Done(Err(e)) => return Err(e),
@@ -168,20 +175,23 @@ impl<S: Store + Clone> Store for Failover<S> {
         // shared store cannot: the client must not believe it holds a lease
         // that is expiring there.
         if self.local_used()
-            && let Some(exp) = self
-                .inner
-                .fallback
-                .renew_run(user, invocation_id, ttl_ms)
-                .await?
+            && let Some(exp) = self.inner.fallback.call(req).await?
         {
-            self.event("renew_run", true, cause.as_ref());
+            self.event(RenewRun::NAME, true, cause.as_ref());
             return Ok(Some(exp));
         }
-        self.event("renew_run", false, cause.as_ref());
-        Err(Self::closed("renew_run", cause))
+        self.event(RenewRun::NAME, false, cause.as_ref());
+        Err(Self::closed(RenewRun::NAME, cause))
     }
 
-    async fn reserve_tokens(&self, req: ReserveRequest<'_>) -> Result<ReserveOutcome, StoreError> {
+    /// A token reservation ([`Outage::Owed`]): the local store's charge
+    /// (and budgets) owed, a reservation sent and failed remembered as
+    /// ambiguous, a retry of a local answer answered again.
+    pub(crate) async fn reserve_owed(
+        &self,
+        req: ReserveRequest<'_>,
+    ) -> Result<ReserveOutcome, StoreError> {
+        const NAME: &str = ReserveRequest::NAME;
         // A retry of a request the local store answered during an outage
         // gets that answer again, wherever the shared store is now.
         if let Some(rid) = req.request_id
@@ -206,28 +216,11 @@ impl<S: Store + Clone> Store for Failover<S> {
             request_id: Some(rid),
             ..req
         };
-        let attempt = self
-            .attempt("reserve_tokens", self.primary.reserve_tokens(req))
-            .await;
+        let attempt = self.attempt(NAME, self.primary.call(req)).await;
         let sent_and_failed = matches!(attempt, Attempt::Failed(Some(_)));
         let closed = req.budget.is_some_and(|b| closed_budgets(b.checks));
         let decided = self
-            .decide_budgeted("reserve_tokens", attempt, closed, |m, share| async move {
-                let checks = req.budget.map(|b| scale_checks(b.checks, share));
-                m.reserve_tokens(ReserveRequest {
-                    tokens: scale_spec(&req.tokens, share),
-                    budget: req.budget.map(|b| BudgetRequest {
-                        checks: checks.as_deref().unwrap_or_default(),
-                        // The fallback counts from a fresh window against
-                        // its share of each limit: its crossings would say
-                        // nothing of the user's real spend.
-                        alerts: &[],
-                        ..b
-                    }),
-                    ..req
-                })
-                .await
-            })
+            .decide_budgeted(NAME, attempt, closed, |m, share| req.on_fallback(m, share))
             .await;
         let (out, local) = match decided {
             Ok(v) => v,
@@ -302,18 +295,26 @@ impl<S: Store + Clone> Store for Failover<S> {
         Ok(self.tag_outcome(out))
     }
 
-    async fn settle(&self, req: SettleRequest<'_>) -> Result<SettleOutcome, StoreError> {
+    /// A settle or refund ([`Outage::Journalled`]): of a reservation the
+    /// local store issued, there; of the shared store's, journalled.
+    pub(crate) async fn settle_journalled(
+        &self,
+        req: SettleRequest<'_>,
+    ) -> Result<SettleOutcome, StoreError> {
         match req.reservation.fallback {
             Some(tag) if tag == self.inner.tag => return self.settle_local(req).await,
             // Issued by another replica's local store: unknown here.
             Some(_) => return Ok(SettleOutcome::Unknown),
             None => {}
         }
-        match self.attempt("settle", self.primary.settle(req)).await {
+        match self
+            .attempt(SettleRequest::NAME, self.primary.call(req))
+            .await
+        {
             Attempt::Done(r) => r,
             Attempt::Failed(_) => {
                 self.journal(
-                    "settle",
+                    SettleRequest::NAME,
                     Close::Settle {
                         user: req.user.to_owned(),
                         tokens: req.tokens,
@@ -332,35 +333,15 @@ impl<S: Store + Clone> Store for Failover<S> {
         }
     }
 
-    async fn take_many(
+    /// A single take ([`Outage::Owed`]): a user's turns the local store
+    /// took are owed.
+    pub(crate) async fn take_one_owed(
         &self,
-        takes: &[BucketTake<'_>],
-        cooldown: Option<CooldownCheck<'_>>,
-    ) -> Result<MultiTake, StoreError> {
-        self.decide_value(
-            "take_many",
-            self.primary.take_many(takes, cooldown),
-            |m, share| async move {
-                let scaled: Vec<BucketTake<'_>> = takes
-                    .iter()
-                    .map(|t| BucketTake {
-                        spec: scale_spec(&t.spec, share),
-                        ..*t
-                    })
-                    .collect();
-                m.take_many(&scaled, cooldown).await
-            },
-        )
-        .await
-    }
-
-    async fn take_one(&self, req: TakeRequest<'_>) -> Result<TakeOutcome, StoreError> {
+        req: TakeRequest<'_>,
+    ) -> Result<TakeOutcome, StoreError> {
         let (out, local) = self
-            .decide("take_one", self.primary.take_one(req), |m, share| {
-                m.take_one(TakeRequest {
-                    spec: scale_spec(&req.spec, share),
-                    ..req
-                })
+            .decide(TakeRequest::NAME, self.primary.call(req), |m, share| {
+                req.on_fallback(m, share)
             })
             .await?;
         // A user's turns taken locally are owed. An ambiguous take is not
@@ -379,181 +360,17 @@ impl<S: Store + Clone> Store for Failover<S> {
         Ok(out)
     }
 
-    async fn extend_cooldown(&self, key: &str, until_ms: u64) -> Result<u64, StoreError> {
-        self.decide_value(
-            "extend_cooldown",
-            self.primary.extend_cooldown(key, until_ms),
-            |m, _| m.extend_cooldown(key, until_ms),
-        )
-        .await
-    }
-
-    async fn aimd(
+    /// Clearing a provider key ([`Outage::FailClosed`]): once the shared
+    /// store cleared it, this replica's fallback state for it too.
+    pub(crate) async fn clear_both(
         &self,
-        key: &str,
-        params: AimdParams,
-        throttled: bool,
-    ) -> Result<u32, StoreError> {
-        self.decide_value("aimd", self.primary.aimd(key, params, throttled), |m, _| {
-            m.aimd(key, params, throttled)
-        })
-        .await
-    }
-
-    async fn clear_provider(
-        &self,
-        cooldown: &str,
-        aimd: &str,
-        params: AimdParams,
+        req: ClearProvider<'_>,
     ) -> Result<ProviderCleared, StoreError> {
         let cleared = self
-            .closed_only(
-                "clear_provider",
-                self.primary.clear_provider(cooldown, aimd, params),
-            )
+            .closed_only(ClearProvider::NAME, self.primary.call(req))
             .await?;
-        self.inner
-            .fallback
-            .clear_provider(cooldown, aimd, params)
-            .await?;
+        self.inner.fallback.call(req).await?;
         Ok(cleared)
-    }
-
-    async fn claim_session(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        self.closed_only("claim_session", self.primary.claim_session(req))
-            .await
-    }
-
-    async fn session_acquire(
-        &self,
-        session: &str,
-        holder: &str,
-        ttl_ms: u64,
-    ) -> Result<SessionAcquire, StoreError> {
-        self.closed_only(
-            "session_acquire",
-            self.primary.session_acquire(session, holder, ttl_ms),
-        )
-        .await
-    }
-
-    async fn session_renew(
-        &self,
-        session: &str,
-        holder: &str,
-        ttl_ms: u64,
-    ) -> Result<Option<SessionGrant>, StoreError> {
-        self.closed_only(
-            "session_renew",
-            self.primary.session_renew(session, holder, ttl_ms),
-        )
-        .await
-    }
-
-    async fn session_release(&self, session: &str, holder: &str) -> Result<bool, StoreError> {
-        self.closed_only(
-            "session_release",
-            self.primary.session_release(session, holder),
-        )
-        .await
-    }
-
-    async fn fence_check(&self, session: &str, fence: u64) -> Result<FenceCheck, StoreError> {
-        self.closed_only("fence_check", self.primary.fence_check(session, fence))
-            .await
-    }
-
-    async fn append_fenced(
-        &self,
-        session: &str,
-        fence: u64,
-        record: &[u8],
-    ) -> Result<AppendOutcome, StoreError> {
-        self.closed_only(
-            "append_fenced",
-            self.primary.append_fenced(session, fence, record),
-        )
-        .await
-    }
-
-    async fn read_records(
-        &self,
-        session: &str,
-        from: u64,
-        limit: usize,
-    ) -> Result<Vec<Vec<u8>>, StoreError> {
-        self.closed_only(
-            "read_records",
-            self.primary.read_records(session, from, limit),
-        )
-        .await
-    }
-
-    async fn delete_records(&self, session: &str) -> Result<u64, StoreError> {
-        self.closed_only("delete_records", self.primary.delete_records(session))
-            .await
-    }
-
-    /// Fails closed: the fallback's spend is not the user's.
-    async fn budget_spent(
-        &self,
-        user: &str,
-        checks: &[BudgetCheck],
-        adjust: Option<(Period, BudgetAdjust)>,
-    ) -> Result<Vec<SpentNow>, StoreError> {
-        self.closed_only(
-            "budget_spent",
-            self.primary.budget_spent(user, checks, adjust),
-        )
-        .await
-    }
-
-    async fn user_state(
-        &self,
-        user: &str,
-        turns: BucketSpec,
-        tokens: BucketSpec,
-    ) -> Result<UserState, StoreError> {
-        self.decide_value(
-            "user_state",
-            self.primary.user_state(user, turns, tokens),
-            |m, share| m.user_state(user, scale_spec(&turns, share), scale_spec(&tokens, share)),
-        )
-        .await
-    }
-
-    async fn top_users(&self, n: usize) -> Result<Vec<TopUser>, StoreError> {
-        self.decide_value("top_users", self.primary.top_users(n), |m, _| {
-            m.top_users(n)
-        })
-        .await
-    }
-
-    async fn reset_user(&self, user: &str) -> Result<bool, StoreError> {
-        self.decide_value("reset_user", self.primary.reset_user(user), |m, _| {
-            m.reset_user(user)
-        })
-        .await
-    }
-
-    async fn session_create(&self, req: SessionCreate<'_>) -> Result<SessionCreated, StoreError> {
-        self.closed_only("session_create", self.primary.session_create(req))
-            .await
-    }
-
-    async fn session_append(&self, req: SessionAppend<'_>) -> Result<SessionAppended, StoreError> {
-        self.closed_only("session_append", self.primary.session_append(req))
-            .await
-    }
-
-    async fn session_delete(&self, req: SessionDelete<'_>) -> Result<u64, StoreError> {
-        self.closed_only("session_delete", self.primary.session_delete(req))
-            .await
-    }
-
-    async fn reconcile(&self, req: ReconcileRequest<'_>) -> Result<Reconciled, StoreError> {
-        self.closed_only("reconcile", self.primary.reconcile(req))
-            .await
     }
 }
 

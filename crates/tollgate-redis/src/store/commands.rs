@@ -2,8 +2,16 @@
 
 use super::*;
 use crate::codes::*;
+use std::future::Future;
+use tollgate_core::store::{Backend, Op};
 
 impl Store for RedisStore {
+    fn call<O: Op>(&self, op: O) -> impl Future<Output = Result<O::Reply, StoreError>> + Send {
+        op.apply(self)
+    }
+}
+
+impl Backend for RedisStore {
     async fn admit_turn(&self, req: TurnRequest<'_>) -> Result<TurnOutcome, StoreError> {
         let k = &self.inner.keys;
         let p = &req.params;

@@ -284,7 +284,7 @@ async fn release<S: Store + Clone>(
     path_id(&id, "user")?;
     path_id(&inv, "invocation_id")?;
     let outcome = app.store().release_run(&id, &inv).await?;
-    app.metrics().turn_ended(&id, &inv, app.clock().now_ms());
+    app.runs().ended(&id, &inv, app.clock().now_ms());
     let (released, pending) = (
         outcome.released(),
         outcome == tollgate_core::store::Release::Pending,

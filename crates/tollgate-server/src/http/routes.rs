@@ -302,7 +302,7 @@ async fn readyz<S: Store + Clone>(
 async fn metrics_text<S: Store + Clone>(State(app): State<App<S>>) -> Response {
     app.metrics()
         .sync_reclaimed(app.limiter().reclaimed_leases());
-    app.metrics().sync_turns(app.clock().now_ms());
+    app.runs().sync(app.clock().now_ms());
     (
         [(
             axum::http::header::CONTENT_TYPE,

@@ -288,9 +288,9 @@ pub async fn admit_run<S: Store + Clone>(
                     app.clock().now_ms(),
                 );
                 if grant.run.refreshed {
-                    app.metrics().turn_renewed(user, inv, exp, now);
+                    app.runs().renewed(user, inv, exp, now);
                 } else {
-                    app.metrics().turn_started(user, inv, exp, now);
+                    app.runs().started(user, inv, exp, now);
                 }
             }
             app.metrics()
@@ -330,8 +330,8 @@ pub async fn release_run<S: Store + Clone>(
     let outcome = app.limiter().release_run(user, invocation_id).await?;
     // Even when the store held nothing (it expired, or fail-open admitted it
     // locally) or the release is pending: the run is over either way.
-    app.metrics()
-        .turn_ended(&user, &invocation_id, app.clock().now_ms());
+    app.runs()
+        .ended(&user, &invocation_id, app.clock().now_ms());
     if let Some(sid) = session_id {
         let u = app.limiter().user(user)?;
         let key = counted_session(app, &u, sid, 0, false).await?;
@@ -357,13 +357,13 @@ pub async fn renew_run<S: Store + Clone>(
     let now = app.clock().now_ms();
     match app.limiter().renew_run(user, invocation_id).await? {
         Some(exp) => {
-            app.metrics().turn_renewed(&user, &invocation_id, exp, now);
+            app.runs().renewed(&user, &invocation_id, exp, now);
             Ok(RenewResponse {
                 lease_expires_at_ms: exp,
             })
         }
         None => {
-            app.metrics().turn_ended(&user, &invocation_id, now);
+            app.runs().ended(&user, &invocation_id, now);
             Err(ApiError::LeaseLost)
         }
     }

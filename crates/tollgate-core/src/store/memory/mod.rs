@@ -288,6 +288,15 @@ impl MemoryStore {
 }
 
 impl Store for MemoryStore {
+    fn call<O: super::Op>(
+        &self,
+        op: O,
+    ) -> impl Future<Output = Result<O::Reply, StoreError>> + Send {
+        op.apply(self)
+    }
+}
+
+impl super::Backend for MemoryStore {
     async fn admit_turn(&self, req: TurnRequest<'_>) -> Result<TurnOutcome, StoreError> {
         self.room("admit_turn", || self.admit(req))
     }
