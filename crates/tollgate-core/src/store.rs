@@ -585,6 +585,27 @@ pub fn rank_top(mut users: Vec<TopUser>, n: usize) -> Vec<TopUser> {
     users
 }
 
+/// The [`Store`] shorthand methods: each a [`Store::call`] of the request
+/// it builds from its arguments, whose [`Backend`] method of the same name
+/// states the promise.
+macro_rules! shorthand {
+    ($($(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $reply:ty = $op:expr;)*) => {
+        $(
+            $(#[$doc])*
+            #[doc = concat!("\n\nSee [`Backend::", stringify!($name), "`].")]
+            // One lifetime names every borrowed argument, so the request
+            // built from them has one; where there is one, it could be elided.
+            #[allow(clippy::needless_lifetimes)]
+            fn $name<'a>(
+                &'a self,
+                $($arg: $ty),*
+            ) -> impl Future<Output = Result<$reply, StoreError>> + Send {
+                self.call($op)
+            }
+        )*
+    };
+}
+
 /// Where tollgate keeps its state, as its users and decorators see it: one
 /// method, [`call`](Store::call), that runs any [`Op`]. A backend is one
 /// by running the operation on itself ([`Op::apply`]); a decorator (the
@@ -597,271 +618,75 @@ pub trait Store: Send + Sync + 'static {
     /// decorator makes of it.
     fn call<O: Op>(&self, op: O) -> impl Future<Output = Result<O::Reply, StoreError>> + Send;
 
-    /// Turn admission (SPEC §3): [`TurnRequest`]. See [`Backend::admit_turn`].
-    fn admit_turn<'a>(
-        &'a self,
-        req: TurnRequest<'a>,
-    ) -> impl Future<Output = Result<TurnOutcome, StoreError>> + Send {
-        self.call(req)
-    }
-
-    /// [`ReleaseRun`]. See [`Backend::release_run`].
-    fn release_run<'a>(
-        &'a self,
-        user: &'a str,
-        invocation_id: &'a str,
-    ) -> impl Future<Output = Result<Release, StoreError>> + Send {
-        self.call(ReleaseRun {
-            user,
-            invocation_id,
-        })
-    }
-
-    /// [`RenewRun`]. See [`Backend::renew_run`].
-    fn renew_run<'a>(
-        &'a self,
-        user: &'a str,
-        invocation_id: &'a str,
-        ttl_ms: u64,
-    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send {
-        self.call(RenewRun {
-            user,
-            invocation_id,
-            ttl_ms,
-        })
-    }
-
-    /// A token reservation: [`ReserveRequest`]. See [`Backend::reserve_tokens`].
-    fn reserve_tokens<'a>(
-        &'a self,
-        req: ReserveRequest<'a>,
-    ) -> impl Future<Output = Result<ReserveOutcome, StoreError>> + Send {
-        self.call(req)
-    }
-
-    /// A settle or refund: [`SettleRequest`]. See [`Backend::settle`].
-    fn settle<'a>(
-        &'a self,
-        req: SettleRequest<'a>,
-    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
-        self.call(req)
-    }
-
-    /// [`TakeMany`]. See [`Backend::take_many`].
-    fn take_many<'a>(
-        &'a self,
-        takes: &'a [BucketTake<'a>],
-        cooldown: Option<CooldownCheck<'a>>,
-    ) -> impl Future<Output = Result<MultiTake, StoreError>> + Send {
-        self.call(TakeMany { takes, cooldown })
-    }
-
-    /// A single take: [`TakeRequest`]. See [`Backend::take_one`].
-    fn take_one<'a>(
-        &'a self,
-        req: TakeRequest<'a>,
-    ) -> impl Future<Output = Result<TakeOutcome, StoreError>> + Send {
-        self.call(req)
-    }
-
-    /// [`ExtendCooldown`]. See [`Backend::extend_cooldown`].
-    fn extend_cooldown<'a>(
-        &'a self,
-        key: &'a str,
-        until_ms: u64,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        self.call(ExtendCooldown { key, until_ms })
-    }
-
-    /// [`Aimd`]. See [`Backend::aimd`].
-    fn aimd<'a>(
-        &'a self,
-        key: &'a str,
-        params: AimdParams,
-        throttled: bool,
-    ) -> impl Future<Output = Result<u32, StoreError>> + Send {
-        self.call(Aimd {
-            key,
-            params,
-            throttled,
-        })
-    }
-
-    /// [`ClearProvider`]. See [`Backend::clear_provider`].
-    fn clear_provider<'a>(
-        &'a self,
-        cooldown: &'a str,
-        aimd: &'a str,
-        params: AimdParams,
-    ) -> impl Future<Output = Result<ProviderCleared, StoreError>> + Send {
-        self.call(ClearProvider {
-            cooldown,
-            aimd,
-            params,
-        })
-    }
-
-    /// A session claim: [`ClaimRequest`]. See [`Backend::claim_session`].
-    fn claim_session<'a>(
-        &'a self,
-        req: ClaimRequest<'a>,
-    ) -> impl Future<Output = Result<Claim, StoreError>> + Send {
-        self.call(req)
-    }
-
-    /// [`AcquireSession`]. See [`Backend::session_acquire`].
-    fn session_acquire<'a>(
-        &'a self,
-        session: &'a str,
-        holder: &'a str,
-        ttl_ms: u64,
-    ) -> impl Future<Output = Result<SessionAcquire, StoreError>> + Send {
-        self.call(AcquireSession {
-            session,
-            holder,
-            ttl_ms,
-        })
-    }
-
-    /// [`RenewSession`]. See [`Backend::session_renew`].
-    fn session_renew<'a>(
-        &'a self,
-        session: &'a str,
-        holder: &'a str,
-        ttl_ms: u64,
-    ) -> impl Future<Output = Result<Option<SessionGrant>, StoreError>> + Send {
-        self.call(RenewSession {
-            session,
-            holder,
-            ttl_ms,
-        })
-    }
-
-    /// [`ReleaseSession`]. See [`Backend::session_release`].
-    fn session_release<'a>(
-        &'a self,
-        session: &'a str,
-        holder: &'a str,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        self.call(ReleaseSession { session, holder })
-    }
-
-    /// [`CheckFence`]. See [`Backend::fence_check`].
-    fn fence_check<'a>(
-        &'a self,
-        session: &'a str,
-        fence: u64,
-    ) -> impl Future<Output = Result<FenceCheck, StoreError>> + Send {
-        self.call(CheckFence { session, fence })
-    }
-
-    /// [`AppendFenced`]. See [`Backend::append_fenced`].
-    fn append_fenced<'a>(
-        &'a self,
-        session: &'a str,
-        fence: u64,
-        record: &'a [u8],
-    ) -> impl Future<Output = Result<AppendOutcome, StoreError>> + Send {
-        self.call(AppendFenced {
-            session,
-            fence,
-            record,
-        })
-    }
-
-    /// [`ReadRecords`]. See [`Backend::read_records`].
-    fn read_records<'a>(
-        &'a self,
-        session: &'a str,
-        from: u64,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<Vec<u8>>, StoreError>> + Send {
-        self.call(ReadRecords {
-            session,
-            from,
-            limit,
-        })
-    }
-
-    /// [`DeleteRecords`]. See [`Backend::delete_records`].
-    fn delete_records<'a>(
-        &'a self,
-        session: &'a str,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        self.call(DeleteRecords { session })
-    }
-
-    /// [`ReadUser`]. See [`Backend::user_state`].
-    fn user_state<'a>(
-        &'a self,
-        user: &'a str,
-        turns: BucketSpec,
-        tokens: BucketSpec,
-    ) -> impl Future<Output = Result<UserState, StoreError>> + Send {
-        self.call(ReadUser {
-            user,
-            turns,
-            tokens,
-        })
-    }
-
-    /// [`BudgetSpent`]. See [`Backend::budget_spent`].
-    fn budget_spent<'a>(
-        &'a self,
-        user: &'a str,
-        checks: &'a [BudgetCheck],
-        adjust: Option<(Period, BudgetAdjust)>,
-    ) -> impl Future<Output = Result<Vec<SpentNow>, StoreError>> + Send {
-        self.call(BudgetSpent {
-            user,
-            checks,
-            adjust,
-        })
-    }
-
-    /// [`TopUsers`]. See [`Backend::top_users`].
-    fn top_users(&self, n: usize) -> impl Future<Output = Result<Vec<TopUser>, StoreError>> + Send {
-        self.call(TopUsers { n })
-    }
-
-    /// [`ResetUser`]. See [`Backend::reset_user`].
-    fn reset_user<'a>(
-        &'a self,
-        user: &'a str,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        self.call(ResetUser { user })
-    }
-
-    /// A reconciliation: [`ReconcileRequest`]. See [`Backend::reconcile`].
-    fn reconcile<'a>(
-        &'a self,
-        req: ReconcileRequest<'a>,
-    ) -> impl Future<Output = Result<Reconciled, StoreError>> + Send {
-        self.call(req)
-    }
-
-    /// A grouped session create: [`SessionCreate`]. See [`Backend::session_create`].
-    fn session_create<'a>(
-        &'a self,
-        req: SessionCreate<'a>,
-    ) -> impl Future<Output = Result<SessionCreated, StoreError>> + Send {
-        self.call(req)
-    }
-
-    /// A grouped session append: [`SessionAppend`]. See [`Backend::session_append`].
-    fn session_append<'a>(
-        &'a self,
-        req: SessionAppend<'a>,
-    ) -> impl Future<Output = Result<SessionAppended, StoreError>> + Send {
-        self.call(req)
-    }
-
-    /// A grouped session delete: [`SessionDelete`]. See [`Backend::session_delete`].
-    fn session_delete<'a>(
-        &'a self,
-        req: SessionDelete<'a>,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        self.call(req)
+    shorthand! {
+        /// Turn admission (SPEC §3): [`TurnRequest`].
+        fn admit_turn(req: TurnRequest<'a>) -> TurnOutcome = req;
+        /// [`ReleaseRun`].
+        fn release_run(user: &'a str, invocation_id: &'a str) -> Release
+            = ReleaseRun { user, invocation_id };
+        /// [`RenewRun`].
+        fn renew_run(user: &'a str, invocation_id: &'a str, ttl_ms: u64) -> Option<u64>
+            = RenewRun { user, invocation_id, ttl_ms };
+        /// A token reservation: [`ReserveRequest`].
+        fn reserve_tokens(req: ReserveRequest<'a>) -> ReserveOutcome = req;
+        /// A settle or refund: [`SettleRequest`].
+        fn settle(req: SettleRequest<'a>) -> SettleOutcome = req;
+        /// [`TakeMany`].
+        fn take_many(takes: &'a [BucketTake<'a>], cooldown: Option<CooldownCheck<'a>>) -> MultiTake
+            = TakeMany { takes, cooldown };
+        /// A single take: [`TakeRequest`].
+        fn take_one(req: TakeRequest<'a>) -> TakeOutcome = req;
+        /// [`ExtendCooldown`].
+        fn extend_cooldown(key: &'a str, until_ms: u64) -> u64 = ExtendCooldown { key, until_ms };
+        /// [`Aimd`].
+        fn aimd(key: &'a str, params: AimdParams, throttled: bool) -> u32
+            = Aimd { key, params, throttled };
+        /// [`ClearProvider`].
+        fn clear_provider(cooldown: &'a str, aimd: &'a str, params: AimdParams) -> ProviderCleared
+            = ClearProvider { cooldown, aimd, params };
+        /// A session claim: [`ClaimRequest`].
+        fn claim_session(req: ClaimRequest<'a>) -> Claim = req;
+        /// [`AcquireSession`].
+        fn session_acquire(session: &'a str, holder: &'a str, ttl_ms: u64) -> SessionAcquire
+            = AcquireSession { session, holder, ttl_ms };
+        /// [`RenewSession`].
+        fn session_renew(session: &'a str, holder: &'a str, ttl_ms: u64) -> Option<SessionGrant>
+            = RenewSession { session, holder, ttl_ms };
+        /// [`ReleaseSession`].
+        fn session_release(session: &'a str, holder: &'a str) -> bool
+            = ReleaseSession { session, holder };
+        /// [`CheckFence`].
+        fn fence_check(session: &'a str, fence: u64) -> FenceCheck = CheckFence { session, fence };
+        /// [`AppendFenced`].
+        fn append_fenced(session: &'a str, fence: u64, record: &'a [u8]) -> AppendOutcome
+            = AppendFenced { session, fence, record };
+        /// [`ReadRecords`].
+        fn read_records(session: &'a str, from: u64, limit: usize) -> Vec<Vec<u8>>
+            = ReadRecords { session, from, limit };
+        /// [`DeleteRecords`].
+        fn delete_records(session: &'a str) -> u64 = DeleteRecords { session };
+        /// [`ReadUser`].
+        fn user_state(user: &'a str, turns: BucketSpec, tokens: BucketSpec) -> UserState
+            = ReadUser { user, turns, tokens };
+        /// [`BudgetSpent`].
+        fn budget_spent(
+            user: &'a str,
+            checks: &'a [BudgetCheck],
+            adjust: Option<(Period, BudgetAdjust)>,
+        ) -> Vec<SpentNow>
+            = BudgetSpent { user, checks, adjust };
+        /// [`TopUsers`].
+        fn top_users(n: usize) -> Vec<TopUser> = TopUsers { n };
+        /// [`ResetUser`].
+        fn reset_user(user: &'a str) -> bool = ResetUser { user };
+        /// A reconciliation: [`ReconcileRequest`].
+        fn reconcile(req: ReconcileRequest<'a>) -> Reconciled = req;
+        /// A grouped session create: [`SessionCreate`].
+        fn session_create(req: SessionCreate<'a>) -> SessionCreated = req;
+        /// A grouped session append: [`SessionAppend`].
+        fn session_append(req: SessionAppend<'a>) -> SessionAppended = req;
+        /// A grouped session delete: [`SessionDelete`].
+        fn session_delete(req: SessionDelete<'a>) -> u64 = req;
     }
 }
 

@@ -434,3 +434,82 @@ op!(SessionAppend<'_> => SessionAppended, "session_append", FailClosed,
     |b, r| b.session_append(r));
 op!(SessionDelete<'_> => u64, "session_delete", FailClosed,
     |b, r| b.session_delete(r));
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every operation's name and stated outage policy.
+    fn policies() -> Vec<(&'static str, Outage)> {
+        fn p<O: Op>() -> (&'static str, Outage) {
+            (O::NAME, O::OUTAGE)
+        }
+        vec![
+            p::<TurnRequest<'_>>(),
+            p::<ReleaseRun<'_>>(),
+            p::<RenewRun<'_>>(),
+            p::<ReserveRequest<'_>>(),
+            p::<SettleRequest<'_>>(),
+            p::<TakeMany<'_>>(),
+            p::<TakeRequest<'_>>(),
+            p::<ExtendCooldown<'_>>(),
+            p::<Aimd<'_>>(),
+            p::<ClearProvider<'_>>(),
+            p::<ClaimRequest<'_>>(),
+            p::<AcquireSession<'_>>(),
+            p::<RenewSession<'_>>(),
+            p::<ReleaseSession<'_>>(),
+            p::<CheckFence<'_>>(),
+            p::<AppendFenced<'_>>(),
+            p::<ReadRecords<'_>>(),
+            p::<DeleteRecords<'_>>(),
+            p::<ReadUser<'_>>(),
+            p::<BudgetSpent<'_>>(),
+            p::<TopUsers>(),
+            p::<ResetUser<'_>>(),
+            p::<ReconcileRequest<'_>>(),
+            p::<SessionCreate<'_>>(),
+            p::<SessionAppend<'_>>(),
+            p::<SessionDelete<'_>>(),
+        ]
+    }
+
+    /// docs/architecture.md's table of operations names each operation
+    /// once, with the outage policy its `Op` states.
+    #[test]
+    fn the_architecture_table_states_each_operations_policy() {
+        let doc = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/architecture.md"
+        ))
+        .expect("docs/architecture.md");
+        let mut documented = std::collections::BTreeMap::new();
+        let table = doc
+            .lines()
+            .skip_while(|l| !l.starts_with("| operation | promise | outage |"))
+            .skip(2)
+            .take_while(|l| l.starts_with('|'));
+        for row in table {
+            let cells: Vec<&str> = row.split(" | ").collect();
+            let outage = match cells[2].split_whitespace().next() {
+                Some("closed") => Outage::FailClosed,
+                Some("fallback") => Outage::Fallback,
+                Some("owed") => Outage::Owed,
+                Some("journalled") => Outage::Journalled,
+                other => panic!("row {row}: outage {other:?}"),
+            };
+            for name in cells[0].split('`').skip(1).step_by(2) {
+                assert!(
+                    documented.insert(name.to_owned(), outage).is_none(),
+                    "{name} is documented twice"
+                );
+            }
+        }
+        let stated: std::collections::BTreeMap<String, Outage> = policies()
+            .into_iter()
+            .map(|(name, outage)| (name.to_owned(), outage))
+            .collect();
+        assert_eq!(stated.len(), 26, "names are unique");
+        assert_eq!(documented, stated);
+    }
+}
