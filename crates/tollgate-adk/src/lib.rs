@@ -67,6 +67,8 @@ mod estimator;
 mod executor;
 mod fence;
 mod model;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 mod sessions;
 
 pub use bulkhead::ToolBulkhead;
