@@ -39,6 +39,11 @@ pub enum TurnError {
     Limiter(LimiterError),
     /// The runner could not start the invocation.
     Runner(AdkError),
+    /// The session database could not issue the turn's database fence
+    /// (sessions in PostgreSQL: `TurnExecutor::with_postgres_sessions`,
+    /// `postgres` feature);
+    /// retryable when the database was unreachable.
+    SessionStore(AdkError),
 }
 
 impl TurnError {
@@ -49,7 +54,7 @@ impl TurnError {
             TurnError::Overloaded(o) => Some(o.retry_after_ms()),
             TurnError::SessionBusy { retry_after_ms } => Some(*retry_after_ms),
             TurnError::Denied(d) => d.retry_after_ms(),
-            TurnError::Limiter(_) | TurnError::Runner(_) => None,
+            TurnError::Limiter(_) | TurnError::Runner(_) | TurnError::SessionStore(_) => None,
         }
     }
 
@@ -57,6 +62,7 @@ impl TurnError {
     pub fn is_retryable(&self) -> bool {
         match self {
             TurnError::Limiter(e) => e.is_transient(),
+            TurnError::SessionStore(e) => e.category == adk_core::ErrorCategory::Unavailable,
             _ => self.retry_after_ms().is_some(),
         }
     }
@@ -73,6 +79,7 @@ impl fmt::Display for TurnError {
             TurnError::Denied(d) => write!(f, "turn denied: {d}"),
             TurnError::Limiter(e) => write!(f, "turn not admitted: {e}"),
             TurnError::Runner(e) => write!(f, "turn not started: {e}"),
+            TurnError::SessionStore(e) => write!(f, "turn not started: no database fence: {e}"),
         }
     }
 }
@@ -81,7 +88,7 @@ impl std::error::Error for TurnError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             TurnError::Limiter(e) => Some(e),
-            TurnError::Runner(e) => Some(e),
+            TurnError::Runner(e) | TurnError::SessionStore(e) => Some(e),
             _ => None,
         }
     }
@@ -122,6 +129,8 @@ pub struct TurnExecutor<S> {
     limiter: Arc<Limiter<S>>,
     gate: ReplicaGate,
     session_ttl_ms: u64,
+    #[cfg(feature = "postgres")]
+    postgres: Option<Arc<crate::postgres::PgSessionService>>,
 }
 
 impl<S> fmt::Debug for TurnExecutor<S> {
@@ -144,7 +153,25 @@ impl<S: Store> TurnExecutor<S> {
             limiter,
             gate,
             session_ttl_ms: DEFAULT_SESSION_TTL_MS,
+            #[cfg(feature = "postgres")]
+            postgres: None,
         }
+    }
+
+    /// Takes each turn's database fence from `sessions` (sessions in
+    /// PostgreSQL, docs/spec.md §4): after the session lease and the
+    /// admission, the turn takes the session's next database fence, which
+    /// its appends then carry ([`TurnFence::db`]); the runner must keep its
+    /// sessions in the same service. If the database cannot issue it, the
+    /// turn is not started ([`TurnError::SessionStore`]) and its leases
+    /// are released.
+    #[cfg(feature = "postgres")]
+    pub fn with_postgres_sessions(
+        mut self,
+        sessions: Arc<crate::postgres::PgSessionService>,
+    ) -> Self {
+        self.postgres = Some(sessions);
+        self
     }
 
     /// Sets the session lease TTL (at least 3 ms, so it can be renewed
@@ -196,6 +223,8 @@ impl<S: Store> TurnExecutor<S> {
         let permit = self.gate.try_acquire().map_err(TurnError::Overloaded)?;
         let user = user_id.to_string();
         let key = session_key(self.runner.app_name(), &user, session_id.as_ref());
+        #[cfg(feature = "postgres")]
+        let db_session = session_id.to_string();
         // One snapshot of the user's plan for the admission and the
         // renewal period.
         let for_user = self.limiter.user(&user).map_err(TurnError::Limiter)?;
@@ -243,6 +272,8 @@ impl<S: Store> TurnExecutor<S> {
             unreachable!("a turn admitted in a named session holds its lease");
         };
 
+        #[cfg(feature = "postgres")]
+        let db_names = (user.clone(), db_session);
         let held = Held {
             limiter: Arc::clone(&self.limiter),
             user,
@@ -252,11 +283,13 @@ impl<S: Store> TurnExecutor<S> {
         };
         let period = renew_every_ms(self.session_ttl_ms.min(lease_ttl_ms));
         let renewal = spawn_renewal(held.clone(), Arc::clone(self.limiter.clock()), period);
-        Ok(TurnStream {
+        #[allow(unused_mut)] // without the postgres feature
+        let mut stream = TurnStream {
             inner: invocation.into_events(),
             fence: Arc::new(TurnFence {
                 session_key: key,
                 fence: session.fence,
+                db: None,
             }),
             guard: Some(Guard {
                 held,
@@ -265,7 +298,21 @@ impl<S: Store> TurnExecutor<S> {
             }),
             releasing: None,
             done: false,
-        })
+        };
+        #[cfg(feature = "postgres")]
+        if let Some(sessions) = &self.postgres {
+            // On an error the stream is dropped unpolled: its leases are
+            // released.
+            let db = sessions
+                .take_fence(self.runner.app_name(), &db_names.0, &db_names.1)
+                .await
+                .map_err(TurnError::SessionStore)?;
+            stream.fence = Arc::new(TurnFence {
+                db: Some(db),
+                ..(*stream.fence).clone()
+            });
+        }
+        Ok(stream)
     }
 }
 

@@ -18,14 +18,32 @@ tokio::task_local! {
     static CURRENT: Arc<TurnFence>;
 }
 
-/// The session lease a turn holds: the store key of its session and the
-/// fencing number it was granted.
+/// The session lease a turn holds: the store key of its session, the
+/// fencing number its lease was granted and, when its session lives in
+/// PostgreSQL, the database fence it took there (docs/spec.md §4,
+/// *Sessions in PostgreSQL*).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TurnFence {
     /// The session's key in the store ([`session_key`]).
     pub session_key: String,
-    /// The fencing number the turn's lease was granted.
+    /// The fencing number the turn's lease was granted (the lease store's;
+    /// what [`FencedSessionService`](crate::FencedSessionService) checks).
     pub fence: u64,
+    /// The database fence the turn took in PostgreSQL (what the
+    /// PostgreSQL session service checks); `None` when the session does
+    /// not live there.
+    pub db: Option<DbFence>,
+}
+
+/// A session's database fence: the number (from 1) and the token
+/// PostgreSQL drew with it. A writer holds one; a write is accepted only
+/// while the session's fence row holds both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DbFence {
+    /// The number, from 1.
+    pub number: i64,
+    /// The token drawn with it.
+    pub token: uuid::Uuid,
 }
 
 /// The store key of an adk session: its app, user and session id, joined

@@ -74,7 +74,7 @@ mod sessions;
 pub use bulkhead::ToolBulkhead;
 pub use estimator::{CallShape, Estimator, MovingAverage, Usage};
 pub use executor::{TurnError, TurnExecutor, TurnStream};
-pub use fence::{TurnFence, session_key, with_fence};
+pub use fence::{DbFence, TurnFence, session_key, with_fence};
 pub use model::{
     IDENTITY_EXTENSION, LimitedLlm, ModelCallEvent, RefundReason, feedback_of, identify_calls,
     stopped_early_message,

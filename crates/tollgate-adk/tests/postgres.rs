@@ -4,7 +4,27 @@
 //! *Sessions in PostgreSQL*). Each test works in a database of its own.
 #![cfg(feature = "postgres")]
 
+mod scenario;
+mod support;
+
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use adk_core::{Content, ErrorCategory, SessionId, UserId};
+use adk_session::{InMemorySessionService, PostgresSessionService, SessionService};
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use scenario::*;
+use serde_json::json;
+use support::APP;
+use tokio::sync::Semaphore;
+use tollgate_adk::postgres::{PgSessionService, PoolBounds};
+use tollgate_adk::{FenceError, TurnExecutor, TurnStream, with_fence};
+use tollgate_core::{FakeClock, MemoryStore, ReplicaGate, Store};
+use tollgate_testkit::T0;
+use tollgate_testkit::scenarios::support as support_plan;
 
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgPool};
@@ -306,5 +326,502 @@ async fn a_take_waits_for_the_write_in_flight_and_refuses_the_next() {
         .await
         .expect("count");
     assert_eq!(rows, 1, "the write before the take landed whole");
+    db.drop_db().await;
+}
+
+/// A migrated session service over `db`, creation times from `clock`.
+async fn service(db: &TestDb, clock: &FakeClock) -> PgSessionService {
+    let svc = PgSessionService::new(db.pool.clone(), clock.clone());
+    svc.migrate().await.expect("migrate");
+    svc
+}
+
+/// Database fences taken from `svc` for the scenario's turns.
+fn db_fences<'a>(
+    svc: &'a PgSessionService,
+) -> impl Fn(String, String) -> BoxFuture<'a, Option<DbFence>> + Sync + 'a {
+    move |user, session| {
+        Box::pin(async move {
+            Some(
+                svc.take_fence(APP, &user, &session)
+                    .await
+                    .expect("take the database fence"),
+            )
+        })
+    }
+}
+
+#[tokio::test]
+async fn crud_matches_in_memory_on_postgres() {
+    let db = TestDb::new().await;
+    let clock = FakeClock::new(T0);
+    let svc = service(&db, &clock).await;
+    let leases = MemoryStore::new(clock.clone());
+    let got = scenario(&svc, &leases, &db_fences(&svc)).await;
+    let reference = scenario(
+        &InMemorySessionService::new(),
+        &MemoryStore::new(clock.clone()),
+        &no_db,
+    )
+    .await;
+    assert_eq!(got.len(), reference.len());
+    for ((label, got), (_, want)) in got.iter().zip(&reference) {
+        assert_eq!(got, want, "{label}");
+    }
+    let s1 = &got.iter().find(|(l, _)| *l == "get s1").expect("get s1").1;
+    assert_eq!(s1["events"].as_array().map(Vec::len), Some(3));
+    assert_eq!(
+        s1["state"],
+        json!({"app:theme": "light", "app:version": 2, "user:lang": "fr", "user:tz": "UTC",
+               "topic": "go", "mood": "ok"})
+    );
+    db.drop_db().await;
+}
+
+async fn event_ids(svc: &PgSessionService, user: &str, id: &str) -> Vec<String> {
+    svc.get(get(user, id))
+        .await
+        .expect("get")
+        .events()
+        .all()
+        .into_iter()
+        .map(|e| e.id)
+        .collect()
+}
+
+fn fence_error(e: &adk_core::AdkError) -> FenceError {
+    FenceError::find_in(e)
+        .unwrap_or_else(|| panic!("not a fence error: {e:?}"))
+        .clone()
+}
+
+/// Appends carry the turn's database fence: none (or only a lease's) is
+/// not held; one a newer turn superseded is stale and writes nothing, in
+/// any scope; a repeated event id appends nothing.
+#[tokio::test]
+async fn appends_are_checked_against_the_database_fence() {
+    let db = TestDb::new().await;
+    let clock = FakeClock::new(T0);
+    let svc = service(&db, &clock).await;
+    let leases = MemoryStore::new(clock.clone());
+    svc.create(create("u1", "s1", HashMap::new()))
+        .await
+        .expect("create");
+
+    let e = svc
+        .append_event_for_identity(append("u1", "s1", event("e0", "user", "x", 1, &[])))
+        .await
+        .expect_err("no fence");
+    assert!(matches!(fence_error(&e), FenceError::NotHeld { .. }));
+    let lease_only = lease(&leases, "u1", "s1", "turn-0").await;
+    let e = with_fence(
+        lease_only.clone(),
+        svc.append_event_for_identity(append("u1", "s1", event("e0", "user", "x", 1, &[]))),
+    )
+    .await
+    .expect_err("a lease fence only");
+    assert!(matches!(fence_error(&e), FenceError::NotHeld { .. }));
+    release(&leases, &lease_only, "turn-0").await;
+
+    // Turn A takes the fence; turn B takes it over.
+    let mut a = lease(&leases, "u1", "s1", "turn-a").await;
+    a.db = Some(svc.take_fence(APP, "u1", "s1").await.expect("fence"));
+    with_fence(
+        a.clone(),
+        svc.append_event_for_identity(append("u1", "s1", event("e1", "user", "a1", 1, &[]))),
+    )
+    .await
+    .expect("A appends");
+    let b_fence = svc.take_fence(APP, "u1", "s1").await.expect("fence");
+    let e = with_fence(
+        a.clone(),
+        svc.append_event_for_identity(append(
+            "u1",
+            "s1",
+            event(
+                "e2",
+                "assistant",
+                "a2",
+                2,
+                &[
+                    ("app:k", json!("A")),
+                    ("user:k", json!("A")),
+                    ("k", json!("A")),
+                ],
+            ),
+        )),
+    )
+    .await
+    .expect_err("stale");
+    assert_eq!(
+        fence_error(&e),
+        FenceError::Stale {
+            fence: a.db.expect("db").number as u64,
+            latest: b_fence.number as u64
+        }
+    );
+    assert_eq!(e.code, "session.fence_stale");
+    let s = svc.get(get("u1", "s1")).await.expect("get");
+    assert_eq!(event_ids(&svc, "u1", "s1").await, ["e1"]);
+    for k in ["app:k", "user:k", "k"] {
+        assert_eq!(
+            s.state().get(k),
+            None,
+            "{k}: nothing of the stale append landed"
+        );
+    }
+
+    // B's turn appends, and its retry of the same event lands once.
+    let mut b = a.clone();
+    b.db = Some(b_fence);
+    for _ in 0..2 {
+        with_fence(
+            b.clone(),
+            svc.append_event_for_identity(append("u1", "s1", event("e3", "user", "b", 3, &[]))),
+        )
+        .await
+        .expect("B appends");
+    }
+    assert_eq!(event_ids(&svc, "u1", "s1").await, ["e1", "e3"]);
+
+    // A session deleted and created again takes a new fence: B's is stale.
+    svc.delete(delete("u1", "s1")).await.expect("delete");
+    let e = with_fence(
+        b.clone(),
+        svc.append_event_for_identity(append("u1", "s1", event("e4", "user", "b", 4, &[]))),
+    )
+    .await
+    .expect_err("no session");
+    assert_eq!(e.code, "session.not_found");
+    svc.create(create("u1", "s1", HashMap::new()))
+        .await
+        .expect("create again");
+    let e = with_fence(
+        b,
+        svc.append_event_for_identity(append("u1", "s1", event("e4", "user", "b", 4, &[]))),
+    )
+    .await
+    .expect_err("stale after re-create");
+    assert!(matches!(fence_error(&e), FenceError::Stale { .. }));
+    assert!(event_ids(&svc, "u1", "s1").await.is_empty());
+    db.drop_db().await;
+}
+
+/// Reads answer the most recent events first, bounded.
+#[tokio::test]
+async fn reads_are_bounded_to_the_most_recent_events() {
+    let db = TestDb::new().await;
+    let clock = FakeClock::new(T0);
+    let svc = service(&db, &clock).await.with_max_events(3);
+    let leases = MemoryStore::new(clock.clone());
+    svc.create(create("u1", "s1", HashMap::new()))
+        .await
+        .expect("create");
+    let mut fence = lease(&leases, "u1", "s1", "turn").await;
+    fence.db = Some(svc.take_fence(APP, "u1", "s1").await.expect("fence"));
+    for n in 1..=5u64 {
+        with_fence(
+            fence.clone(),
+            svc.append_event_for_identity(append(
+                "u1",
+                "s1",
+                event(&format!("e{n}"), "user", "x", n, &[]),
+            )),
+        )
+        .await
+        .expect("append");
+    }
+    assert_eq!(event_ids(&svc, "u1", "s1").await, ["e3", "e4", "e5"]);
+    let last = svc
+        .get(adk_session::GetRequest {
+            num_recent_events: Some(2),
+            ..get("u1", "s1")
+        })
+        .await
+        .expect("get");
+    let ids: Vec<String> = last.events().all().into_iter().map(|e| e.id).collect();
+    assert_eq!(ids, ["e4", "e5"]);
+    let listed = svc.list(list("u1", None, None)).await.expect("list");
+    assert_eq!(listed[0].events().len(), 3);
+    db.drop_db().await;
+}
+
+/// Sessions adk-session's own PostgreSQL service wrote are read, state and
+/// events, and it reads what this service wrote: the tables are shared.
+#[tokio::test]
+async fn the_adk_postgres_services_data_is_kept_and_shared() {
+    let db = TestDb::new().await;
+    let clock = FakeClock::new(T0);
+    let theirs = PostgresSessionService::from_pool(db.pool.clone());
+    theirs.migrate().await.expect("their migration");
+    theirs
+        .create(create(
+            "u1",
+            "old",
+            HashMap::from([
+                ("topic".to_owned(), json!("rust")),
+                ("app:v".to_owned(), json!(1)),
+            ]),
+        ))
+        .await
+        .expect("their create");
+    theirs
+        .append_event_for_identity(append(
+            "u1",
+            "old",
+            event("e1", "user", "hi", 1, &[("mood", json!("ok"))]),
+        ))
+        .await
+        .expect("their append");
+
+    let ours = service(&db, &clock).await;
+    let s = ours.get(get("u1", "old")).await.expect("ours reads theirs");
+    assert_eq!(s.state().get("topic"), Some(json!("rust")));
+    assert_eq!(s.state().get("mood"), Some(json!("ok")));
+    assert_eq!(s.state().get("app:v"), Some(json!(1)));
+    assert_eq!(event_ids(&ours, "u1", "old").await, ["e1"]);
+
+    ours.create(create(
+        "u1",
+        "new",
+        HashMap::from([("x".to_owned(), json!(2))]),
+    ))
+    .await
+    .expect("our create");
+    let leases = MemoryStore::new(clock.clone());
+    let mut fence = lease(&leases, "u1", "new", "turn").await;
+    fence.db = Some(ours.take_fence(APP, "u1", "new").await.expect("fence"));
+    with_fence(
+        fence,
+        ours.append_event_for_identity(append("u1", "new", event("e2", "user", "yo", 2, &[]))),
+    )
+    .await
+    .expect("our append");
+    let s = theirs
+        .get(get("u1", "new"))
+        .await
+        .expect("theirs reads ours");
+    assert_eq!(s.state().get("x"), Some(json!(2)));
+    let ids: Vec<String> = s.events().all().into_iter().map(|e| e.id).collect();
+    assert_eq!(ids, ["e2"]);
+    db.drop_db().await;
+}
+
+/// A database that cannot be reached is a transient error, never a panic
+/// or a silent success.
+#[tokio::test]
+async fn an_unreachable_database_is_a_transient_error() {
+    // A port nothing listens on: bind one, then close it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let svc = PgSessionService::connect(
+        &format!("postgres://tollgate@127.0.0.1:{port}/tollgate"),
+        PoolBounds {
+            acquire_timeout: Duration::from_secs(2),
+            ..PoolBounds::default()
+        },
+        FakeClock::new(T0),
+    )
+    .expect("a valid URL");
+    let Err(e) = svc.create(create("u1", "s1", HashMap::new())).await else {
+        panic!("created on an unreachable database");
+    };
+    assert_eq!(e.code, "session.database_unavailable", "{e:?}");
+    assert_eq!(e.category, ErrorCategory::Unavailable);
+    let Err(e) = svc.get(get("u1", "s1")).await else {
+        panic!("read from an unreachable database");
+    };
+    assert_eq!(e.code, "session.database_unavailable");
+    let e = PgSessionService::connect("mysql://x", PoolBounds::default(), FakeClock::new(T0))
+        .expect_err("not a PostgreSQL URL");
+    assert_eq!(e.category, ErrorCategory::InvalidInput);
+}
+
+const TTL: u64 = 30_000;
+
+/// A model whose next reply waits for `gate`, then answers.
+fn gated(gate: &Arc<Semaphore>) -> support::Reply {
+    support::Reply::Stream(vec![
+        support::Step::Gate(Arc::clone(gate)),
+        support::Step::Chunk(support::chunk(support::REPLY, false, Some((100, 100)))),
+    ])
+}
+
+async fn outcome<S: Store>(mut stream: TurnStream<S>) -> (Vec<String>, Option<adk_core::AdkError>) {
+    let mut out = Vec::new();
+    let mut error = None;
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(event) => {
+                for part in event.llm_response.content.into_iter().flat_map(|c| c.parts) {
+                    if let adk_core::Part::Text { text } = part {
+                        out.push(text);
+                    }
+                }
+            }
+            Err(e) => {
+                error.get_or_insert(e);
+            }
+        }
+    }
+    (out, error)
+}
+
+/// A real adk runner keeping its sessions in PostgreSQL, its turns run by
+/// a `TurnExecutor` that takes each turn's database fence; leases in
+/// `leases`.
+struct PgTurns<S: Store + Clone> {
+    h: support::Harness<S>,
+    executor: TurnExecutor<S>,
+}
+
+impl<S: Store + Clone> PgTurns<S> {
+    async fn new(db: &TestDb, leases: S, clock: FakeClock) -> Self {
+        let sessions = Arc::new(service(db, &clock).await);
+        let h = support::Harness::assemble(
+            leases,
+            clock,
+            support_plan(),
+            support::FakeLlm::replying(),
+            Arc::clone(&sessions) as Arc<dyn SessionService>,
+            false,
+            |m| m,
+        );
+        let executor = TurnExecutor::new(
+            Arc::clone(&h.runner),
+            Arc::clone(&h.limiter),
+            ReplicaGate::new(4),
+        )
+        .with_session_ttl_ms(TTL)
+        .with_postgres_sessions(sessions);
+        Self { h, executor }
+    }
+
+    async fn turn(&self, text: &'static str) -> TurnStream<S> {
+        self.executor
+            .execute(
+                UserId::new("u1").expect("user"),
+                SessionId::new("s1").expect("session"),
+                Content::new("user").with_text(text),
+            )
+            .await
+            .expect("admitted")
+    }
+
+    async fn history(&self) -> Vec<adk_session::Event> {
+        self.h
+            .sessions
+            .get(get("u1", "s1"))
+            .await
+            .expect("session")
+            .events()
+            .all()
+    }
+}
+
+/// Sessions in PostgreSQL: turn A holds s1 and is paused past its lease;
+/// turn B takes the session (a higher lease fence and a higher database
+/// fence) and completes; A's late append is refused by the database
+/// (stale), and the history holds A's user message, then B's whole turn.
+#[tokio::test]
+async fn a_late_append_after_a_takeover_is_refused_by_the_database() {
+    let db = TestDb::new().await;
+    let clock = FakeClock::new(T0);
+    let t = PgTurns::new(&db, MemoryStore::new(clock.clone()), clock).await;
+    t.h.session("u1", "s1").await;
+    let gate = Arc::new(Semaphore::new(0));
+    t.h.model.push(gated(&gate));
+    let a = t.turn("from A").await;
+    let a_invocation = a.invocation_id().expect("id").to_owned();
+    let a_db = a.fence().db.expect("A holds a database fence");
+    let a = tokio::spawn(outcome(a));
+    while t.h.model.calls() < 1 {
+        tokio::task::yield_now().await;
+    }
+
+    t.h.clock.advance(TTL + 1_000);
+    let b = t.turn("from B").await;
+    let b_db = b.fence().db.expect("B holds a database fence");
+    assert_eq!(b_db.number, a_db.number + 1);
+    let (b_texts, b_error) = outcome(b).await;
+    assert!(b_error.is_none(), "{b_error:?}");
+    assert!(support::is_reply(&b_texts), "{b_texts:?}");
+
+    gate.add_permits(1);
+    let (_, a_error) = a.await.expect("join");
+    let a_error = a_error.expect("A's late append is refused");
+    assert_eq!(a_error.code, "session.fence_stale");
+    assert_eq!(
+        FenceError::find_in(&a_error),
+        Some(&FenceError::Stale {
+            fence: a_db.number as u64,
+            latest: b_db.number as u64
+        })
+    );
+    let who: Vec<(bool, String)> = t
+        .history()
+        .await
+        .iter()
+        .map(|e| (e.invocation_id == a_invocation, e.author.clone()))
+        .collect();
+    assert_eq!(
+        who,
+        vec![
+            (true, "user".to_owned()),
+            (false, "user".to_owned()),
+            (false, "assistant".to_owned()),
+        ],
+        "A's user message, then B's turn; nothing of A after B"
+    );
+    assert_eq!(t.executor.gate().in_flight(), 0);
+    db.drop_db().await;
+}
+
+/// The lease store loses its data between two turns (a fresh memory store
+/// stands for Redis restarted empty): the next turn's lease fence starts
+/// again at 1, yet its database fence is higher than any before, so its
+/// appends land; a holder from before the loss is refused.
+#[tokio::test]
+async fn a_lease_store_that_lost_its_data_cannot_reissue_a_database_fence() {
+    let db = TestDb::new().await;
+    let clock = FakeClock::new(T0);
+    let before = PgTurns::new(&db, MemoryStore::new(clock.clone()), clock.clone()).await;
+    before.h.session("u1", "s1").await;
+    let first = before.turn("one").await;
+    let (first_lease, first_db) = (first.fence().fence, first.fence().db.expect("db"));
+    let old_fence = first.fence().clone();
+    let (texts, error) = outcome(first).await;
+    assert!(error.is_none() && support::is_reply(&texts), "{error:?}");
+
+    // The lease store restarts empty; the database keeps everything.
+    let after = PgTurns::new(&db, MemoryStore::new(clock.clone()), clock.clone()).await;
+    let second = after.turn("two").await;
+    assert_eq!(
+        second.fence().fence,
+        first_lease,
+        "the lease fence starts again"
+    );
+    let second_db = second.fence().db.expect("db");
+    assert!(second_db.number > first_db.number);
+    let (texts, error) = outcome(second).await;
+    assert!(error.is_none() && support::is_reply(&texts), "{error:?}");
+    assert_eq!(after.history().await.len(), 4, "both turns whole");
+
+    // The holder from before the loss is refused.
+    let e = with_fence(
+        old_fence,
+        after.h.sessions.append_event_for_identity(append(
+            "u1",
+            "s1",
+            event("late", "assistant", "late", 99, &[]),
+        )),
+    )
+    .await
+    .expect_err("stale");
+    assert_eq!(e.code, "session.fence_stale");
+    assert_eq!(after.history().await.len(), 4);
     db.drop_db().await;
 }

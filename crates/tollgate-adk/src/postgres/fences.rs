@@ -5,6 +5,8 @@
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+pub use crate::fence::DbFence;
+
 /// One session, keyed as the ADK's tables key it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionRef<'a> {
@@ -14,17 +16,6 @@ pub struct SessionRef<'a> {
     pub user: &'a str,
     /// The session id.
     pub session: &'a str,
-}
-
-/// A session's database fence: the number (from 1) and the token drawn
-/// with it. A writer holds one; a write is accepted only while the
-/// session's row holds both.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DbFence {
-    /// The number, from 1.
-    pub number: i64,
-    /// The token drawn with it.
-    pub token: Uuid,
 }
 
 /// A write refused: the fence it carried is not the session's current one.

@@ -11,9 +11,13 @@
 //!   creates them) are left as they are.
 //! - [`Fences`] takes a session's next database fence and checks it inside
 //!   a write transaction.
+//! - [`PgSessionService`] keeps adk sessions in the ADK's tables, every
+//!   write of a turn checked against the turn's database fence.
 
 mod fences;
 mod migrate;
+mod service;
 
 pub use fences::{DbFence, Fences, SessionRef, Stale};
 pub use migrate::{LOCK_KEY, MIGRATIONS, MigrateError, Migration, TABLES, migrate, schema_version};
+pub use service::{DEFAULT_MAX_EVENTS, MAX_LIST, PgSessionService, PoolBounds};

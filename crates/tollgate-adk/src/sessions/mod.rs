@@ -27,7 +27,7 @@ use crate::fence::{TurnFence, current_fence, session_key};
 
 mod service;
 
-type StateMap = HashMap<String, Value>;
+pub(crate) type StateMap = HashMap<String, Value>;
 
 /// Records read per store call.
 const PAGE: usize = 1_000;
@@ -266,10 +266,10 @@ impl<S> fmt::Debug for FencedSessionService<S> {
 
 /// An adk session read back from the store: its session-scoped state and
 /// events.
-struct Loaded {
-    created_at: DateTime<Utc>,
-    state: StateMap,
-    events: Vec<Event>,
+pub(crate) struct Loaded {
+    pub(crate) created_at: DateTime<Utc>,
+    pub(crate) state: StateMap,
+    pub(crate) events: Vec<Event>,
 }
 
 impl Loaded {
@@ -486,7 +486,7 @@ impl<S: Store> FencedSessionService<S> {
 }
 
 /// A session as read: state merged over the three scopes, and events.
-struct FencedSession {
+pub(crate) struct FencedSession {
     identity: AdkIdentity,
     state: StateMap,
     events: Vec<Event>,
@@ -494,7 +494,20 @@ struct FencedSession {
 }
 
 impl FencedSession {
-    fn new(identity: AdkIdentity, app: &StateMap, user: &StateMap, loaded: Loaded) -> Self {
+    /// A session whose last update is `updated_at` (as stored), not its
+    /// last event's time.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn updated(mut self, updated_at: DateTime<Utc>) -> Self {
+        self.updated_at = updated_at;
+        self
+    }
+
+    pub(crate) fn new(
+        identity: AdkIdentity,
+        app: &StateMap,
+        user: &StateMap,
+        loaded: Loaded,
+    ) -> Self {
         Self {
             identity,
             state: merge_states(app, user, &loaded.state),
@@ -564,7 +577,7 @@ impl Events for FencedSession {
 
 // ----- helpers ---------------------------------------------------------------
 
-fn identity(app: &str, user: &str, session: &str) -> Result<AdkIdentity> {
+pub(crate) fn identity(app: &str, user: &str, session: &str) -> Result<AdkIdentity> {
     Ok(AdkIdentity::new(
         AppName::try_from(app)?,
         UserId::try_from(user)?,
@@ -572,7 +585,7 @@ fn identity(app: &str, user: &str, session: &str) -> Result<AdkIdentity> {
     ))
 }
 
-fn parts(identity: &AdkIdentity) -> (&str, &str, &str) {
+pub(crate) fn parts(identity: &AdkIdentity) -> (&str, &str, &str) {
     (
         identity.app_name.as_ref(),
         identity.user_id.as_ref(),
@@ -645,7 +658,7 @@ fn delta(changes: &StateMap) -> Result<Option<Vec<u8>>> {
 
 /// App, user and session id of a [`session_key`]; `None` if `key` is not
 /// one.
-fn parse_session_key(key: &str) -> Option<(&str, &str, &str)> {
+pub(crate) fn parse_session_key(key: &str) -> Option<(&str, &str, &str)> {
     let parsed = SessionKey::parse(key)?;
     let app = parsed.scope?.strip_prefix("adk:")?;
     Some((app, parsed.user, parsed.session))
@@ -681,7 +694,7 @@ fn corrupt(key: &str, index: usize, why: impl fmt::Display) -> AdkError {
     )
 }
 
-fn not_found(app: &str, user: &str, id: &str) -> AdkError {
+pub(crate) fn not_found(app: &str, user: &str, id: &str) -> AdkError {
     AdkError::not_found(
         ErrorComponent::Session,
         "session.not_found",
