@@ -21,7 +21,7 @@ use tollgate_core::Clock;
 use super::fences::{self, Fences, SessionRef};
 use crate::fence::{DbFence, TurnFence, current_fence, session_key};
 use crate::sessions::{
-    FenceError, FencedSession, Loaded, StateMap, identity, not_found, parse_session_key, parts,
+    FenceError, FencedSession, Loaded, StateMap, identity, legacy_target, not_found, parts,
 };
 
 /// Most events a read answers by default: the most recent ones
@@ -495,19 +495,8 @@ impl SessionService for PgSessionService {
     /// ([`FenceError::NotHeld`]) if no fence is current or its session id
     /// is not `session_id`.
     async fn append_event(&self, session_id: &str, event: Event) -> Result<()> {
-        let fence = current_fence();
-        let target = fence
-            .as_deref()
-            .and_then(|f| parse_session_key(&f.session_key))
-            .filter(|(_, _, id)| *id == session_id)
-            .map(|(app, user, id)| (app.to_owned(), user.to_owned(), id.to_owned()));
-        let Some((app, user, id)) = target else {
-            return Err(FenceError::NotHeld {
-                session: session_id.to_owned(),
-            }
-            .into());
-        };
-        self.append_fenced_event((&app, &user, &id), fence, event)
+        let (fence, [app, user, id]) = legacy_target(session_id)?;
+        self.append_fenced_event((&app, &user, &id), Some(fence), event)
             .await
     }
 

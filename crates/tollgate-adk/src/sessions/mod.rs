@@ -664,6 +664,26 @@ pub(crate) fn parse_session_key(key: &str) -> Option<(&str, &str, &str)> {
     Some((app, parsed.user, parsed.session))
 }
 
+/// What an `append_event(session_id, …)` (which names no app or user)
+/// writes to: the current turn's fence and the app, user and id of its
+/// session key, if that session's id is `session_id`;
+/// [`FenceError::NotHeld`] otherwise.
+pub(crate) fn legacy_target(session_id: &str) -> Result<(Arc<TurnFence>, [String; 3])> {
+    let fence = current_fence();
+    let target = fence
+        .as_deref()
+        .and_then(|f| parse_session_key(&f.session_key))
+        .filter(|(_, _, id)| *id == session_id)
+        .map(|(app, user, id)| [app.to_owned(), user.to_owned(), id.to_owned()]);
+    match (fence, target) {
+        (Some(fence), Some(target)) => Ok((fence, target)),
+        _ => Err(FenceError::NotHeld {
+            session: session_id.to_owned(),
+        }
+        .into()),
+    }
+}
+
 fn from_ms(ms: u64) -> DateTime<Utc> {
     i64::try_from(ms)
         .ok()

@@ -140,19 +140,8 @@ impl<S: Store> SessionService for FencedSessionService<S> {
     /// the fence's session key: refused ([`FenceError::NotHeld`]) if no
     /// fence is current or its session id is not `session_id`.
     async fn append_event(&self, session_id: &str, event: Event) -> Result<()> {
-        let fence = current_fence();
-        let target = fence
-            .as_deref()
-            .and_then(|f| parse_session_key(&f.session_key))
-            .filter(|(_, _, id)| *id == session_id)
-            .map(|(app, user, id)| (app.to_owned(), user.to_owned(), id.to_owned()));
-        let Some((app, user, id)) = target else {
-            return Err(FenceError::NotHeld {
-                session: session_id.to_owned(),
-            }
-            .into());
-        };
-        self.append_fenced_event((&app, &user, &id), fence, event)
+        let (fence, [app, user, id]) = legacy_target(session_id)?;
+        self.append_fenced_event((&app, &user, &id), Some(fence), event)
             .await
     }
 
