@@ -552,8 +552,19 @@ async fn reads_are_bounded_to_the_most_recent_events() {
 async fn the_adk_postgres_services_data_is_kept_and_shared() {
     let db = TestDb::new().await;
     let clock = FakeClock::new(T0);
+    // Their migration on a connection of its own: it locks and unlocks
+    // with two statements on its pool, which may take two connections.
+    let own = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with((*db.pool.connect_options()).clone())
+        .await
+        .expect("connect");
+    PostgresSessionService::from_pool(own.clone())
+        .migrate()
+        .await
+        .expect("their migration");
+    own.close().await;
     let theirs = PostgresSessionService::from_pool(db.pool.clone());
-    theirs.migrate().await.expect("their migration");
     theirs
         .create(create(
             "u1",

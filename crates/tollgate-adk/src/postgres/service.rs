@@ -170,9 +170,21 @@ impl PgSessionService {
     ///
     /// The database failed, or was migrated by a newer tollgate.
     pub async fn migrate(&self) -> Result<()> {
-        PostgresSessionService::from_pool(self.pool.clone())
+        // adk-session takes its advisory lock and gives it back with two
+        // statements on its pool, which may run on two connections: the
+        // lock would stay held by a pooled connection and the next
+        // migration wait for it forever. One connection of its own, closed
+        // after (which frees any lock it holds), keeps them together.
+        let own = PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with((*self.pool.connect_options()).clone())
+            .await
+            .map_err(|e| database_error("migrate", e))?;
+        let adk = PostgresSessionService::from_pool(own.clone())
             .migrate()
-            .await?;
+            .await;
+        own.close().await;
+        adk?;
         super::migrate(&self.pool).await.map_err(|e| match e {
             super::MigrateError::Database(e) => database_error("migrate", e),
             newer => AdkError::internal(
@@ -201,6 +213,15 @@ impl PgSessionService {
         self.pool.begin().await.map_err(|e| database_error(op, e))
     }
 
+    /// A read-only transaction that sees one snapshot, begun in one
+    /// statement.
+    async fn begin_read(&self, op: &str) -> Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+        self.pool
+            .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .await
+            .map_err(|e| database_error(op, e))
+    }
+
     /// Reads one session in one repeatable-read transaction.
     async fn get_session(
         &self,
@@ -209,11 +230,7 @@ impl PgSessionService {
         after: Option<DateTime<Utc>>,
     ) -> Result<Box<dyn Session>> {
         let (app, user, id) = parts(&identity);
-        let mut tx = self.begin("read").await?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| database_error("read", e))?;
+        let mut tx = self.begin_read("read").await?;
         let row: Option<(Value, DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
             "SELECT state, created_at, updated_at FROM sessions
              WHERE app_name = $1 AND user_id = $2 AND session_id = $3",
@@ -438,11 +455,7 @@ impl SessionService for PgSessionService {
         let user = UserId::try_from(req.user_id.as_str())?;
         let limit = i64::try_from(req.limit.unwrap_or(MAX_LIST)).unwrap_or(i64::MAX);
         let offset = i64::try_from(req.offset.unwrap_or(0)).unwrap_or(i64::MAX);
-        let mut tx = self.begin("list").await?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| database_error("list", e))?;
+        let mut tx = self.begin_read("list").await?;
         let rows = sqlx::query(
             "SELECT session_id, state, created_at, updated_at FROM sessions
              WHERE app_name = $1 AND user_id = $2
@@ -556,31 +569,29 @@ fn state_map(value: Option<Value>) -> StateMap {
         .unwrap_or_default()
 }
 
-/// The app and user state of (`app`, `user`).
+/// The app and user state of (`app`, `user`), in one query.
 async fn read_scopes(
     conn: &mut PgConnection,
     app: &str,
     user: &str,
 ) -> Result<(StateMap, StateMap)> {
-    let app_state: Option<Value> =
-        sqlx::query_scalar("SELECT state FROM app_states WHERE app_name = $1")
-            .bind(app)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(|e| database_error("read", e))?;
-    let user_state: Option<Value> =
-        sqlx::query_scalar("SELECT state FROM user_states WHERE app_name = $1 AND user_id = $2")
-            .bind(app)
-            .bind(user)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(|e| database_error("read", e))?;
+    let (app_state, user_state): (Option<Value>, Option<Value>) = sqlx::query_as(
+        "SELECT (SELECT state FROM app_states WHERE app_name = $1),
+                (SELECT state FROM user_states WHERE app_name = $1 AND user_id = $2)",
+    )
+    .bind(app)
+    .bind(user)
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(|e| database_error("read", e))?;
     Ok((state_map(app_state), state_map(user_state)))
 }
 
 /// Merges the deltas into the app and user state (in SQL: `||`, so
 /// concurrent writers never lose each other's keys) and answers both as
-/// they are after.
+/// they are after. A scope without changes is only read: its row is not
+/// locked, so appends of one app's sessions that change no app state never
+/// wait for one another.
 async fn write_scopes(
     conn: &mut PgConnection,
     app: &str,
@@ -589,32 +600,42 @@ async fn write_scopes(
     user_delta: &StateMap,
     at: DateTime<Utc>,
 ) -> Result<(StateMap, StateMap)> {
-    let app_state: Value = sqlx::query_scalar(
-        "INSERT INTO app_states AS s (app_name, state, updated_at) VALUES ($1, $2, $3)
-         ON CONFLICT (app_name) DO UPDATE SET state = s.state || $2,
-           updated_at = CASE WHEN $2 = '{}'::jsonb THEN s.updated_at ELSE $3 END
-         RETURNING state",
-    )
-    .bind(app)
-    .bind(json(app_delta)?)
-    .bind(at)
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(|e| database_error("write the state of", e))?;
-    let user_state: Value = sqlx::query_scalar(
-        "INSERT INTO user_states AS s (app_name, user_id, state, updated_at) VALUES ($1, $2, $3, $4)
-         ON CONFLICT (app_name, user_id) DO UPDATE SET state = s.state || $3,
-           updated_at = CASE WHEN $3 = '{}'::jsonb THEN s.updated_at ELSE $4 END
-         RETURNING state",
-    )
-    .bind(app)
-    .bind(user)
-    .bind(json(user_delta)?)
-    .bind(at)
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(|e| database_error("write the state of", e))?;
-    Ok((state_map(Some(app_state)), state_map(Some(user_state))))
+    let (mut app_state, mut user_state) = if app_delta.is_empty() || user_delta.is_empty() {
+        read_scopes(&mut *conn, app, user).await?
+    } else {
+        Default::default()
+    };
+    if !app_delta.is_empty() {
+        let merged: Value = sqlx::query_scalar(
+            "INSERT INTO app_states AS s (app_name, state, updated_at) VALUES ($1, $2, $3)
+             ON CONFLICT (app_name) DO UPDATE SET state = s.state || $2, updated_at = $3
+             RETURNING state",
+        )
+        .bind(app)
+        .bind(json(app_delta)?)
+        .bind(at)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| database_error("write the state of", e))?;
+        app_state = state_map(Some(merged));
+    }
+    if !user_delta.is_empty() {
+        let merged: Value = sqlx::query_scalar(
+            "INSERT INTO user_states AS s (app_name, user_id, state, updated_at)
+             VALUES ($1, $2, $3, $4)
+             ON CONFLICT (app_name, user_id) DO UPDATE SET state = s.state || $3, updated_at = $4
+             RETURNING state",
+        )
+        .bind(app)
+        .bind(user)
+        .bind(json(user_delta)?)
+        .bind(at)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| database_error("write the state of", e))?;
+        user_state = state_map(Some(merged));
+    }
+    Ok((app_state, user_state))
 }
 
 /// The most recent `limit` events of a session at or after `after`, in
