@@ -836,3 +836,121 @@ async fn a_lease_store_that_lost_its_data_cannot_reissue_a_database_fence() {
     assert_eq!(after.history().await.len(), 4);
     db.drop_db().await;
 }
+
+async fn count(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql)
+        .fetch_one(pool)
+        .await
+        .expect("count")
+}
+
+/// Retention deletes idle sessions (with their events and, once no session
+/// is left, their fence rows) in batches, and keeps the others; erasure
+/// deletes one user's sessions, state and fences and nothing of another's.
+#[tokio::test]
+async fn idle_sessions_are_deleted_in_batches_and_a_user_is_erased() {
+    const DAY: u64 = 86_400_000;
+    let db = TestDb::new().await;
+    let clock = FakeClock::new(T0);
+    let svc = service(&db, &clock).await;
+    let leases = MemoryStore::new(clock.clone());
+    // Three old sessions of u1 (one with an event of day 0), then, on day
+    // 10, a new one of u1 and one of u2 with user and app state.
+    for id in ["old1", "old2", "old3"] {
+        svc.create(create("u1", id, HashMap::new()))
+            .await
+            .expect("create");
+        svc.take_fence(APP, "u1", id).await.expect("fence");
+    }
+    let mut fence = lease(&leases, "u1", "old1", "turn").await;
+    fence.db = Some(svc.take_fence(APP, "u1", "old1").await.expect("fence"));
+    with_fence(
+        fence,
+        svc.append_event_for_identity(append("u1", "old1", event("e1", "user", "x", 0, &[]))),
+    )
+    .await
+    .expect("append");
+    clock.advance(10 * DAY);
+    for (user, id) in [("u1", "new"), ("u2", "other")] {
+        svc.create(create(
+            user,
+            id,
+            HashMap::from([
+                ("user:lang".to_owned(), json!("en")),
+                ("app:theme".to_owned(), json!("dark")),
+            ]),
+        ))
+        .await
+        .expect("create");
+    }
+
+    let deleted = svc
+        .delete_idle(Duration::from_millis(7 * DAY), 2)
+        .await
+        .expect("retention");
+    assert_eq!(deleted, 3, "three idle sessions, in batches of two");
+    let mut left: Vec<String> = svc
+        .list(list("u1", None, None))
+        .await
+        .expect("list")
+        .iter()
+        .map(|s| s.id().to_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["new"]);
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM events").await,
+        0,
+        "events went with them"
+    );
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM tollgate_session_fences WHERE session_id LIKE 'old%'"
+        )
+        .await,
+        0,
+        "so did their fences"
+    );
+    assert_eq!(
+        svc.delete_idle(Duration::from_millis(7 * DAY), 2)
+            .await
+            .expect("again"),
+        0
+    );
+
+    assert_eq!(svc.erase_user(APP, "u1").await.expect("erase"), 1);
+    assert!(
+        svc.list(list("u1", None, None))
+            .await
+            .expect("list")
+            .is_empty()
+    );
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM user_states WHERE user_id = 'u1'"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM tollgate_session_fences WHERE user_id = 'u1'"
+        )
+        .await,
+        0
+    );
+    let other = svc
+        .get(get("u2", "other"))
+        .await
+        .expect("u2's session stays");
+    assert_eq!(other.state().get("user:lang"), Some(json!("en")));
+    assert_eq!(
+        other.state().get("app:theme"),
+        Some(json!("dark")),
+        "app state stays"
+    );
+    db.drop_db().await;
+}

@@ -366,6 +366,92 @@ impl PgSessionService {
             .map_err(|e| database_error("append to", e))
     }
 
+    /// Retention: deletes every session not updated for `idle` (by the
+    /// service's clock; a session's last update is its last event, else its
+    /// creation), with its events, at most `batch` sessions per
+    /// transaction (so no statement holds many rows locked), until none is
+    /// left; then, in batches too, the fence rows of sessions that no
+    /// longer exist (deleted now or before). Answers how many sessions it
+    /// deleted. The
+    /// host schedules it (docs/operations.md gives the same in SQL). A
+    /// holder of a deleted session's fence can never write: the session
+    /// is gone, and a new one of that name gets a new token.
+    ///
+    /// # Errors
+    ///
+    /// The database failed; what earlier batches deleted stays deleted.
+    pub async fn delete_idle(&self, idle: Duration, batch: usize) -> Result<u64> {
+        let idle_ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX);
+        let cutoff = from_ms(self.clock.now_ms().saturating_sub(idle_ms));
+        let batch = i64::try_from(batch.max(1)).unwrap_or(i64::MAX);
+        let mut deleted = 0;
+        loop {
+            let n = sqlx::query(
+                "DELETE FROM sessions WHERE (app_name, user_id, session_id) IN (
+                   SELECT app_name, user_id, session_id FROM sessions
+                   WHERE updated_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)",
+            )
+            .bind(cutoff)
+            .bind(batch)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| database_error("delete idle sessions:", e))?
+            .rows_affected();
+            deleted += n;
+            if n < batch as u64 {
+                break;
+            }
+        }
+        loop {
+            let n = sqlx::query(
+                "DELETE FROM tollgate_session_fences WHERE (app_name, user_id, session_id) IN (
+                   SELECT app_name, user_id, session_id FROM tollgate_session_fences f
+                   WHERE NOT EXISTS (SELECT 1 FROM sessions s WHERE s.app_name = f.app_name
+                     AND s.user_id = f.user_id AND s.session_id = f.session_id)
+                   LIMIT $1 FOR UPDATE SKIP LOCKED)",
+            )
+            .bind(batch)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| database_error("delete idle sessions:", e))?
+            .rows_affected();
+            if n < batch as u64 {
+                return Ok(deleted);
+            }
+        }
+    }
+
+    /// Erasure: deletes every session of (`app`, `user`) with its events,
+    /// the user's state and the sessions' fence rows, in one transaction.
+    /// The app's state (shared by all its users) is kept. Answers how many
+    /// sessions it deleted.
+    ///
+    /// # Errors
+    ///
+    /// The database failed (nothing is deleted).
+    pub async fn erase_user(&self, app: &str, user: &str) -> Result<u64> {
+        let mut tx = self.begin("erase").await?;
+        let sessions = sqlx::query("DELETE FROM sessions WHERE app_name = $1 AND user_id = $2")
+            .bind(app)
+            .bind(user)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| database_error("erase", e))?
+            .rows_affected();
+        for table in ["user_states", "tollgate_session_fences"] {
+            sqlx::query(&format!(
+                "DELETE FROM {table} WHERE app_name = $1 AND user_id = $2"
+            ))
+            .bind(app)
+            .bind(user)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| database_error("erase", e))?;
+        }
+        tx.commit().await.map_err(|e| database_error("erase", e))?;
+        Ok(sessions)
+    }
+
     async fn delete_session(&self, app: &str, user: &str, id: &str) -> Result<()> {
         // Events go with the session (ON DELETE CASCADE); the fence row
         // stays.
