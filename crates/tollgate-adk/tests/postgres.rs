@@ -483,6 +483,21 @@ async fn appends_are_checked_against_the_database_fence() {
         .expect("B appends");
     }
     assert_eq!(event_ids(&svc, "u1", "s1").await, ["e1", "e3"]);
+    // Events without an id are appended every time, each given one.
+    for n in [5, 6] {
+        with_fence(
+            b.clone(),
+            svc.append_event_for_identity(append("u1", "s1", event("", "user", "b", n, &[]))),
+        )
+        .await
+        .expect("an event without an id");
+    }
+    let ids = event_ids(&svc, "u1", "s1").await;
+    assert_eq!(ids.len(), 4);
+    assert!(
+        ids[2..].iter().all(|id| !id.is_empty()) && ids[2] != ids[3],
+        "{ids:?}"
+    );
 
     // A session deleted and created again takes a new fence: B's is stale.
     svc.delete(delete("u1", "s1")).await.expect("delete");

@@ -79,7 +79,8 @@ impl Default for PoolBounds {
 ///   [`FenceError::Stale`] if the fence is no longer the session's (nothing
 ///   written), `session.not_found` if the session does not exist; an event
 ///   whose id the session holds already appends nothing and answers `Ok`
-///   (a retry of an append whose answer was lost). Else the event, the
+///   (a retry of an append whose answer was lost); an event without an id
+///   is given a new one, so it is appended every time. Else the event, the
 ///   session's state and the app and user deltas (merged in SQL, so
 ///   concurrent appends of several sessions never lose one another's
 ///   changes). `temp:` keys are dropped first.
@@ -278,6 +279,12 @@ impl PgSessionService {
             .actions
             .state_delta
             .retain(|k, _| !k.starts_with(KEY_PREFIX_TEMP));
+        // The events table keys events by id: an event without one is
+        // given one, so it is appended every time (never taken for a
+        // repeat of another).
+        if event.id.is_empty() {
+            event.id = uuid::Uuid::new_v4().to_string();
+        }
         let s = SessionRef {
             app,
             user,
