@@ -11,7 +11,7 @@ use std::sync::Arc;
 use adk_core::{Content, SessionId, UserId};
 use adk_session::InMemorySessionService;
 use futures::StreamExt;
-use support::{FakeLlm, Harness, Reply, Step, chunk, is_reply};
+use support::{FakeLlm, Harness, Reply, Step, is_reply};
 use tokio::sync::{Notify, Semaphore};
 use tollgate_adk::{
     FenceError, FencedSessionService, TurnError, TurnExecutor, TurnStream, session_key,
@@ -30,14 +30,6 @@ on_every_store!(
 );
 
 const TTL: u64 = 30_000;
-
-/// A model whose next reply waits for `gate`, then answers.
-fn gated(gate: &Arc<Semaphore>) -> Reply {
-    Reply::Stream(vec![
-        Step::Gate(Arc::clone(gate)),
-        Step::Chunk(chunk(support::REPLY, false, Some((100, 100)))),
-    ])
-}
 
 struct Setup<S> {
     h: Harness<S>,
@@ -189,7 +181,7 @@ async fn a_dropped_stream_frees_everything_at_once<S: Store + Clone>(store: S, c
 async fn a_second_turn_of_a_session_is_busy<S: Store + Clone>(store: S, clock: FakeClock) {
     let s = setup(store, clock, 4);
     let gate = Arc::new(Semaphore::new(0));
-    s.h.model.push(gated(&gate));
+    s.h.model.push(support::gated(&gate));
     let first = s.execute("u1", "s1").await.expect("admitted");
     let first = tokio::spawn(texts(first));
     while s.h.model.calls() < 1 {
@@ -220,7 +212,7 @@ async fn a_second_turn_of_a_session_is_busy<S: Store + Clone>(store: S, clock: F
 async fn a_long_turn_keeps_its_leases<S: Store + Clone>(store: S, clock: FakeClock) {
     let s = setup(store, clock, 4);
     let gate = Arc::new(Semaphore::new(0));
-    s.h.model.push(gated(&gate));
+    s.h.model.push(support::gated(&gate));
     let stream = s.execute("u1", "s1").await.expect("admitted");
     let invocation = stream.invocation_id().expect("id").to_owned();
     let turn = tokio::spawn(texts(stream));
@@ -260,7 +252,7 @@ async fn the_gate_rejects_over_its_cap_and_retries_hold_one_permit<S: Store + Cl
 ) {
     let s = setup(store, clock, 1);
     let gate = Arc::new(Semaphore::new(0));
-    s.h.model.push(gated(&gate));
+    s.h.model.push(support::gated(&gate));
     let first = tokio::spawn(texts(s.execute("u1", "s1").await.expect("admitted")));
     while s.h.model.calls() < 1 {
         tokio::task::yield_now().await;
@@ -279,7 +271,7 @@ async fn the_gate_rejects_over_its_cap_and_retries_hold_one_permit<S: Store + Cl
     // With the place free, session-busy and denied attempts hold it only
     // while they decide.
     let gate2 = Arc::new(Semaphore::new(0));
-    s.h.model.push(gated(&gate2));
+    s.h.model.push(support::gated(&gate2));
     let held = tokio::spawn(texts(s.execute("u3", "s1").await.expect("admitted")));
     while s.h.model.calls() < 2 {
         tokio::task::yield_now().await;
@@ -305,8 +297,8 @@ async fn the_gate_rejects_over_its_cap_and_retries_hold_one_permit<S: Store + Cl
 async fn a_denied_turn_releases_its_session_lease<S: Store + Clone>(store: S, clock: FakeClock) {
     let s = setup(store, clock, 8);
     let gate = Arc::new(Semaphore::new(0));
-    s.h.model.push(gated(&gate));
-    s.h.model.push(gated(&gate));
+    s.h.model.push(support::gated(&gate));
+    s.h.model.push(support::gated(&gate));
     let a = tokio::spawn(texts(s.execute("u1", "s1").await.expect("admitted")));
     let b = tokio::spawn(texts(s.execute("u1", "s2").await.expect("admitted")));
     while s.h.model.calls() < 2 {
@@ -325,30 +317,6 @@ async fn a_denied_turn_releases_its_session_lease<S: Store + Clone>(store: S, cl
     assert!(is_reply(&a.await.expect("join")));
     assert!(is_reply(&b.await.expect("join")));
     assert_eq!(s.executor.gate().in_flight(), 0);
-}
-
-/// Runs a turn to its end (past an error, so the stream's end releases its
-/// leases inline): its texts, and the first error it yielded.
-async fn outcome<S: Store>(mut stream: TurnStream<S>) -> (Vec<String>, Option<adk_core::AdkError>) {
-    let mut out = Vec::new();
-    let mut error = None;
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(event) => {
-                if let Some(content) = event.llm_response.content {
-                    for part in content.parts {
-                        if let adk_core::Part::Text { text } = part {
-                            out.push(text);
-                        }
-                    }
-                }
-            }
-            Err(e) => {
-                error.get_or_insert(e);
-            }
-        }
-    }
-    (out, error)
 }
 
 /// Sessions in the store (`FencedSessionService`): turn A holds session s1
@@ -377,7 +345,7 @@ async fn a_late_append_after_a_takeover_is_rejected<S: Store + Clone>(store: S, 
     .with_session_ttl_ms(TTL);
     h.session("u1", "s1").await;
     let gate = Arc::new(Semaphore::new(0));
-    h.model.push(gated(&gate));
+    h.model.push(support::gated(&gate));
     let turn = |text: &'static str| {
         executor.execute(
             UserId::new("u1").expect("user"),
@@ -387,7 +355,7 @@ async fn a_late_append_after_a_takeover_is_rejected<S: Store + Clone>(store: S, 
     };
     let a = turn("from A").await.expect("A admitted");
     let (a_invocation, a_fence) = (a.invocation_id().expect("id").to_owned(), a.fence().fence);
-    let a = tokio::spawn(outcome(a));
+    let a = tokio::spawn(support::outcome(a));
     while h.model.calls() < 1 {
         tokio::task::yield_now().await;
     }
@@ -396,7 +364,7 @@ async fn a_late_append_after_a_takeover_is_rejected<S: Store + Clone>(store: S, 
     let b = turn("from B").await.expect("B takes the session over");
     let b_fence = b.fence().fence;
     assert_eq!(b_fence, a_fence + 1);
-    let (b_texts, b_error) = outcome(b).await;
+    let (b_texts, b_error) = support::outcome(b).await;
     assert!(b_error.is_none(), "{b_error:?}");
     assert!(is_reply(&b_texts), "{b_texts:?}");
 

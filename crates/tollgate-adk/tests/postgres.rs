@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use adk_core::{Content, ErrorCategory, SessionId, UserId};
 use adk_session::{InMemorySessionService, PostgresSessionService, SessionService};
-use futures::StreamExt;
 use futures::future::BoxFuture;
 use scenario::*;
 use serde_json::json;
@@ -291,9 +290,10 @@ async fn a_take_waits_for_the_write_in_flight_and_refuses_the_next() {
             .await
         })
     };
-    // Poll (no fixed sleep) until the take is seen waiting for the row lock.
+    // Poll PostgreSQL (each round is a query, no sleep) until the take is
+    // seen waiting for the row lock.
     let mut waited = false;
-    for _ in 0..500 {
+    for _ in 0..5_000 {
         let waiting: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity
              WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO tollgate_session_fences%'",
@@ -305,8 +305,6 @@ async fn a_take_waits_for_the_write_in_flight_and_refuses_the_next() {
             waited = true;
             break;
         }
-        tokio::task::yield_now().await;
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     assert!(waited, "the take waits for the writer's transaction");
     assert!(!taker.is_finished());
@@ -668,34 +666,6 @@ async fn an_unreachable_database_is_a_transient_error() {
 
 const TTL: u64 = 30_000;
 
-/// A model whose next reply waits for `gate`, then answers.
-fn gated(gate: &Arc<Semaphore>) -> support::Reply {
-    support::Reply::Stream(vec![
-        support::Step::Gate(Arc::clone(gate)),
-        support::Step::Chunk(support::chunk(support::REPLY, false, Some((100, 100)))),
-    ])
-}
-
-async fn outcome<S: Store>(mut stream: TurnStream<S>) -> (Vec<String>, Option<adk_core::AdkError>) {
-    let mut out = Vec::new();
-    let mut error = None;
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(event) => {
-                for part in event.llm_response.content.into_iter().flat_map(|c| c.parts) {
-                    if let adk_core::Part::Text { text } = part {
-                        out.push(text);
-                    }
-                }
-            }
-            Err(e) => {
-                error.get_or_insert(e);
-            }
-        }
-    }
-    (out, error)
-}
-
 /// A real adk runner keeping its sessions in PostgreSQL, its turns run by
 /// a `TurnExecutor` that takes each turn's database fence; leases in
 /// `leases`.
@@ -759,11 +729,11 @@ async fn a_late_append_after_a_takeover_is_refused_by_the_database() {
     let t = PgTurns::new(&db, MemoryStore::new(clock.clone()), clock).await;
     t.h.session("u1", "s1").await;
     let gate = Arc::new(Semaphore::new(0));
-    t.h.model.push(gated(&gate));
+    t.h.model.push(support::gated(&gate));
     let a = t.turn("from A").await;
     let a_invocation = a.invocation_id().expect("id").to_owned();
     let a_db = a.fence().db.expect("A holds a database fence");
-    let a = tokio::spawn(outcome(a));
+    let a = tokio::spawn(support::outcome(a));
     while t.h.model.calls() < 1 {
         tokio::task::yield_now().await;
     }
@@ -772,7 +742,7 @@ async fn a_late_append_after_a_takeover_is_refused_by_the_database() {
     let b = t.turn("from B").await;
     let b_db = b.fence().db.expect("B holds a database fence");
     assert_eq!(b_db.number, a_db.number + 1);
-    let (b_texts, b_error) = outcome(b).await;
+    let (b_texts, b_error) = support::outcome(b).await;
     assert!(b_error.is_none(), "{b_error:?}");
     assert!(support::is_reply(&b_texts), "{b_texts:?}");
 
@@ -819,7 +789,7 @@ async fn a_lease_store_that_lost_its_data_cannot_reissue_a_database_fence() {
     let first = before.turn("one").await;
     let (first_lease, first_db) = (first.fence().fence, first.fence().db.expect("db"));
     let old_fence = first.fence().clone();
-    let (texts, error) = outcome(first).await;
+    let (texts, error) = support::outcome(first).await;
     assert!(error.is_none() && support::is_reply(&texts), "{error:?}");
 
     // The lease store restarts empty; the database keeps everything.
@@ -832,7 +802,7 @@ async fn a_lease_store_that_lost_its_data_cannot_reissue_a_database_fence() {
     );
     let second_db = second.fence().db.expect("db");
     assert!(second_db.number > first_db.number);
-    let (texts, error) = outcome(second).await;
+    let (texts, error) = support::outcome(second).await;
     assert!(error.is_none() && support::is_reply(&texts), "{error:?}");
     assert_eq!(after.history().await.len(), 4, "both turns whole");
 

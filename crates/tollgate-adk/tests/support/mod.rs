@@ -470,3 +470,37 @@ macro_rules! on_every_store {
         }
     };
 }
+
+/// A model whose next reply waits for `gate`, then answers.
+pub fn gated(gate: &Arc<Semaphore>) -> Reply {
+    Reply::Stream(vec![
+        Step::Gate(Arc::clone(gate)),
+        Step::Chunk(chunk(REPLY, false, Some((100, 100)))),
+    ])
+}
+
+/// Runs a turn to its end (past an error, so the stream's end releases its
+/// leases inline): its texts, and the first error it yielded.
+pub async fn outcome<S: Store>(
+    mut stream: tollgate_adk::TurnStream<S>,
+) -> (Vec<String>, Option<adk_core::AdkError>) {
+    let mut out = Vec::new();
+    let mut error = None;
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(event) => {
+                if let Some(content) = event.llm_response.content {
+                    for part in content.parts {
+                        if let adk_core::Part::Text { text } = part {
+                            out.push(text);
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                error.get_or_insert(e);
+            }
+        }
+    }
+    (out, error)
+}
