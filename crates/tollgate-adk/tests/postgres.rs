@@ -6,6 +6,7 @@
 
 mod scenario;
 mod support;
+mod takeover;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -59,6 +60,14 @@ impl TestDb {
             .await
             .expect("connect to the test database");
         Self { name, pool }
+    }
+
+    /// The URL of this database.
+    fn url(&self) -> String {
+        db_url(
+            &std::env::var("TOLLGATE_TEST_PG_URL").expect("url"),
+            &self.name,
+        )
     }
 
     async fn drop_db(self) {

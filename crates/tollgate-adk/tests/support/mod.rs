@@ -41,6 +41,8 @@ pub enum Step {
     Gate(Arc<Semaphore>),
     /// Signal `Notify`, then never yield again.
     Hang(Arc<Notify>),
+    /// Signal `Notify` (the model was reached), then go on.
+    Signal(Arc<Notify>),
 }
 
 /// One scripted model call.
@@ -179,6 +181,7 @@ impl Llm for FakeLlm {
                         n.notify_one();
                         std::future::pending::<()>().await;
                     }
+                    Step::Signal(n) => n.notify_one(),
                 }
             }
         });
