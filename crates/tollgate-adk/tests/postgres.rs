@@ -878,6 +878,21 @@ async fn idle_sessions_are_deleted_in_batches_and_a_user_is_erased() {
         .expect("create");
     }
 
+    // A fence row of a session another service keeps (the Java client's
+    // tables), taken now: not idle, so it stays.
+    Fences::new(db.pool.clone())
+        .take(s(APP, "u9", "java-session"))
+        .await
+        .expect("fence");
+    // The fence rows' times are the database's: they too were taken ten
+    // days ago.
+    sqlx::query(
+        "UPDATE tollgate_session_fences SET updated_at = updated_at - interval '10 days'
+         WHERE session_id LIKE 'old%'",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("age the fence rows");
     let deleted = svc
         .delete_idle(Duration::from_millis(7 * DAY), 2)
         .await
@@ -905,6 +920,15 @@ async fn idle_sessions_are_deleted_in_batches_and_a_user_is_erased() {
         .await,
         0,
         "so did their fences"
+    );
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM tollgate_session_fences WHERE session_id = 'java-session'"
+        )
+        .await,
+        1,
+        "a fence row taken within `idle` stays"
     );
     assert_eq!(
         svc.delete_idle(Duration::from_millis(7 * DAY), 2)

@@ -17,24 +17,34 @@ pub struct Migration {
 }
 
 /// The tables tollgate owns in a session database, the migrations'
-/// registry first. Nothing else in the database is tollgate's.
-pub const TABLES: &[&str] = &["tollgate_schema_migrations", "tollgate_session_fences"];
+/// registry first. Nothing else in the database is tollgate's. The
+/// `tollgate_java_*` tables are those of the Java client's session service
+/// (`clients/java`): one schema, one sequence of versions for every
+/// language's client, so none refuses a database another migrated.
+pub const TABLES: &[&str] = &[
+    "tollgate_schema_migrations",
+    "tollgate_session_fences",
+    "tollgate_java_sessions",
+    "tollgate_java_events",
+    "tollgate_java_app_states",
+    "tollgate_java_user_states",
+];
 
-/// This version's migrations, in order.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "session fences",
-    sql: "CREATE TABLE tollgate_session_fences (
-    app_name   TEXT        NOT NULL,
-    user_id    TEXT        NOT NULL,
-    session_id TEXT        NOT NULL,
-    fence      BIGINT      NOT NULL CHECK (fence > 0),
-    token      UUID        NOT NULL,
-    updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-    PRIMARY KEY (app_name, user_id, session_id)
-);
-CREATE INDEX tollgate_session_fences_updated ON tollgate_session_fences (updated_at);",
-}];
+/// This version's migrations, in order: the files of this crate's
+/// `migrations/` directory (`NNNN_words.sql`), which the Java and Python
+/// clients apply too.
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "session fences",
+        sql: include_str!("../../migrations/0001_session_fences.sql"),
+    },
+    Migration {
+        version: 2,
+        description: "java sessions",
+        sql: include_str!("../../migrations/0002_java_sessions.sql"),
+    },
+];
 
 /// The advisory lock key the migrations are applied under: the first 8
 /// bytes of "tollgate" as a big-endian integer (a constant every version
@@ -156,5 +166,31 @@ mod tests {
             assert_eq!(m.version, i as i64 + 1, "{}", m.description);
         }
         assert_eq!(LOCK_KEY, 0x746f_6c6c_6761_7465);
+    }
+
+    /// Every file of `migrations/` is a migration, named by its version
+    /// and description, and nothing else is: the Java and Python clients
+    /// read the same directory.
+    #[test]
+    fn the_migrations_are_the_files_of_the_directory() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        let mut files: Vec<String> = std::fs::read_dir(&dir)
+            .expect("migrations/")
+            .map(|e| e.expect("entry").file_name().into_string().expect("utf-8"))
+            .collect();
+        files.sort();
+        let named: Vec<String> = MIGRATIONS
+            .iter()
+            .map(|m| format!("{:04}_{}.sql", m.version, m.description.replace(' ', "_")))
+            .collect();
+        assert_eq!(files, named);
+        for m in MIGRATIONS {
+            let file = dir.join(format!(
+                "{:04}_{}.sql",
+                m.version,
+                m.description.replace(' ', "_")
+            ));
+            assert_eq!(std::fs::read_to_string(file).expect("read"), m.sql);
+        }
     }
 }

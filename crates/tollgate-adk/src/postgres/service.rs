@@ -377,9 +377,12 @@ impl PgSessionService {
     /// service's clock; a session's last update is its last event, else its
     /// creation), with its events, at most `batch` sessions per
     /// transaction (so no statement holds many rows locked), until none is
-    /// left; then, in batches too, the fence rows of sessions that no
-    /// longer exist (deleted now or before). Answers how many sessions it
-    /// deleted. The
+    /// left; then, in batches too, the fence rows not taken for `idle`
+    /// either (by the database's clock, which sets their time) of sessions that no longer exist here (deleted now or
+    /// before; a fence row of another service's table, such as the Java
+    /// client's, idle as long, may go too: its next take starts the row
+    /// again with a new token, which no holder can match). Answers how many
+    /// sessions it deleted. The
     /// host schedules it (docs/operations.md gives the same in SQL). A
     /// holder of a deleted session's fence can never write: the session
     /// is gone, and a new one of that name gets a new token.
@@ -413,10 +416,12 @@ impl PgSessionService {
             let n = sqlx::query(
                 "DELETE FROM tollgate_session_fences WHERE (app_name, user_id, session_id) IN (
                    SELECT app_name, user_id, session_id FROM tollgate_session_fences f
-                   WHERE NOT EXISTS (SELECT 1 FROM sessions s WHERE s.app_name = f.app_name
-                     AND s.user_id = f.user_id AND s.session_id = f.session_id)
-                   LIMIT $1 FOR UPDATE SKIP LOCKED)",
+                   WHERE f.updated_at < now() - $1 * interval '1 millisecond'
+                     AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.app_name = f.app_name
+                       AND s.user_id = f.user_id AND s.session_id = f.session_id)
+                   LIMIT $2 FOR UPDATE SKIP LOCKED)",
             )
+            .bind(i64::try_from(idle_ms).unwrap_or(i64::MAX))
             .bind(batch)
             .execute(&self.pool)
             .await
