@@ -1,5 +1,8 @@
 package dev.tollgate.adk;
 
+import dev.tollgate.adk.postgres.DbFence;
+import java.util.Optional;
+
 /**
  * The session lease a turn of {@link TurnExecutor} runs under: code the runner calls (a session
  * service that checks fences) reads it with {@link TurnExecutor#turn(String)}.
@@ -9,6 +12,7 @@ public final class Turn {
   private final String sessionId;
   private final String holder;
   private volatile long fence;
+  private volatile DbFence db;
   private volatile boolean lost;
 
   Turn(String userId, String sessionId, String holder) {
@@ -55,6 +59,17 @@ public final class Turn {
   }
 
   /**
+   * The database fence the turn's appends carry, when sessions live in PostgreSQL ({@link
+   * TurnExecutor.Builder#postgresSessions}): the one the session service checks. {@link #fence()}
+   * is the lease's, which the sidecar's fence check answers for.
+   *
+   * @return the database fence, once taken
+   */
+  public Optional<DbFence> db() {
+    return Optional.ofNullable(db);
+  }
+
+  /**
    * Whether a renewal found the lease gone (taken over after it expired): the fence is then stale.
    *
    * @return {@code true} once lost
@@ -65,6 +80,10 @@ public final class Turn {
 
   void fence(long fence) {
     this.fence = fence;
+  }
+
+  void db(DbFence db) {
+    this.db = db;
   }
 
   void lose() {

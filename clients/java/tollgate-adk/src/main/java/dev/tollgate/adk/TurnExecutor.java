@@ -5,6 +5,7 @@ import com.google.adk.events.Event;
 import com.google.adk.plugins.Plugin;
 import com.google.adk.runner.Runner;
 import com.google.genai.types.Content;
+import dev.tollgate.adk.postgres.PgSessionService;
 import dev.tollgate.client.Outcome;
 import dev.tollgate.client.SessionLease;
 import dev.tollgate.client.TollgateClient;
@@ -17,6 +18,7 @@ import io.reactivex.rxjava3.disposables.Disposable;
 import io.reactivex.rxjava3.schedulers.Schedulers;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Map;
 import java.util.Objects;
 import java.util.Optional;
 import java.util.UUID;
@@ -58,6 +60,7 @@ public final class TurnExecutor {
   private final long sessionTtlMs;
   private final long overloadedRetryMs;
   private final Scheduler scheduler;
+  private final PgSessionService postgresSessions;
   private final Semaphore slots;
   private final ConcurrentHashMap<String, Turn> turns = new ConcurrentHashMap<>();
 
@@ -69,6 +72,7 @@ public final class TurnExecutor {
     this.sessionTtlMs = b.sessionTtlMs;
     this.overloadedRetryMs = b.overloadedRetryMs;
     this.scheduler = b.scheduler;
+    this.postgresSessions = b.postgresSessions;
     this.slots = new Semaphore(b.maxInFlight);
   }
 
@@ -102,6 +106,7 @@ public final class TurnExecutor {
     private long sessionTtlMs = 30_000;
     private long overloadedRetryMs = 1_000;
     private Scheduler scheduler = Schedulers.computation();
+    private PgSessionService postgresSessions;
 
     private Builder(Runner runner, TollgateClient client) {
       this.runner = Objects.requireNonNull(runner, "runner");
@@ -171,6 +176,21 @@ public final class TurnExecutor {
      */
     public Builder scheduler(Scheduler scheduler) {
       this.scheduler = Objects.requireNonNull(scheduler, "scheduler");
+      return this;
+    }
+
+    /**
+     * Sessions in PostgreSQL: the runner's session service, whose appends are fenced by the
+     * database. Each turn then takes the session's database fence after its lease ({@link
+     * Turn#db()}) and runs with it; if the database cannot issue it, the turn fails with the
+     * service's {@link dev.tollgate.adk.postgres.SessionDatabaseException} and its lease is
+     * released.
+     *
+     * @param sessions the service the runner keeps its sessions in
+     * @return this builder
+     */
+    public Builder postgresSessions(PgSessionService sessions) {
+      this.postgresSessions = Objects.requireNonNull(sessions, "sessions");
       return this;
     }
 
@@ -264,7 +284,23 @@ public final class TurnExecutor {
                         st.renewer = renewer(st);
                       }
                     }
-                    return runner.runAsync(userId, sessionId, message, config);
+                    if (postgresSessions == null) {
+                      return runner.runAsync(userId, sessionId, message, config);
+                    }
+                    // Sessions in PostgreSQL: the database's fence, taken now, travels in the
+                    // session the runner loads for this run (a temp: key, never stored).
+                    return postgresSessions
+                        .takeFence(runner.appName(), userId, sessionId)
+                        .flatMapPublisher(
+                            db -> {
+                              st.turn.db(db);
+                              return runner.runAsync(
+                                  userId,
+                                  sessionId,
+                                  message,
+                                  config,
+                                  Map.of(PgSessionService.FENCE_KEY, db));
+                            });
                   })
               // Ended: everything is released before the subscriber sees the end, so its next
               // turn of the session finds the lease free and the slot back.

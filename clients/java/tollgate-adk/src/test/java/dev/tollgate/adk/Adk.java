@@ -6,6 +6,7 @@ import com.google.adk.artifacts.InMemoryArtifactService;
 import com.google.adk.events.Event;
 import com.google.adk.plugins.Plugin;
 import com.google.adk.runner.Runner;
+import com.google.adk.sessions.BaseSessionService;
 import com.google.adk.sessions.InMemorySessionService;
 import com.google.adk.models.BaseLlm;
 import com.google.genai.types.Content;
@@ -34,6 +35,17 @@ final class Adk {
         .agent(agent)
         .appName(APP)
         .sessionService(new InMemorySessionService())
+        .artifactService(new InMemoryArtifactService())
+        .plugins(plugins)
+        .build();
+  }
+
+  /** A runner keeping its sessions in {@code sessions}. */
+  static Runner runner(BaseAgent agent, BaseSessionService sessions, Plugin... plugins) {
+    return Runner.builder()
+        .agent(agent)
+        .appName(APP)
+        .sessionService(sessions)
         .artifactService(new InMemoryArtifactService())
         .plugins(plugins)
         .build();
