@@ -8,6 +8,13 @@
 #   TOLLGATE_TEST_REQUIRE_REDIS
 #                  set: a missing redis-server fails the Redis tests instead
 #                  of skipping them (the suite starts its own on free ports)
+#   TOLLGATE_TEST_PG_URL
+#                  postgres://user@host:port/db of a PostgreSQL the session
+#                  tests may create and drop databases in (unset: those
+#                  tests are skipped)
+#   TOLLGATE_TEST_REQUIRE_PG
+#                  set: a missing TOLLGATE_TEST_PG_URL fails the PostgreSQL
+#                  tests instead of skipping them (the suite sets both)
 #   MAVEN_REPO     the local Maven repository (default: Maven's, ~/.m2,
 #                  outside this repository); every artifact is pinned in
 #                  the POMs
