@@ -8,6 +8,11 @@
 #   PYTHON         the interpreter that creates the venv (default python3,
 #                  at least 3.11: google-adk 2.13, which the tests need,
 #                  requires it; the client itself supports 3.10)
+#   TOLLGATE_TEST_PG_URL, TOLLGATE_TEST_REQUIRE_PG
+#                  postgres://user@host:port/db of a PostgreSQL the session
+#                  tests may create and drop databases in (unset: those
+#                  tests are skipped, or fail when TOLLGATE_TEST_REQUIRE_PG
+#                  is set, as the suite does)
 #   TOLLGATE_TEST_REDIS_PORT, TOLLGATE_TEST_REQUIRE_REDIS
 #                  the Redis the tests start (default a free port), and
 #                  whether a missing redis-server fails instead of skipping

@@ -10,7 +10,7 @@ import logging
 import uuid
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any, AsyncGenerator, Optional
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Optional
 
 from google.adk.events.event import Event
 from google.adk.runners import Runner
@@ -18,6 +18,9 @@ from google.adk.runners import Runner
 from .._client import AsyncClient
 from ._plugin import Credentials
 from .._models import NotHolder, Overloaded, Refusal, SessionLease, TollgateError
+
+if TYPE_CHECKING:
+    from .postgres import DbFence, FencedDatabaseSessionService
 
 log = logging.getLogger("tollgate.adk")
 
@@ -52,12 +55,17 @@ class Turn:
             (:meth:`tollgate.AsyncClient.check_fence` checks it).
         lost: ``True`` once a renewal found the lease gone (a takeover): the
             fence is then stale.
+        db: The database fence the turn's appends carry when sessions live
+            in PostgreSQL (``TurnExecutor(postgres_sessions=…)``): the one
+            :class:`tollgate.adk.postgres.FencedDatabaseSessionService`
+            checks. ``fence`` is the lease's, which the sidecar answers for.
     """
 
     session_id: str
     holder: str
     fence: int
     lost: bool = False
+    db: Optional["DbFence"] = None
 
 
 _CURRENT: contextvars.ContextVar[Optional[Turn]] = contextvars.ContextVar(
@@ -98,6 +106,12 @@ class TurnExecutor:
         overloaded_retry_ms: The hint :class:`tollgate.Overloaded` carries.
         credentials: Given a user id, the token to send for it; ``None``:
             the client's own token provider.
+        postgres_sessions: The runner's session service when sessions live
+            in PostgreSQL: each turn then takes the session's database fence
+            after its lease (``Turn.db``); if the database cannot issue it,
+            the turn raises its :class:`SessionDatabaseError
+            <tollgate.adk.postgres.SessionDatabaseError>` and the lease is
+            released.
     """
 
     def __init__(
@@ -109,6 +123,7 @@ class TurnExecutor:
         session_ttl_ms: int = 30_000,
         overloaded_retry_ms: int = 1_000,
         credentials: Optional[Credentials] = None,
+        postgres_sessions: Optional["FencedDatabaseSessionService"] = None,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
@@ -120,6 +135,7 @@ class TurnExecutor:
         self.session_ttl_ms = session_ttl_ms
         self.overloaded_retry_ms = overloaded_retry_ms
         self.credentials = credentials
+        self.postgres_sessions = postgres_sessions
         self._in_flight = 0
 
     @property
@@ -168,6 +184,10 @@ class TurnExecutor:
             renewer = asyncio.create_task(self._renew(turn, token))
             ctx = _CURRENT.set(turn)
             try:
+                if self.postgres_sessions is not None:
+                    turn.db = await self.postgres_sessions.take_fence(
+                        app_name=self.runner.app_name, user_id=user_id, session_id=session_id
+                    )
                 async with aclosing(
                     self.runner.run_async(user_id=user_id, session_id=session_id, **kwargs)
                 ) as events:
