@@ -50,6 +50,7 @@ pub mod calendar;
 pub mod clock;
 pub mod decision;
 pub mod error;
+pub mod fair;
 pub mod failover;
 pub mod gate;
 pub mod id;
