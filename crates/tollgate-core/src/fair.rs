@@ -71,7 +71,7 @@ pub struct FairEntry {
 }
 
 /// A permit's fair-sharing inputs.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FairTake<'a> {
     /// The permit's tenant ([`NO_TENANT`] when it names none).
     pub tenant: &'a str,

@@ -33,8 +33,8 @@ pub use grouped::{
 };
 pub use op::{
     AcquireSession, Aimd, AppendFenced, BudgetSpent, CheckFence, ClearProvider, DeleteRecords,
-    ExtendCooldown, Op, Outage, ReadRecords, ReadUser, ReleaseRun, ReleaseSession, RenewRun,
-    RenewSession, ResetUser, TakeMany, TopUsers,
+    ExtendCooldown, FairCheck, FairTakeMany, Op, Outage, ReadRecords, ReadUser, ReleaseRun,
+    ReleaseSession, RenewRun, RenewSession, ResetUser, TakeMany, TopUsers,
 };
 
 /// How long a reservation (and a run's model-call counter) is remembered
@@ -634,6 +634,12 @@ pub trait Store: Send + Sync + 'static {
         /// [`TakeMany`].
         fn take_many(takes: &'a [BucketTake<'a>], cooldown: Option<CooldownCheck<'a>>) -> MultiTake
             = TakeMany { takes, cooldown };
+        /// [`FairTakeMany`].
+        fn take_many_fair(
+            takes: &'a [BucketTake<'a>],
+            cooldown: Option<CooldownCheck<'a>>,
+            fair: FairCheck<'a>
+        ) -> MultiTake = FairTakeMany { takes, cooldown, fair };
         /// A single take: [`TakeRequest`].
         fn take_one(req: TakeRequest<'a>) -> TakeOutcome = req;
         /// [`ExtendCooldown`].
@@ -738,6 +744,15 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         takes: &[BucketTake<'_>],
         cooldown: Option<CooldownCheck<'_>>,
+    ) -> impl Future<Output = Result<MultiTake, StoreError>> + Send;
+
+    /// [`take_many`](Self::take_many) behind a provider key's fair-sharing
+    /// gate, in one step: [`FairTakeMany`].
+    fn take_many_fair(
+        &self,
+        takes: &[BucketTake<'_>],
+        cooldown: Option<CooldownCheck<'_>>,
+        fair: FairCheck<'_>,
     ) -> impl Future<Output = Result<MultiTake, StoreError>> + Send;
 
     /// Take `cost` from one bucket now or take nothing (SPEC §2 with

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use tollgate_core::aimd::{AimdParams, FULL};
 use tollgate_core::bucket::{BucketSpec, MAX_SCALED};
+use tollgate_core::fair;
 use tollgate_core::plan::{FieldError, InvalidPlans, RateConfig};
 
 use super::feedback::{Feedback, ProviderKind};
@@ -25,13 +26,20 @@ pub enum Policy {
     Reject,
 }
 
-/// A tenant's share of a provider key's pool.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+/// A tenant's part of a provider key's pool: a ceiling (`share`), a weight
+/// for fair sharing (`weight`), or both.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantConfig {
     /// The fraction of every pool rate (and burst) the tenant may use:
     /// more than 0, at most 1. Shares need not add up to 1.
-    pub share: f64,
+    #[serde(default)]
+    pub share: Option<f64>,
+    /// Its weight in fair sharing (SPEC §5, *Fair sharing*), 1 to 1,000;
+    /// any weight on a key turns fair sharing on for it (unlisted tenants
+    /// weigh 1).
+    #[serde(default)]
+    pub weight: Option<u32>,
 }
 
 /// One provider key's limits as written in config.
@@ -127,8 +135,27 @@ pub struct Provider {
     pub max_exhausted_ms: u64,
     /// Tenant shares of the pool.
     pub tenants: HashMap<String, Tenant>,
+    /// Fair sharing, when any tenant has a weight.
+    pub fair: Option<FairShare>,
     /// The pool's store keys.
     pub keys: ProviderKeys,
+}
+
+/// A provider key's fair sharing (SPEC §5, *Fair sharing*): its state's key
+/// and the configured weights.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FairShare {
+    /// The state's store key, `{provider:model}:fair`.
+    pub key: String,
+    /// Configured weights by tenant, sorted by name.
+    pub weights: Vec<(String, u32)>,
+}
+
+impl FairShare {
+    /// The weights as the store takes them.
+    pub fn weights(&self) -> Vec<(&str, u32)> {
+        self.weights.iter().map(|(n, w)| (n.as_str(), *w)).collect()
+    }
 }
 
 impl Provider {
@@ -212,11 +239,13 @@ impl ProviderKeys {
     }
 }
 
-/// A tenant's share and keys.
+/// A tenant's share, weight and keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tenant {
-    /// Its share of every pool rate, permille.
-    pub share_permille: u32,
+    /// Its share of every pool rate, permille (`None`: no ceiling).
+    pub share_permille: Option<u32>,
+    /// Its weight in fair sharing.
+    pub weight: Option<u32>,
     /// Its buckets' keys.
     pub keys: ProviderKeys,
 }
@@ -393,24 +422,64 @@ pub fn validate_providers(cfg: &ProvidersConfig) -> Result<ProviderBook, Invalid
                 );
                 continue;
             }
-            if !(t.share > 0.0 && t.share <= 1.0) {
+            if t.share.is_none() && t.weight.is_none() {
+                err(
+                    &mut errors,
+                    p,
+                    "a tenant needs a share, a weight or both".into(),
+                );
+                continue;
+            }
+            if let Some(share) = t.share
+                && !(share > 0.0 && share <= 1.0)
+            {
                 err(
                     &mut errors,
                     format!("{p}.share"),
-                    format!("must be more than 0 and at most 1 (got {})", t.share),
+                    format!("must be more than 0 and at most 1 (got {share})"),
+                );
+                continue;
+            }
+            if let Some(w) = t.weight
+                && !(1..=fair::MAX_WEIGHT).contains(&w)
+            {
+                err(
+                    &mut errors,
+                    format!("{p}.weight"),
+                    format!("must be 1 to {} (got {w})", fair::MAX_WEIGHT),
+                );
+                continue;
+            }
+            if t.weight.is_some() && requests.is_none() {
+                err(
+                    &mut errors,
+                    format!("{p}.weight"),
+                    "fair sharing counts requests: the key needs a `requests` rate".into(),
                 );
                 continue;
             }
             // Rounded to permille, at least 1.
-            let permille = ((t.share * f64::from(FULL)).round() as u32).clamp(1, FULL);
+            let permille = t
+                .share
+                .map(|share| ((share * f64::from(FULL)).round() as u32).clamp(1, FULL));
             tenants.insert(
                 name.clone(),
                 Tenant {
                     share_permille: permille,
+                    weight: t.weight,
                     keys: ProviderKeys::tenant(provider, model, name),
                 },
             );
         }
+        let mut weights: Vec<(String, u32)> = tenants
+            .iter()
+            .filter_map(|(n, t)| t.weight.map(|w| (n.clone(), w)))
+            .collect();
+        weights.sort();
+        let fair = (!weights.is_empty()).then(|| FairShare {
+            key: format!("{{{provider}:{model}}}:fair"),
+            weights,
+        });
         keys.entry(provider.to_owned()).or_default().insert(
             model.to_owned(),
             Arc::new(Provider {
@@ -427,6 +496,7 @@ pub fn validate_providers(cfg: &ProvidersConfig) -> Result<ProviderBook, Invalid
                 max_cooldown_ms,
                 max_exhausted_ms,
                 tenants,
+                fair,
                 keys: ProviderKeys::new(provider, model),
             }),
         );

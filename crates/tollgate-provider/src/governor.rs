@@ -11,7 +11,8 @@ use tollgate_core::aimd::{self, FULL};
 use tollgate_core::clock::Clock;
 use tollgate_core::decision::{Decision, Denial, Limit, Waited};
 use tollgate_core::error::StoreError;
-use tollgate_core::store::{BucketTake, CooldownCheck, MultiTake, Store};
+use tollgate_core::fair::{self, FairTake};
+use tollgate_core::store::{BucketTake, CooldownCheck, FairCheck, MultiTake, Store};
 
 use super::config::{Policy, Provider, ProviderBook};
 use super::feedback::{Feedback, classify};
@@ -262,8 +263,8 @@ impl<S: Store> ProviderGovernor<S> {
         let output = req.output_tokens.unwrap_or(0);
         let mut takes: Vec<BucketTake<'_>> = Vec::with_capacity(8);
         let tenant = req.tenant.and_then(|t| p.tenants.get(t));
-        let sets =
-            std::iter::once((&p.keys, FULL)).chain(tenant.map(|t| (&t.keys, t.share_permille)));
+        let sets = std::iter::once((&p.keys, FULL))
+            .chain(tenant.and_then(|t| t.share_permille.map(|share| (&t.keys, share))));
         for (keys, share) in sets {
             let scale = |spec| aimd::scale(aimd::scale(spec, share), permille);
             for (spec, key, cost) in [
@@ -286,7 +287,35 @@ impl<S: Store> ProviderGovernor<S> {
             key: &p.keys.cooldown,
             max_wait_ms,
         };
-        let out = self.store.take_many(&takes, Some(cooldown)).await?;
+        // Fair sharing (SPEC §5): the pool's requests rate as effective now
+        // paces the key's virtual clock; the pool's requests bucket is the
+        // first take, named by a closed gate's refusal.
+        let weights = p.fair.as_ref().map(|f| f.weights());
+        let fair = match (&p.fair, &weights, p.requests) {
+            (Some(f), Some(weights), Some(spec)) => {
+                let spec = aimd::scale(spec, permille);
+                Some(FairCheck {
+                    key: &f.key,
+                    take: FairTake {
+                        tenant: req.tenant.unwrap_or(fair::NO_TENANT),
+                        weights,
+                        amount: spec.amount(),
+                        period_ms: spec.period_ms(),
+                        capacity: spec.capacity(),
+                        window_ms: p.max_wait_ms,
+                    },
+                })
+            }
+            _ => None,
+        };
+        let out = match fair {
+            Some(fair) => {
+                self.store
+                    .take_many_fair(&takes, Some(cooldown), fair)
+                    .await?
+            }
+            None => self.store.take_many(&takes, Some(cooldown)).await?,
+        };
         Ok(match out {
             MultiTake::Granted { wait_ms } => Decision::Allowed {
                 grant: ProviderPermit {

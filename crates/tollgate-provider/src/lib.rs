@@ -61,7 +61,7 @@ mod governor;
 mod retry;
 
 pub use config::{
-    DEFAULT_MAX_COOLDOWN_MS, DEFAULT_MAX_EXHAUSTED_MS, DEFAULT_PROVIDER_MAX_WAIT_MS,
+    DEFAULT_MAX_COOLDOWN_MS, DEFAULT_MAX_EXHAUSTED_MS, DEFAULT_PROVIDER_MAX_WAIT_MS, FairShare,
     MAX_HINT_CAP_MS, Policy, Provider, ProviderBook, ProviderConfig, ProviderKeys, ProvidersConfig,
     Tenant, TenantConfig, validate_providers,
 };

@@ -9,11 +9,137 @@
 --   cooldown (0/1), cooldown max wait ms; then per bucket i, six from byte
 --   33 + 48*(i-1): amount, period_ms, capacity scaled, cost, max wait ms,
 --   exceeds (0/1)
+--   exceeds: 1 exceeds at its max wait, 2 only without a wait, 0 fits
+-- With ARGV[2] (take_many_fair: fair sharing, SPEC §5, core's fair.rs
+-- restated): ARGV[2] packs doubles amount, period_ms, capacity (the pool's
+-- requests rate as effective now), window_ms, nw, then nw weights; ARGV[3]
+-- is the tenant, ARGV[3+j] the name of weight j; KEYS[#KEYS] the key's
+-- fair hash: v, at, and 't' .. tenant = '<ddd' finish, seen ms, queued.
 -- Returns three little-endian doubles (struct '<ddd': a string is far
 -- cheaper for Redis to answer than a table): 1, wait_ms, 0
 -- | 2, index (1-based; 0 = the cooldown), retry_after_ms | 3, index, 0
 local o, n, has_cd, cd_wait = struct.unpack('<dddd', ARGV[1])
 local now = now_ms(o)
+
+-- The fair gate, decided before any bucket (nothing here is taken).
+local fair, immediate = nil, false
+if ARGV[2] then
+  local UNIT = 1000
+  local famount, fperiod, fcap, window, nw = struct.unpack('<ddddd', ARGV[2])
+  local weights = {}
+  for j = 1, nw do
+    weights[ARGV[3 + j]] = struct.unpack('<d', ARGV[2], 41 + 8 * (j - 1))
+  end
+  local function weight(name) return weights[name] or 1 end
+  local fkey = KEYS[#KEYS]
+  local v, at, ten, count = 0, 0, {}, 0
+  local raw = redis.call('HGETALL', fkey)
+  for j = 1, #raw, 2 do
+    local f = raw[j]
+    if f == 'v' then v = tonumber(raw[j + 1])
+    elseif f == 'at' then at = tonumber(raw[j + 1])
+    else
+      local fin, seen, q = struct.unpack('<ddd', raw[j + 1])
+      ten[string.sub(f, 2)] = {fin, seen, q}
+    end
+  end
+  -- Advance the clock to now (fair.rs `advance`).
+  local dt = now - at
+  if dt < 0 then dt = 0 end
+  if now > at then at = now end
+  while true do
+    local ahead, nxt = 0, nil
+    for name, e in pairs(ten) do
+      if e[1] > v then
+        ahead = ahead + weight(name)
+        if not nxt or e[1] < nxt then nxt = e[1] end
+      end
+    end
+    if ahead == 0 then
+      v = 0
+      for _, e in pairs(ten) do e[1] = 0; e[3] = 0 end
+      break
+    end
+    if dt <= 0 then break end
+    local need = math.ceil((nxt - v) * ahead / UNIT)
+    if need <= dt then
+      v = nxt
+      dt = dt - need
+    else
+      v = v + math.floor(dt * UNIT / ahead)
+      break
+    end
+  end
+  local since = now - window
+  if since < 0 then since = 0 end
+  for name, e in pairs(ten) do
+    if e[2] < since and e[1] <= v then ten[name] = nil else count = count + 1 end
+  end
+  local tenant = ARGV[3]
+  local entry = tenant
+  if not (weights[tenant] or ten[tenant] or count < 64) then entry = '{others}' end
+  local w = weight(entry)
+  local cost = math.floor((fperiod * UNIT) / (famount * w))
+  if cost < 1 then cost = 1 end
+  local mine = ten[entry] or {0, 0, 0}
+  local all_ahead, active, others, others_ahead = 0, 0, false, false
+  for name, e in pairs(ten) do
+    if e[1] > v then all_ahead = all_ahead + weight(name) end
+    if name ~= entry and e[2] >= since then
+      others = true
+      active = active + weight(name)
+      if e[1] > v then others_ahead = true end
+    end
+  end
+  local start
+  if not others then start = v
+  elseif mine[3] == 0 then start = math.max(mine[1], v)
+  else start = math.max(math.max(mine[1] - cost, 0), v) end
+  local closed = nil
+  if others then
+    active = active + w
+    local lead = start - v
+    local open = cost
+    local burst = math.floor((fcap * fperiod * UNIT) / (famount * active))
+    if lead <= open then
+      immediate = false
+    elseif lead <= open + burst or not others_ahead then
+      immediate = true
+    else
+      local h = math.ceil(((lead - open) * math.max(all_ahead, 1)) / UNIT)
+      if h < 1 then h = 1 end
+      closed = h
+    end
+  end
+  local join = others and mine[1] <= v
+  local queued = 0
+  if join or (mine[3] == 1 and mine[1] > v) then queued = 1 end
+  fair = {key = fkey, v = v, at = at, ten = ten, entry = entry, window = window,
+          granted = {start + cost, now, 0},
+          refused = {join and (v + cost) or mine[1], now, queued}}
+  if closed then
+    fair.closed = closed
+  end
+end
+
+local function fair_save(granted)
+  local f = fair
+  f.ten[f.entry] = granted and f.granted or f.refused
+  redis.call('DEL', f.key)
+  local args = {'v', f.v, 'at', f.at}
+  for name, e in pairs(f.ten) do
+    args[#args + 1] = 't' .. name
+    args[#args + 1] = struct.pack('<ddd', e[1], e[2], e[3])
+  end
+  redis.call('HSET', f.key, unpack(args))
+  redis.call('PEXPIRE', f.key, f.window + 60000)
+end
+
+if fair and fair.closed then
+  fair_save(false)
+  return struct.pack('<ddd', TAKE_REFUSED, 1, fair.closed)
+end
+if immediate then cd_wait = 0 end
 
 local orig = {}   -- key -> {level, ts, period, existed} as loaded
 local cur = {}    -- key -> {level, ts} after the takes so far
@@ -22,6 +148,11 @@ local wait, refused_i, refused_h, exceeds_i = 0, nil, nil, nil
 for i = 1, n do
   local amount, period, cap, cost, max_wait, exceeds =
     struct.unpack('<dddddd', ARGV[1], 33 + 48 * (i - 1))
+  if immediate then
+    max_wait = 0
+    if exceeds == 2 then exceeds = 1 end
+  end
+  if exceeds ~= 1 then exceeds = 0 end
   local key = KEYS[i]
   spec[i] = {amount, cap, period}
   local level, ts, old_period
@@ -79,6 +210,7 @@ for i = 1, n do
   end
   bucket_save(key, st[1], st[2], now, amount, cap, period)
 end
+if fair then fair_save(granted) end
 if exceeds_i then return struct.pack('<ddd', TAKE_EXCEEDS, exceeds_i, 0) end
 if refused_h then return struct.pack('<ddd', TAKE_REFUSED, refused_i, refused_h) end
 return struct.pack('<ddd', TAKE_GRANTED, wait, 0)

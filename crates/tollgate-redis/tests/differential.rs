@@ -76,12 +76,13 @@ use proptest::test_runner::TestCaseError;
 use tollgate_core::aimd::AimdParams;
 use tollgate_core::bucket::BucketSpec;
 use tollgate_core::calendar::{Period, Window};
+use tollgate_core::fair::FairTake;
 use tollgate_core::lease::TurnParams;
 use tollgate_core::money::{Price, TokenSplit};
 use tollgate_core::spend::{BudgetAdjust, BudgetCheck, BudgetRequest, BudgetUnit};
 use tollgate_core::store::memory::MemoryConfig;
 use tollgate_core::store::{
-    BucketRef, BucketTake, ClaimRequest, CooldownCheck, ReservationId, ReserveOutcome,
+    BucketRef, BucketTake, ClaimRequest, CooldownCheck, FairCheck, ReservationId, ReserveOutcome,
     ReserveRequest, SettleRequest, TakeRequest, TurnRequest, UserState,
 };
 use tollgate_core::store::{
@@ -102,6 +103,9 @@ const CLAIMED: [&str; 4] = ["c0", "c1", "c:{2}%", "c3"];
 const HOLDERS: [&str; 3] = ["h0", "h1", "h2"];
 const BUCKETS: [&str; 2] = ["{p}:a", "{p}:b"];
 const COOLDOWN: &str = "{p}:cd";
+/// A provider key's fair-sharing state, and the tenants permits name.
+const FAIR: &str = "{p}:fair";
+const TENANTS: [&str; 4] = ["t0", "t1", "t2", "{none}"];
 const AIMD: &str = "{p}:aimd";
 /// Session retention on both sides: short enough that the long clock moves
 /// cross it.
@@ -224,6 +228,16 @@ enum Op {
         takes: Vec<TakeOp>,
         /// The cooldown's max wait, if checked.
         cooldown: Option<Qty>,
+    },
+    /// `TakeMany` behind the fair-sharing gate: `tenant` (an index in
+    /// `TENANTS`), the weights configured now (`None`: unconfigured), the
+    /// window (the key's max wait).
+    FairTake {
+        takes: Vec<TakeOp>,
+        cooldown: Option<Qty>,
+        tenant: usize,
+        weights: [Option<u32>; 3],
+        window: u64,
     },
     /// A single take with no wait: a user's turn bucket, or a named one.
     TakeOne {
@@ -511,6 +525,20 @@ fn op() -> impl Strategy<Value = Op> {
             prop_oneof![1 => Just(None), 1 => qty().prop_map(Some)],
         )
             .prop_map(|(takes, cooldown)| Op::TakeMany { takes, cooldown }),
+        8 => (
+            prop::collection::vec(take_op(), 1..=2),
+            prop_oneof![3 => Just(None), 1 => qty().prop_map(Some)],
+            0..TENANTS.len(),
+            prop::array::uniform3(prop_oneof![1 => Just(None), 3 => (1u32..=5).prop_map(Some)]),
+            prop_oneof![Just(0u64), Just(500), Just(4_000)],
+        )
+            .prop_map(|(takes, cooldown, tenant, weights, window)| Op::FairTake {
+                takes,
+                cooldown,
+                tenant,
+                weights,
+                window,
+            }),
         5 => (
             prop_oneof![1 => Just(None), 1 => user().prop_map(Some)],
             0..BUCKETS.len(),
@@ -837,7 +865,7 @@ fn case_keys(prefix: &str) -> Keys {
     for k in BUCKETS {
         keys.push(format!("{prefix}:k2:{k}"));
     }
-    for k in [COOLDOWN, AIMD] {
+    for k in [COOLDOWN, AIMD, FAIR] {
         keys.push(format!("{prefix}:k:{k}"));
     }
     Keys {
@@ -1138,6 +1166,56 @@ impl Run<'_> {
                     "take_many([{}], cooldown wait {:?})",
                     desc.join("; "),
                     cooldown.map(|c| c.max_wait_ms)
+                );
+                self.same(what, m, r)?;
+            }
+            Op::FairTake {
+                ref takes,
+                cooldown,
+                tenant,
+                weights,
+                window,
+            } => {
+                let takes: Vec<BucketTake<'_>> = takes
+                    .iter()
+                    .map(|t| {
+                        let spec = case.named[t.key][usize::from(t.alt)];
+                        BucketTake {
+                            key: BUCKETS[t.key],
+                            spec,
+                            cost: t.cost.resolve(2 * spec.capacity(), u64::MAX / 2),
+                            max_wait_ms: t.max_wait.resolve(2 * spec.period_ms(), u64::MAX),
+                        }
+                    })
+                    .collect();
+                let cooldown = cooldown.map(|w| CooldownCheck {
+                    key: COOLDOWN,
+                    max_wait_ms: w.resolve(10_000, u64::MAX),
+                });
+                let configured: Vec<(&str, u32)> = weights
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, w)| w.map(|w| (TENANTS[i], w)))
+                    .collect();
+                let pool = takes[0].spec;
+                let fair = FairCheck {
+                    key: FAIR,
+                    take: FairTake {
+                        tenant: TENANTS[tenant],
+                        weights: &configured,
+                        amount: pool.amount(),
+                        period_ms: pool.period_ms(),
+                        capacity: pool.capacity(),
+                        window_ms: window,
+                    },
+                };
+                let m = self.mem.take_many_fair(&takes, cooldown, fair).await;
+                let r = self.redis.take_many_fair(&takes, cooldown, fair).await;
+                let what = format!(
+                    "take_many_fair({} takes, cooldown {:?}, tenant {}, weights {configured:?}, window {window})",
+                    takes.len(),
+                    cooldown.map(|c| c.max_wait_ms),
+                    TENANTS[tenant],
                 );
                 self.same(what, m, r)?;
             }
@@ -1493,6 +1571,46 @@ async fn run_case(case: &Case) -> Result<(), TestCaseError> {
     // Every key left must expire on its own.
     let all = std::mem::take(&mut run.keys.all);
     run.ttl_floor(&all).await
+}
+
+/// Fair sharing's loads (SPEC §5: 3:1 backlogged, a light tenant beside a
+/// heavy one, three tenants, a tenant back from idle) through the governor
+/// on the memory store and on Redis, side by side on one fake clock each:
+/// every permit's answer the same.
+#[test]
+fn fair_loads_answer_as_memory() {
+    use tollgate_testkit::scenarios::fair::{Load, Offer, Sharing};
+    let o = |tenant, weight, every_ms, from_ms| Offer {
+        tenant,
+        weight,
+        every_ms,
+        from_ms,
+    };
+    let loads = [
+        vec![o("a", 3, 10, 0), o("b", 1, 10, 5)],
+        vec![o("heavy", 1, 10, 0), o("light", 1, 400, 3)],
+        vec![o("a", 2, 20, 0), o("b", 3, 15, 1), o("c", 5, 50, 7)],
+        vec![o("a", 1, 10, 0), o("b", 1, 10, 15_000)],
+    ];
+    runtime().block_on(async {
+        for offers in &loads {
+            let mem_clock = FakeClock::new(T0);
+            let mem = MemoryStore::new(mem_clock.clone());
+            let clock = FakeClock::new(T0);
+            let redis = RedisStore::connect(
+                RedisConfig::standalone(shared_url())
+                    .with_key_prefix(unique_prefix())
+                    .with_op_timeout(Duration::from_secs(2)),
+            )
+            .await
+            .expect("redis")
+            .with_clock_override(clock.clone());
+            let m = Load::run(mem, &mem_clock, offers, Sharing::Weights, 30_000).await;
+            let r = Load::run(redis, &clock, offers, Sharing::Weights, 30_000).await;
+            assert_eq!(m.tenants, r.tenants, "{offers:?}");
+            assert_eq!(m.densest_second, r.densest_second);
+        }
+    });
 }
 
 fn runtime() -> &'static tokio::runtime::Runtime {

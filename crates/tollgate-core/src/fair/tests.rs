@@ -232,15 +232,21 @@ fn a_closed_gate_takes_nothing_and_hints_when_the_share_allows() {
     assert_eq!(got, None);
     // The clock moves 500/ms while both are ahead: a's excess of 49
     // permits (4,900,000) passes in 9,800 ms.
-    assert_eq!(gate, Gate::Closed { retry_after_ms: 9_800 });
+    assert_eq!(
+        gate,
+        Gate::Closed {
+            retry_after_ms: 9_800
+        }
+    );
     assert_eq!(k.bucket, None, "nothing taken");
-    assert_eq!(k.fair.tenants["a"], entry(5_000_000, 0), "seen, nothing booked");
+    assert_eq!(
+        k.fair.tenants["a"],
+        entry(5_000_000, 0),
+        "seen, nothing booked"
+    );
     // b, one permit ahead, may book.
     assert_eq!(k.permit("b", 0), (Gate::Open, Some(0)));
 }
-
-
-
 
 /// SPEC §5's worked example of fair sharing, to the millisecond.
 #[test]
@@ -249,7 +255,8 @@ fn spec_worked_example() {
     k.spec = BucketSpec::new(600, 60_000, 2).expect("spec");
     // (t, tenant, clock after advancing, gate, granted wait or the pool's
     // refusal hint (Err), tenant's tag after)
-    let rows: [(u64, &str, u64, Gate, Result<u64, u64>, u64); 13] = [
+    type Row = (u64, &'static str, u64, Gate, Result<u64, u64>, u64);
+    let rows: [Row; 13] = [
         (0, "a", 0, Gate::Open, Ok(0), 33_333),
         (0, "b", 0, Gate::Open, Ok(0), 100_000),
         (0, "a", 0, Gate::Open, Ok(100), 66_666),
@@ -257,7 +264,16 @@ fn spec_worked_example() {
         (0, "b", 0, Gate::Open, Ok(200), 200_000),
         (50, "a", 12_500, Gate::ImmediateOnly, Err(250), 66_666),
         (100, "a", 25_000, Gate::ImmediateOnly, Err(200), 66_666),
-        (100, "b", 25_000, Gate::Closed { retry_after_ms: 300 }, Err(300), 200_000),
+        (
+            100,
+            "b",
+            25_000,
+            Gate::Closed {
+                retry_after_ms: 300,
+            },
+            Err(300),
+            200_000,
+        ),
         (150, "a", 37_500, Gate::Open, Ok(150), 99_999),
         (200, "b", 50_000, Gate::ImmediateOnly, Err(200), 200_000),
         (250, "a", 62_500, Gate::ImmediateOnly, Err(150), 99_999),
@@ -265,7 +281,6 @@ fn spec_worked_example() {
         (300, "b", 75_000, Gate::ImmediateOnly, Err(200), 200_000),
     ];
     for (at, tenant, v, gate, answer, tag) in rows {
-        let tenant: &'static str = if tenant == "a" { "a" } else { "b" };
         let d = decide(&k.fair, &k.take(tenant), at);
         assert_eq!((d.granted.v, d.gate), (v, gate), "t={at} {tenant}");
         let hint = match bucket::take(&k.spec, k.bucket, at, 1, 0).outcome {
@@ -287,6 +302,13 @@ fn spec_worked_example() {
     starts.sort();
     assert_eq!(
         starts,
-        [(0, "a"), (0, "b"), (100, "a"), (200, "b"), (300, "a"), (400, "a")]
+        [
+            (0, "a"),
+            (0, "b"),
+            (100, "a"),
+            (200, "b"),
+            (300, "a"),
+            (400, "a")
+        ]
     );
 }

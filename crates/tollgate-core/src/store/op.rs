@@ -114,6 +114,32 @@ pub struct TakeMany<'a> {
     pub cooldown: Option<CooldownCheck<'a>>,
 }
 
+/// [`TakeMany`] behind a provider key's fair-sharing gate (SPEC §5, *Fair
+/// sharing*; [`crate::fair`]): the gate decides first, from the key's fair
+/// state, whether the permit may wait (open), may take only what is free
+/// now, or is refused; then the buckets and the cooldown as [`TakeMany`];
+/// the fair state is saved with the answer, all in one step. A closed gate
+/// refuses as `Refused { index: Some(0), .. }` (the pool's first bucket)
+/// and takes nothing.
+#[derive(Debug, Clone, Copy)]
+pub struct FairTakeMany<'a> {
+    /// The buckets (the pool's first).
+    pub takes: &'a [BucketTake<'a>],
+    /// The cooldown, if any.
+    pub cooldown: Option<CooldownCheck<'a>>,
+    /// The fair-sharing gate.
+    pub fair: FairCheck<'a>,
+}
+
+/// A provider key's fair-sharing state and the permit's inputs.
+#[derive(Debug, Clone, Copy)]
+pub struct FairCheck<'a> {
+    /// The state's key (`{provider:model}:fair`).
+    pub key: &'a str,
+    /// The permit's tenant, the weights and the pool's rate.
+    pub take: crate::fair::FairTake<'a>,
+}
+
 /// Sets a cooldown to `max(existing, until_ms)` (see
 /// [`Backend::extend_cooldown`]).
 #[derive(Debug, Clone, Copy)]
@@ -379,6 +405,29 @@ op!(TakeMany<'_> => MultiTake, "take_many", Fallback, |b, r| b.take_many(r.takes
         .await
     }
 });
+op!(FairTakeMany<'_> => MultiTake, "take_many_fair", Fallback,
+    |b, r| b.take_many_fair(r.takes, r.cooldown, r.fair), {
+    async fn on_fallback(
+        self,
+        fallback: &MemoryStore,
+        share: f64,
+    ) -> Result<MultiTake, StoreError> {
+        let takes: Vec<BucketTake<'_>> = self
+            .takes
+            .iter()
+            .map(|t| BucketTake {
+                spec: scale_spec(&t.spec, share),
+                ..*t
+            })
+            .collect();
+        FairTakeMany {
+            takes: &takes,
+            ..self
+        }
+        .apply(fallback)
+        .await
+    }
+});
 op!(TakeRequest<'_> => TakeOutcome, "take_one", Owed, |b, r| b.take_one(r), {
     scaled!(TakeOutcome, |r, share| {
         TakeRequest {
@@ -451,6 +500,7 @@ mod tests {
             p::<ReserveRequest<'_>>(),
             p::<SettleRequest<'_>>(),
             p::<TakeMany<'_>>(),
+            p::<FairTakeMany<'_>>(),
             p::<TakeRequest<'_>>(),
             p::<ExtendCooldown<'_>>(),
             p::<Aimd<'_>>(),
@@ -509,7 +559,7 @@ mod tests {
             .into_iter()
             .map(|(name, outage)| (name.to_owned(), outage))
             .collect();
-        assert_eq!(stated.len(), 26, "names are unique");
+        assert_eq!(stated.len(), 27, "names are unique");
         assert_eq!(documented, stated);
     }
 }

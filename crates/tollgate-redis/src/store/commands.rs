@@ -240,39 +240,16 @@ impl Backend for RedisStore {
                 r => Err(bad_reply("take_many", format!("{r:?}"))),
             };
         }
-        let mut inv = self.inner.scripts.take_many.prepare_invoke();
-        for t in takes {
-            inv.key(k.named_bucket(t.key));
-        }
-        if let Some(c) = cooldown {
-            inv.key(k.named(c.key));
-        }
-        let mut args = Packed::default();
-        args.push(self.now_arg())
-            .push(takes.len() as u64)
-            .push(u64::from(cooldown.is_some()))
-            .push(cooldown.map_or(0, |c| c.max_wait_ms));
-        for t in takes {
-            let max_wait = t.max_wait_ms.min(t.spec.max_wait_limit());
-            let too_big = t.spec.exceeds(t.cost, max_wait);
-            args.spec(&t.spec)
-                .push(if too_big { 0 } else { t.cost })
-                .push(max_wait)
-                .push(u64::from(too_big));
-        }
-        inv.arg(args.0);
-        let r: Vec<u8> = self.run("take_many", &inv).await?;
-        match unpacked::<3>(&r) {
-            Some([TAKE_GRANTED, wait, _]) => Ok(MultiTake::Granted { wait_ms: u(wait) }),
-            Some([TAKE_REFUSED, index, hint]) => Ok(MultiTake::Refused {
-                index: (index > 0).then(|| (index - 1) as usize),
-                retry_after_ms: u(hint),
-            }),
-            Some([TAKE_EXCEEDS, index, _]) if index > 0 => Ok(MultiTake::ExceedsCapacity {
-                index: (index - 1) as usize,
-            }),
-            _ => Err(bad_reply("take_many", format!("{r:?}"))),
-        }
+        self.take_many_script(takes, cooldown, None).await
+    }
+
+    async fn take_many_fair(
+        &self,
+        takes: &[BucketTake<'_>],
+        cooldown: Option<CooldownCheck<'_>>,
+        fair: FairCheck<'_>,
+    ) -> Result<MultiTake, StoreError> {
+        self.take_many_script(takes, cooldown, Some(fair)).await
     }
 
     async fn take_one(&self, req: TakeRequest<'_>) -> Result<TakeOutcome, StoreError> {

@@ -20,7 +20,7 @@ use tollgate_core::spend::{
 };
 use tollgate_core::store::{
     AppendOutcome, BucketRef, BucketTake, CLAIM_SLACK_MS, Claim, ClaimRequest, CooldownCheck,
-    FenceCheck, MAX_TRACKED_RUNS, MultiTake, ProviderCleared, RESERVATION_RETENTION_MS,
+    FairCheck, FenceCheck, MAX_TRACKED_RUNS, MultiTake, ProviderCleared, RESERVATION_RETENTION_MS,
     ReconcileRequest, Reconciled, Release, ReservationId, ReserveOutcome, ReserveRequest,
     SettleOutcome, SettleRequest, TakeOutcome, TakeRequest, TopUser, TurnOutcome, TurnRequest,
     UserState, rank_top, sliding_minute,
@@ -543,6 +543,81 @@ impl RedisStore {
                 Some(record) => inv.arg(1).arg(record),
                 None => inv.arg(0).arg(""),
             };
+        }
+    }
+}
+
+impl RedisStore {
+    /// `take_many.lua`: several buckets, a cooldown, and with `fair` the
+    /// key's fair-sharing gate (SPEC §5), in one script.
+    pub(crate) async fn take_many_script(
+        &self,
+        takes: &[BucketTake<'_>],
+        cooldown: Option<CooldownCheck<'_>>,
+        fair: Option<FairCheck<'_>>,
+    ) -> Result<MultiTake, StoreError> {
+        use crate::codes::{TAKE_EXCEEDS, TAKE_GRANTED, TAKE_REFUSED};
+        let k = &self.inner.keys;
+        let mut inv = self.inner.scripts.take_many.prepare_invoke();
+        for t in takes {
+            inv.key(k.named_bucket(t.key));
+        }
+        if let Some(c) = cooldown {
+            inv.key(k.named(c.key));
+        }
+        if let Some(f) = fair {
+            inv.key(k.named(f.key));
+        }
+        let mut args = Packed::default();
+        args.push(self.now_arg())
+            .push(takes.len() as u64)
+            .push(u64::from(cooldown.is_some()))
+            .push(cooldown.map_or(0, |c| c.max_wait_ms));
+        for t in takes {
+            let max_wait = t.max_wait_ms.min(t.spec.max_wait_limit());
+            // 1: never grantable; 2: grantable only with a wait (which a
+            // fair gate may forbid); 0: fits now.
+            let exceeds = if t.spec.exceeds(t.cost, max_wait) {
+                1
+            } else if t.spec.exceeds(t.cost, 0) {
+                2
+            } else {
+                0
+            };
+            args.spec(&t.spec)
+                .push(if exceeds == 1 { 0 } else { t.cost })
+                .push(max_wait)
+                .push(exceeds);
+        }
+        inv.arg(args.0);
+        if let Some(f) = fair {
+            let t = &f.take;
+            let mut fa = Packed::default();
+            fa.push(t.amount)
+                .push(t.period_ms)
+                .push(t.capacity)
+                .push(t.window_ms)
+                .push(t.weights.len() as u64);
+            for &(name, _) in t.weights {
+                fa.push(u64::from(t.weight(name)));
+            }
+            inv.arg(fa.0);
+            inv.arg(t.tenant);
+            for &(name, _) in t.weights {
+                inv.arg(name);
+            }
+        }
+        let r: Vec<u8> = self.run("take_many", &inv).await?;
+        match unpacked::<3>(&r) {
+            Some([TAKE_GRANTED, wait, _]) => Ok(MultiTake::Granted { wait_ms: u(wait) }),
+            Some([TAKE_REFUSED, index, hint]) => Ok(MultiTake::Refused {
+                index: (index > 0).then(|| (index - 1) as usize),
+                retry_after_ms: u(hint),
+            }),
+            Some([TAKE_EXCEEDS, index, _]) if index > 0 => Ok(MultiTake::ExceedsCapacity {
+                index: (index - 1) as usize,
+            }),
+            _ => Err(bad_reply("take_many", format!("{r:?}"))),
         }
     }
 }

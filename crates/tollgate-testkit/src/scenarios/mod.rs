@@ -14,6 +14,7 @@ use tollgate_core::{
 mod buckets;
 mod budgets;
 mod examples;
+pub mod fair;
 mod grouped;
 mod leases;
 mod provider_state;
@@ -32,6 +33,10 @@ pub use budgets::{
 pub use examples::{
     example_1_turn_burst, example_2_steady_turns, example_3_token_wait_boundary,
     example_4_concurrency, provider_example,
+};
+pub use fair::{
+    fair_share_alone_uses_the_pool, fair_share_backlogged_by_weight,
+    fair_share_light_tenant_is_never_refused,
 };
 pub use grouped::{
     a_log_keeps_its_end_after_its_records_are_deleted,

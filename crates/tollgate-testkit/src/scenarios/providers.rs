@@ -39,7 +39,15 @@ fn governor<S: Store + Clone>(
             max_exhausted_ms: None,
             tenants: tenants
                 .iter()
-                .map(|(t, share)| ((*t).to_owned(), TenantConfig { share: *share }))
+                .map(|(t, share)| {
+                    (
+                        (*t).to_owned(),
+                        TenantConfig {
+                            share: Some(*share),
+                            weight: None,
+                        },
+                    )
+                })
                 .collect(),
         },
     );

@@ -48,10 +48,10 @@ use self::users::UserEntry;
 use super::grouped::check_group;
 use super::{
     AppendOutcome, BucketTake, Claim, ClaimRequest, CooldownCheck, DEFAULT_SESSION_GRACE_MS,
-    DEFAULT_SESSION_RETENTION_MS, FenceCheck, MultiTake, ProviderCleared, ReconcileRequest,
-    Reconciled, Release, ReserveOutcome, ReserveRequest, SessionAppend, SessionAppended,
-    SessionCreate, SessionCreated, SessionDelete, SettleOutcome, SettleRequest, Store, TakeOutcome,
-    TakeRequest, TopUser, TurnOutcome, TurnRequest, UserState,
+    DEFAULT_SESSION_RETENTION_MS, FairCheck, FenceCheck, MultiTake, ProviderCleared,
+    ReconcileRequest, Reconciled, Release, ReserveOutcome, ReserveRequest, SessionAppend,
+    SessionAppended, SessionCreate, SessionCreated, SessionDelete, SettleOutcome, SettleRequest,
+    Store, TakeOutcome, TakeRequest, TopUser, TurnOutcome, TurnRequest, UserState,
 };
 use crate::aimd::AimdParams;
 use crate::bucket::BucketSpec;
@@ -328,6 +328,17 @@ impl super::Backend for MemoryStore {
         cooldown: Option<CooldownCheck<'_>>,
     ) -> Result<MultiTake, StoreError> {
         self.room("take_many", || self.take_many_now(takes, cooldown))
+    }
+
+    async fn take_many_fair(
+        &self,
+        takes: &[BucketTake<'_>],
+        cooldown: Option<CooldownCheck<'_>>,
+        fair: FairCheck<'_>,
+    ) -> Result<MultiTake, StoreError> {
+        self.room("take_many_fair", || {
+            self.take_many_fair_now(takes, cooldown, fair)
+        })
     }
 
     async fn take_one(&self, req: TakeRequest<'_>) -> Result<TakeOutcome, StoreError> {

@@ -6,8 +6,10 @@ use super::MemoryStore;
 use super::shards::{Expiring, Full};
 use crate::aimd::{AimdParams, AimdState};
 use crate::bucket::{BucketState, EXPIRY_GRACE_MS, MAX_SCALED};
+use crate::fair::{self, FairState, Gate};
 use crate::store::{
-    BucketRef, BucketTake, CooldownCheck, MultiTake, ProviderCleared, TakeOutcome, TakeRequest,
+    BucketRef, BucketTake, CooldownCheck, FairCheck, MultiTake, ProviderCleared, TakeOutcome,
+    TakeRequest,
 };
 use crate::take::{self, Cooldown};
 
@@ -33,6 +35,8 @@ pub(super) enum KeyEntry {
     LongBucket(Box<(BucketState, u64)>),
     Cooldown(u64),
     Aimd(Box<(AimdState, u64)>),
+    /// A provider key's fair-sharing state and its expiry.
+    Fair(Box<(FairState, u64)>),
 }
 
 const _: () = assert!(std::mem::size_of::<KeyEntry>() == 24);
@@ -50,6 +54,7 @@ impl Expiring for KeyEntry {
             } => unpack_exp(*delta_lo, *ts_delta),
             KeyEntry::LongBucket(b) => b.1,
             KeyEntry::Aimd(a) => a.1,
+            KeyEntry::Fair(f) => f.1,
             // Kept a grace period past its end, like Redis keeps the key
             // (by real time) while a stepped-back clock may still see it.
             KeyEntry::Cooldown(until) => until.saturating_add(EXPIRY_GRACE_MS),
@@ -100,6 +105,14 @@ impl KeyEntry {
                 period_ms: u64::from(period_ms),
             }),
             KeyEntry::LongBucket(ref b) if b.1 > now => Some(b.0),
+            _ => None,
+        }
+    }
+
+    /// The live fair-sharing state held, if any.
+    fn fair(&self, now: u64) -> Option<FairState> {
+        match self {
+            KeyEntry::Fair(f) if f.1 > now => Some(f.0.clone()),
             _ => None,
         }
     }
@@ -158,6 +171,73 @@ impl MemoryStore {
         for (n, &(state, exp)) in tr.states.iter().enumerate() {
             locked.with(n, now, |e| *e = KeyEntry::bucket_of(state, exp))?;
         }
+        Ok(tr.outcome)
+    }
+
+    pub(super) fn take_many_fair_now(
+        &self,
+        takes: &[BucketTake<'_>],
+        cooldown: Option<CooldownCheck<'_>>,
+        fair: FairCheck<'_>,
+    ) -> Result<MultiTake, Full> {
+        let now = self.now();
+        let mut keys: Vec<&str> = takes.iter().map(|t| t.key).collect();
+        if let Some(c) = cooldown {
+            keys.push(c.key);
+        }
+        keys.push(fair.key);
+        let at = keys.len() - 1;
+        let mut locked = self.inner.keys.lock_many(&keys);
+        locked.check_room(now)?;
+        let state = locked.with(at, now, |e| e.fair(now))?.unwrap_or_default();
+        let d = fair::decide(&state, &fair.take, now);
+        // Kept while a tenant may still be active or ahead of the clock.
+        let expires = now
+            .saturating_add(fair.take.window_ms)
+            .saturating_add(EXPIRY_GRACE_MS);
+        let immediate = match d.gate {
+            Gate::Open => false,
+            Gate::ImmediateOnly => true,
+            Gate::Closed { retry_after_ms } => {
+                locked.with(at, now, |e| {
+                    *e = KeyEntry::Fair(Box::new((d.refused, expires)));
+                })?;
+                return Ok(MultiTake::Refused {
+                    index: Some(0),
+                    retry_after_ms,
+                });
+            }
+        };
+        let gated: Vec<BucketTake<'_>> = takes
+            .iter()
+            .map(|t| BucketTake {
+                max_wait_ms: if immediate { 0 } else { t.max_wait_ms },
+                ..*t
+            })
+            .collect();
+        let states: Vec<Option<BucketState>> = (0..takes.len())
+            .map(|n| locked.with(n, now, |e| e.bucket(now)))
+            .collect::<Result<_, Full>>()?;
+        let cooldown = match cooldown {
+            Some(c) => Some(Cooldown {
+                until_ms: locked.with(takes.len(), now, |e| match *e {
+                    KeyEntry::Cooldown(u) => u,
+                    _ => 0,
+                })?,
+                max_wait_ms: if immediate { 0 } else { c.max_wait_ms },
+            }),
+            None => None,
+        };
+        let tr = take::take_many(&gated, &states, cooldown, now);
+        for (n, &(state, exp)) in tr.states.iter().enumerate() {
+            locked.with(n, now, |e| *e = KeyEntry::bucket_of(state, exp))?;
+        }
+        let saved = if matches!(tr.outcome, MultiTake::Granted { .. }) {
+            d.granted
+        } else {
+            d.refused
+        };
+        locked.with(at, now, |e| *e = KeyEntry::Fair(Box::new((saved, expires))))?;
         Ok(tr.outcome)
     }
 
