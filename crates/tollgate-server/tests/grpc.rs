@@ -883,6 +883,40 @@ async fn session_lease_and_reservation_refusals() {
 // ---------------------------------------------------------------------------
 // Providers
 
+/// Fair sharing through gRPC: with the tenant named in the request, the
+/// first rows of SPEC §5's worked example (weights 3:1, a burst of 2).
+#[tokio::test]
+async fn weighted_tenants_share_fairly_through_grpc() {
+    let config = memory_config().replace(
+        "[providers.\"openai:gpt-4o\"]",
+        "[providers.\"openai:fair\"]\nrequests = { amount = 600, period_ms = 60000, burst = 2 }\nmax_wait_ms = 1000\n\n[providers.\"openai:fair\".tenants.a]\nweight = 3\n\n[providers.\"openai:fair\".tenants.b]\nweight = 1\n\n[providers.\"openai:gpt-4o\"]",
+    );
+    let srv = Server::start(&config).await;
+    let permit = |tenant: &'static str| {
+        let srv = &srv;
+        async move {
+            srv.client()
+                .provider_permit(req(
+                    "alice",
+                    proto::ProviderPermitRequest {
+                        provider: "openai".to_owned(),
+                        model: "fair".to_owned(),
+                        tenant: Some(tenant.to_owned()),
+                        ..Default::default()
+                    },
+                ))
+                .await
+                .map(tonic::Response::into_inner)
+        }
+    };
+    assert_eq!(permit("a").await.expect("a").wait_ms, 0);
+    assert_eq!(permit("b").await.expect("b").wait_ms, 0);
+    assert_eq!(permit("a").await.expect("a").wait_ms, 100);
+    limited(permit("a").await, "provider_rate", 200);
+    assert_eq!(permit("b").await.expect("b").wait_ms, 200);
+    srv.shutdown().await;
+}
+
 /// provider_rate (a `reject` key over its burst) and provider_cooldown
 /// (after a 429 with `retry-after: 2`) are RESOURCE_EXHAUSTED with the
 /// exact hint; provider_exhausted (OpenAI `insufficient_quota`) is

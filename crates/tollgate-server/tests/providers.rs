@@ -112,6 +112,19 @@ share = 0.2
 share = 0.5
 "#;
 
+/// A provider key shared fairly: SPEC §5's worked example.
+const FAIR: &str = r#"
+[providers."openai:fair"]
+requests = { amount = 600, period_ms = 60000, burst = 2 }
+max_wait_ms = 1000
+
+[providers."openai:fair".tenants.a]
+weight = 3
+
+[providers."openai:fair".tenants.b]
+weight = 1
+"#;
+
 fn config() -> String {
     config_with(PROVIDERS)
 }
@@ -800,6 +813,41 @@ async fn tenant_shares_through_http() {
     srv.shutdown().await;
 }
 
+/// Fair sharing through HTTP: SPEC §5's worked example (tenants a, weight
+/// 3, and b, weight 1, on a pool of 600/min with a burst of 2), permit by
+/// permit, to the millisecond.
+#[tokio::test]
+async fn weighted_tenants_share_fairly_through_http() {
+    let srv = Server::start(&config_with(&format!("{PROVIDERS}{FAIR}"))).await;
+    let call = |tenant: &str| json!({"model": "fair", "tenant": tenant, "tokens": 0});
+    let rows: [(u64, &str, Result<u64, u64>); 13] = [
+        (0, "a", Ok(0)),
+        (0, "b", Ok(0)),
+        (0, "a", Ok(100)),
+        (0, "a", Err(200)),
+        (0, "b", Ok(200)),
+        (50, "a", Err(250)),
+        (100, "a", Err(200)),
+        (100, "b", Err(300)),
+        (150, "a", Ok(150)),
+        (200, "b", Err(200)),
+        (250, "a", Err(150)),
+        (300, "a", Ok(100)),
+        (300, "b", Err(200)),
+    ];
+    let mut now = 0;
+    for (at, tenant, want) in rows {
+        srv.clock.advance(at - now);
+        now = at;
+        let r = srv.permit("openai", call(tenant)).await;
+        match want {
+            Ok(wait) => assert_eq!(r.wait_ms(), wait, "t={at} {tenant}"),
+            Err(hint) => r.limited("provider_rate", hint),
+        }
+    }
+    srv.shutdown().await;
+}
+
 /// Tokens are charged to the key's token rate: a call larger than burst +
 /// max wait × rate can never be granted (400 `exceeds_capacity`); one that
 /// fits the deadline waits.
@@ -1146,6 +1194,17 @@ kind = "bard"
 [providers."anthropic:claude"]
 requests = { amount = 10, period_ms = 60000 }
 aimd = { floor_permille = 0, step_permille = 50, decrease_interval_ms = 5000, increase_interval_ms = 10000 }
+
+[providers."anthropic:claude".tenants.heavy]
+weight = 0
+
+[providers."anthropic:claude".tenants.empty]
+
+[providers."openai:tpm-only"]
+tokens = { amount = 1000, period_ms = 60000 }
+
+[providers."openai:tpm-only".tenants.weighted]
+weight = 2
 "#,
     );
     let expected = [
@@ -1156,6 +1215,9 @@ aimd = { floor_permille = 0, step_permille = 50, decrease_interval_ms = 5000, in
         r#"providers."gemini:flash".kind"#,
         r#"providers."gemini:flash""#,
         r#"providers."anthropic:claude".aimd"#,
+        r#"providers."anthropic:claude".tenants."heavy".weight"#,
+        r#"providers."anthropic:claude".tenants."empty""#,
+        r#"providers."openai:tpm-only".tenants."weighted".weight"#,
     ];
     let e = Config::parse(&bad, "bad.toml", std::path::Path::new(".")).expect_err("refused");
     let paths: Vec<&str> = e.errors.iter().map(|e| e.path.as_str()).collect();
