@@ -217,7 +217,7 @@ pub async fn fair_share_alone_uses_the_pool<S: Store + Clone>(store: S, clock: F
     let offers = [Offer {
         tenant: "a",
         weight: 3,
-        every_ms: 10,
+        every_ms: 20,
         from_ms: 0,
     }];
     let l = Load::run(store, &clock, &offers, Sharing::Weights, MINUTE).await;
@@ -233,13 +233,13 @@ pub async fn fair_share_backlogged_by_weight<S: Store + Clone>(store: S, clock: 
         Offer {
             tenant: "a",
             weight: 3,
-            every_ms: 10,
+            every_ms: 20,
             from_ms: 0,
         },
         Offer {
             tenant: "b",
             weight: 1,
-            every_ms: 10,
+            every_ms: 20,
             from_ms: 5,
         },
     ];
