@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 
 use tollgate_core::{Decision, FakeClock, RateConfig, Store};
 use tollgate_provider::{
-    PermitRequest, Policy, ProviderConfig, ProviderGovernor, ProvidersConfig, TenantConfig,
-    validate_providers,
+    PermitRequest, Policy, ProviderBook, ProviderConfig, ProviderGovernor, ProvidersConfig,
+    TenantConfig, validate_providers,
 };
 
 /// How a load's tenants are configured.
@@ -71,12 +71,7 @@ pub struct Load {
 /// The pool's requests per minute, burst and `max_wait_ms`.
 pub const POOL: (i64, i64, i64) = (600, 60, 4_000);
 
-fn governor<S: Store + Clone>(
-    store: S,
-    clock: &FakeClock,
-    offers: &[Offer],
-    sharing: Sharing,
-) -> ProviderGovernor<S> {
+fn book(offers: &[Offer], sharing: Sharing) -> ProviderBook {
     let total: u32 = offers.iter().map(|o| o.weight).sum();
     let tenants = match sharing {
         Sharing::None => BTreeMap::new(),
@@ -126,11 +121,7 @@ fn governor<S: Store + Clone>(
             tenants,
         },
     );
-    ProviderGovernor::new(
-        store,
-        clock.clone(),
-        validate_providers(&cfg).expect("valid providers"),
-    )
+    validate_providers(&cfg).expect("valid providers")
 }
 
 impl Load {
@@ -144,13 +135,29 @@ impl Load {
         sharing: Sharing,
         minute_ms: u64,
     ) -> Load {
-        let g = governor(store, clock, offers, sharing);
+        let g = ProviderGovernor::new(store, clock.clone(), book(offers, sharing));
         let t0 = clock.now_ms_fake();
+        Load::drive(&g, clock, t0, offers, sharing, 0, minute_ms).await
+    }
+
+    /// Offers `offers`' calls falling in `[from_ms, to_ms)` after `t0`
+    /// through `g`, advancing `clock`; counts the calls that start in it.
+    async fn drive<S: Store + Clone>(
+        g: &ProviderGovernor<S>,
+        clock: &FakeClock,
+        t0: u64,
+        offers: &[Offer],
+        sharing: Sharing,
+        from_ms: u64,
+        to_ms: u64,
+    ) -> Load {
         let mut calls: Vec<(u64, usize)> = Vec::new();
         for (i, o) in offers.iter().enumerate() {
             let mut at = o.from_ms;
-            while at < minute_ms {
-                calls.push((at, i));
+            while at < to_ms {
+                if at >= from_ms {
+                    calls.push((at, i));
+                }
                 at += o.every_ms;
             }
         }
@@ -171,7 +178,7 @@ impl Load {
             match g.permit(req).await.expect("permit") {
                 Decision::Allowed { grant, .. } => {
                     got.waits.push(grant.wait_ms);
-                    if at + grant.wait_ms < minute_ms {
+                    if at + grant.wait_ms < to_ms {
                         got.served += 1;
                         starts.push(at + grant.wait_ms);
                     }
@@ -278,4 +285,41 @@ pub async fn fair_share_light_tenant_is_never_refused<S: Store + Clone>(
     let used: u64 = l.tenants.values().map(|g| g.served).sum();
     assert!(used >= 640, "work-conserving: {used}");
     assert!(l.densest_second <= 70, "{}", l.densest_second);
+}
+
+/// A reload that changes weights applies from the next permit: 1:1 for
+/// 20 s, then a weighs 3; each half measured after it settles.
+pub async fn fair_share_reload_applies_to_the_next_permit<S: Store + Clone>(
+    store: S,
+    clock: FakeClock,
+) {
+    let offers = |wa| {
+        [
+            Offer {
+                tenant: "a",
+                weight: wa,
+                every_ms: 20,
+                from_ms: 0,
+            },
+            Offer {
+                tenant: "b",
+                weight: 1,
+                every_ms: 20,
+                from_ms: 5,
+            },
+        ]
+    };
+    let t0 = clock.now_ms_fake();
+    let g = ProviderGovernor::new(store, clock.clone(), book(&offers(1), Sharing::Weights));
+    let _ = Load::drive(&g, &clock, t0, &offers(1), Sharing::Weights, 0, 5_000).await;
+    let even = Load::drive(&g, &clock, t0, &offers(1), Sharing::Weights, 5_000, 20_000).await;
+    assert!((even.share("a") - 0.5).abs() <= 0.03, "{:?}", even.tenants);
+    g.set_book(book(&offers(3), Sharing::Weights));
+    let _ = Load::drive(&g, &clock, t0, &offers(3), Sharing::Weights, 20_000, 21_000).await;
+    let after = Load::drive(&g, &clock, t0, &offers(3), Sharing::Weights, 21_000, 40_000).await;
+    assert!(
+        (after.share("a") - 0.75).abs() <= 0.03,
+        "{:?}",
+        after.tenants
+    );
 }
