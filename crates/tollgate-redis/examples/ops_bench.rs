@@ -15,8 +15,13 @@
 //! users; a task's run (invocation id) changes every `--calls-per-run`
 //! pairs, as an agent makes several model calls per run. `admit`: each task
 //! loops `admit_turn` with a fresh invocation id. `reserve`: reserves only.
-//! The plan is huge, so every call is granted (any other answer is counted
-//! and printed).
+//! `permit`: a provider permit with tenants as today (SPEC §5): the pool's
+//! requests bucket, the tenant's share bucket and the cooldown in one
+//! `take_many`, for a random one of four tenants. `permit-fair`: the same
+//! permit with the tenants weighted 1 to 4 instead (fair sharing:
+//! `take_many_fair`, the pool's bucket, the cooldown and the key's fair
+//! state). The plan is huge, so every call is granted (any other answer is
+//! counted and printed).
 //!
 //! **Printed per run:** calls per second (pairs per second in `pairs`), Redis
 //! commands per store call (`INFO stats total_commands_processed` delta,
@@ -43,13 +48,71 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::Script;
+use tollgate_core::fair::FairTake;
 use tollgate_core::lease::TurnParams;
 use tollgate_core::store::TurnRequest;
-use tollgate_core::store::{ReserveOutcome, ReserveRequest, SettleOutcome, SettleRequest};
+use tollgate_core::store::{
+    BucketTake, CooldownCheck, FairCheck, MultiTake, ReserveOutcome, ReserveRequest, SettleOutcome,
+    SettleRequest,
+};
 use tollgate_core::{BucketSpec, Store};
 use tollgate_redis::{RedisConfig, RedisStore};
 
-const SCRIPTS: [&str; 3] = ["admit_turn", "reserve_tokens", "settle"];
+const SCRIPTS: [&str; 4] = ["admit_turn", "reserve_tokens", "settle", "take_many"];
+
+const TENANTS: [&str; 4] = ["t0", "t1", "t2", "t3"];
+const WEIGHTS: [(&str, u32); 4] = [("t0", 1), ("t1", 2), ("t2", 3), ("t3", 4)];
+const TENANT_KEYS: [&str; 4] = [
+    "{b:m}:t:t0:rpm",
+    "{b:m}:t:t1:rpm",
+    "{b:m}:t:t2:rpm",
+    "{b:m}:t:t3:rpm",
+];
+
+/// A huge requests rate: every permit is granted.
+fn pool() -> BucketSpec {
+    BucketSpec::new(1_000_000_000, 60_000, 1_000_000_000).expect("spec")
+}
+
+/// A provider permit of `tenant` (an index in `TENANTS`): `fair`, with
+/// weights; else with its share bucket, as today.
+async fn permit(store: &RedisStore, tenant: usize, fair: bool) -> bool {
+    let take = |key| BucketTake {
+        key,
+        spec: pool(),
+        cost: 1,
+        max_wait_ms: 4_000,
+    };
+    let cooldown = Some(CooldownCheck {
+        key: "{b:m}:cooldown",
+        max_wait_ms: 4_000,
+    });
+    let r = if fair {
+        let takes = [take("{b:m}:rpm")];
+        let spec = pool();
+        store
+            .take_many_fair(
+                &takes,
+                cooldown,
+                FairCheck {
+                    key: "{b:m}:fair",
+                    take: FairTake {
+                        tenant: TENANTS[tenant],
+                        weights: &WEIGHTS,
+                        amount: spec.amount(),
+                        period_ms: spec.period_ms(),
+                        capacity: spec.capacity(),
+                        window_ms: 4_000,
+                    },
+                },
+            )
+            .await
+    } else {
+        let takes = [take("{b:m}:rpm"), take(TENANT_KEYS[tenant])];
+        store.take_many(&takes, cooldown).await
+    };
+    matches!(r, Ok(MultiTake::Granted { .. }))
+}
 
 struct Args {
     url: String,
@@ -80,7 +143,11 @@ fn parse_args() -> Args {
     while let Some(flag) = it.next() {
         match flag.as_str() {
             "--url" => a.url = it.next().expect("--url URL"),
-            "--mode" => a.mode = it.next().expect("--mode pairs|admit|reserve"),
+            "--mode" => {
+                a.mode = it
+                    .next()
+                    .expect("--mode pairs|admit|reserve|permit|permit-fair")
+            }
             "--users" => a.users = num(it.next()) as u64,
             "--concurrency" => a.concurrency = num(it.next()) as usize,
             "--warmup" => a.warmup = Duration::from_secs_f64(num(it.next())),
@@ -111,6 +178,15 @@ fn turn_params() -> TurnParams {
 /// One task's loop body: store calls made, and whether all went as planned.
 async fn step(store: &RedisStore, mode: &str, user: &str, inv: &str, calls: &AtomicU64) -> bool {
     match mode {
+        "permit" | "permit-fair" => {
+            let tenant = user
+                .bytes()
+                .fold(0usize, |h, b| h.wrapping_mul(31) + usize::from(b))
+                % 4;
+            let ok = permit(store, tenant, mode == "permit-fair").await;
+            calls.fetch_add(1, Ordering::Relaxed);
+            ok
+        }
         "admit" => {
             let r = store
                 .admit_turn(TurnRequest {
@@ -250,8 +326,9 @@ fn main() {
                 if stop.load(Ordering::Relaxed) {
                     break;
                 }
-                let run = if mode == "admit" { n } else { n / per_run };
-                if mode == "admit" || n % per_run == 0 {
+                let single = mode != "pairs" && mode != "reserve";
+                let run = if single { n } else { n / per_run };
+                if single || n % per_run == 0 {
                     rng ^= rng << 13;
                     rng ^= rng >> 7;
                     rng ^= rng << 17;

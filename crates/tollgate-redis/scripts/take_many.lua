@@ -14,7 +14,8 @@
 -- restated): ARGV[2] packs doubles amount, period_ms, capacity (the pool's
 -- requests rate as effective now), window_ms, nw, then nw weights; ARGV[3]
 -- is the tenant, ARGV[3+j] the name of weight j; KEYS[#KEYS] the key's
--- fair hash: v, at, and 't' .. tenant = '<ddd' finish, seen ms, queued.
+-- fair state, one string: '<ddd' v, at, n, then per tenant '<d' the
+-- length of its name, the name, '<ddd' finish, seen ms, queued.
 -- Returns three little-endian doubles (struct '<ddd': a string is far
 -- cheaper for Redis to answer than a table): 1, wait_ms, 0
 -- | 2, index (1-based; 0 = the cooldown), retry_after_ms | 3, index, 0
@@ -30,17 +31,16 @@ if ARGV[2] then
   for j = 1, nw do
     weights[ARGV[3 + j]] = struct.unpack('<d', ARGV[2], 41 + 8 * (j - 1))
   end
-  local function weight(name) return weights[name] or 1 end
   local fkey = KEYS[#KEYS]
   local v, at, ten, count = 0, 0, {}, 0
-  local raw = redis.call('HGETALL', fkey)
-  for j = 1, #raw, 2 do
-    local f = raw[j]
-    if f == 'v' then v = tonumber(raw[j + 1])
-    elseif f == 'at' then at = tonumber(raw[j + 1])
-    else
-      local fin, seen, q = struct.unpack('<ddd', raw[j + 1])
-      ten[string.sub(f, 2)] = {fin, seen, q}
+  local raw = redis.call('GET', fkey)
+  if raw then
+    local nt, pos
+    v, at, nt, pos = struct.unpack('<ddd', raw)
+    for _ = 1, nt do
+      local name, fin, seen, q
+      name, fin, seen, q, pos = struct.unpack('<dc0ddd', raw, pos)
+      ten[name] = {fin, seen, q}
     end
   end
   -- Advance the clock to now (fair.rs `advance`).
@@ -51,7 +51,7 @@ if ARGV[2] then
     local ahead, nxt = 0, nil
     for name, e in pairs(ten) do
       if e[1] > v then
-        ahead = ahead + weight(name)
+        ahead = ahead + (weights[name] or 1)
         if not nxt or e[1] < nxt then nxt = e[1] end
       end
     end
@@ -72,25 +72,45 @@ if ARGV[2] then
   end
   local since = now - window
   if since < 0 then since = 0 end
-  for name, e in pairs(ten) do
-    if e[2] < since and e[1] <= v then ten[name] = nil else count = count + 1 end
-  end
+  -- One pass: forget the idle, and sum what the gate needs as if the permit
+  -- is accounted under its own tenant (again below in the rare case it is
+  -- not: the table is full).
   local tenant = ARGV[3]
+  local all_ahead, active, others, others_ahead = 0, 0, false, false
+  local function tally(entry)
+    for name, e in pairs(ten) do
+      if e[1] > v then all_ahead = all_ahead + (weights[name] or 1) end
+      if name ~= entry and e[2] >= since then
+        others = true
+        active = active + (weights[name] or 1)
+        if e[1] > v then others_ahead = true end
+      end
+    end
+  end
+  for name, e in pairs(ten) do
+    if e[2] < since and e[1] <= v then
+      ten[name] = nil
+    else
+      count = count + 1
+      local wn = weights[name] or 1
+      if e[1] > v then all_ahead = all_ahead + wn end
+      if name ~= tenant and e[2] >= since then
+        others = true
+        active = active + wn
+        if e[1] > v then others_ahead = true end
+      end
+    end
+  end
   local entry = tenant
-  if not (weights[tenant] or ten[tenant] or count < 64) then entry = '{others}' end
-  local w = weight(entry)
+  if not (weights[tenant] or ten[tenant] or count < 64) then
+    entry = '{others}'
+    all_ahead, active, others, others_ahead = 0, 0, false, false
+    tally(entry)
+  end
+  local w = weights[entry] or 1
   local cost = math.floor((fperiod * UNIT) / (famount * w))
   if cost < 1 then cost = 1 end
   local mine = ten[entry] or {0, 0, 0}
-  local all_ahead, active, others, others_ahead = 0, 0, false, false
-  for name, e in pairs(ten) do
-    if e[1] > v then all_ahead = all_ahead + weight(name) end
-    if name ~= entry and e[2] >= since then
-      others = true
-      active = active + weight(name)
-      if e[1] > v then others_ahead = true end
-    end
-  end
   local start
   if not others then start = v
   elseif mine[3] == 0 then start = math.max(mine[1], v)
@@ -125,14 +145,13 @@ end
 local function fair_save(granted)
   local f = fair
   f.ten[f.entry] = granted and f.granted or f.refused
-  redis.call('DEL', f.key)
-  local args = {'v', f.v, 'at', f.at}
+  local parts, nt = {''}, 0
   for name, e in pairs(f.ten) do
-    args[#args + 1] = 't' .. name
-    args[#args + 1] = struct.pack('<ddd', e[1], e[2], e[3])
+    nt = nt + 1
+    parts[#parts + 1] = struct.pack('<dc0ddd', #name, name, e[1], e[2], e[3])
   end
-  redis.call('HSET', f.key, unpack(args))
-  redis.call('PEXPIRE', f.key, f.window + 60000)
+  parts[1] = struct.pack('<ddd', f.v, f.at, nt)
+  redis.call('SET', f.key, table.concat(parts), 'PX', f.window + 60000)
 end
 
 if fair and fair.closed then
