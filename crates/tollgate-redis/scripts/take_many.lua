@@ -25,7 +25,7 @@ local now = now_ms(o)
 -- The fair gate, decided before any bucket (nothing here is taken).
 local fair, immediate = nil, false
 if ARGV[2] then
-  local UNIT = 1000
+  local unit = 1000
   local famount, fperiod, fcap, window, nw = struct.unpack('<ddddd', ARGV[2])
   local weights = {}
   for j = 1, nw do
@@ -61,12 +61,12 @@ if ARGV[2] then
       break
     end
     if dt <= 0 then break end
-    local need = math.ceil((nxt - v) * ahead / UNIT)
+    local need = math.ceil((nxt - v) * ahead / unit)
     if need <= dt then
       v = nxt
       dt = dt - need
     else
-      v = v + math.floor(dt * UNIT / ahead)
+      v = v + math.floor(dt * unit / ahead)
       break
     end
   end
@@ -108,7 +108,7 @@ if ARGV[2] then
     tally(entry)
   end
   local w = weights[entry] or 1
-  local cost = math.floor((fperiod * UNIT) / (famount * w))
+  local cost = math.floor((fperiod * unit) / (famount * w))
   if cost < 1 then cost = 1 end
   local mine = ten[entry] or {0, 0, 0}
   local start
@@ -120,13 +120,13 @@ if ARGV[2] then
     active = active + w
     local lead = start - v
     local open = cost
-    local burst = math.floor((fcap * fperiod * UNIT) / (famount * active))
+    local burst = math.floor((fcap * fperiod * unit) / (famount * active))
     if lead <= open then
       immediate = false
     elseif lead <= open + burst or not others_ahead then
       immediate = true
     else
-      local h = math.ceil(((lead - open) * math.max(all_ahead, 1)) / UNIT)
+      local h = math.ceil(((lead - open) * math.max(all_ahead, 1)) / unit)
       if h < 1 then h = 1 end
       closed = h
     end

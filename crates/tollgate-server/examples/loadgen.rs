@@ -46,6 +46,10 @@
 //!     server's `[rls] key` as `x-tollgate-rls-key` metadata (needed when the
 //!     server has one). Up to 8 HTTP/2 connections are shared by the tasks.
 //!     Any Envoy RLS server will do (Kuadrant limitador's `-p` port too).
+//!   * `permit`: one `POST /v1/providers/bench/permits {"model": --model,
+//!     "tenant": "t<n mod 4>", "tokens": 0}` (the bench configs' provider
+//!     `bench`: `--model shares`, four tenants with a quarter share each, as
+//!     today; `--model fair`, the default, the same four weighted 1 to 4).
 //!   * `limitador-http`: Kuadrant limitador's own HTTP API, one
 //!     `POST /check_and_report {"namespace": --domain, "values":
 //!     {--descriptor-key: "u<n>"}, "delta": 1}` (no bearer token): 200 is a
@@ -156,6 +160,8 @@ enum Mode {
     Rls,
     /// Kuadrant limitador's `POST /check_and_report` (its HTTP API).
     LimitadorHttp,
+    /// A provider permit of one of four tenants.
+    Permit,
 }
 
 impl Mode {
@@ -165,12 +171,13 @@ impl Mode {
             Mode::Reserve => ["POST /v1/tokens/reserve", "POST /v1/tokens/settle"],
             Mode::Rls => ["gRPC ShouldRateLimit", "(none)"],
             Mode::LimitadorHttp => ["POST /check_and_report", "(none)"],
+            Mode::Permit => ["POST /v1/providers/bench/permits", "(none)"],
         }
     }
 
     /// One call is the whole operation.
     fn single_call(self) -> bool {
-        matches!(self, Mode::Rls | Mode::LimitadorHttp)
+        matches!(self, Mode::Rls | Mode::LimitadorHttp | Mode::Permit)
     }
 
     fn name(self) -> &'static str {
@@ -179,6 +186,7 @@ impl Mode {
             Mode::Reserve => "reserve",
             Mode::Rls => "rls",
             Mode::LimitadorHttp => "limitador-http",
+            Mode::Permit => "permit",
         }
     }
 }
@@ -192,6 +200,7 @@ struct Args {
     warmup: Duration,
     estimate: u64,
     actual: u64,
+    model: String,
     workers: Option<usize>,
     secret: Option<String>,
     issuer: Option<String>,
@@ -224,6 +233,7 @@ fn parse_args() -> Args {
         warmup: Duration::from_secs(2),
         estimate: 1_000,
         actual: 800,
+        model: "fair".to_owned(),
         workers: None,
         secret: None,
         issuer: None,
@@ -261,7 +271,8 @@ fn parse_args() -> Args {
                     Some("reserve") => Mode::Reserve,
                     Some("rls") => Mode::Rls,
                     Some("limitador-http") => Mode::LimitadorHttp,
-                    _ => usage("--mode is admit, reserve, rls or limitador-http"),
+                    Some("permit") => Mode::Permit,
+                    _ => usage("--mode is admit, reserve, rls, limitador-http or permit"),
                 }
             }
             "--concurrency" => a.concurrency = num(&flag, it.next()),
@@ -269,6 +280,7 @@ fn parse_args() -> Args {
             "--duration" => a.duration = secs(&flag, it.next()),
             "--warmup" => a.warmup = secs(&flag, it.next()),
             "--estimate" => a.estimate = num(&flag, it.next()),
+            "--model" => a.model = it.next().unwrap_or_else(|| usage("--model NAME")),
             "--actual" => a.actual = num(&flag, it.next()),
             "--workers" => a.workers = Some(num(&flag, it.next())),
             "--secret" => a.secret = it.next(),
@@ -428,6 +440,8 @@ struct Ctx {
     id_header: HeaderName,
     estimate: u64,
     actual: u64,
+    /// Permit mode's model of the provider `bench`.
+    model: String,
     /// Prefix of every invocation id: unique per run, so a rerun against
     /// the same server is not answered from an earlier run's idempotency.
     tag: String,
@@ -618,6 +632,22 @@ impl Ctx {
         match self.mode {
             Mode::Rls => (self.should_rate_limit(user).await, None),
             Mode::LimitadorHttp => (self.check_and_report(user).await, None),
+            Mode::Permit => {
+                let body = format!(
+                    r#"{{"model":"{}","tenant":"t{}","tokens":0}}"#,
+                    self.model,
+                    user % 4
+                );
+                let d = self
+                    .send(
+                        Method::POST,
+                        "/v1/providers/bench/permits",
+                        user,
+                        Some(body),
+                    )
+                    .await;
+                (d, None)
+            }
             Mode::Admit => {
                 let body = format!(r#"{{"invocation_id":"{inv}"}}"#);
                 let first = self.send(Method::POST, "/v1/runs", user, Some(body)).await;
@@ -811,6 +841,7 @@ async fn run(a: Args) -> Result<(), String> {
         id_header: a.user_header.clone().unwrap_or(AUTHORIZATION),
         estimate: a.estimate,
         actual: a.actual,
+        model: a.model.clone(),
         tag,
         measure_start: now,
         measure_end: now,

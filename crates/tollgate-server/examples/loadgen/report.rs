@@ -120,6 +120,7 @@ impl<'a> Report<'a> {
                 Mode::Reserve => "reserve+settle",
                 Mode::Rls => "ShouldRateLimit",
                 Mode::LimitadorHttp => "check_and_report",
+                Mode::Permit => "provider permit",
             },
             a.url,
             self.server_pid
