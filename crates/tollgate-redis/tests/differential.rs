@@ -1130,22 +1130,7 @@ impl Run<'_> {
                 ref takes,
                 cooldown,
             } => {
-                let takes: Vec<BucketTake<'_>> = takes
-                    .iter()
-                    .map(|t| {
-                        let spec = case.named[t.key][usize::from(t.alt)];
-                        BucketTake {
-                            key: BUCKETS[t.key],
-                            spec,
-                            cost: t.cost.resolve(2 * spec.capacity(), u64::MAX / 2),
-                            max_wait_ms: t.max_wait.resolve(2 * spec.period_ms(), u64::MAX),
-                        }
-                    })
-                    .collect();
-                let cooldown = cooldown.map(|w| CooldownCheck {
-                    key: COOLDOWN,
-                    max_wait_ms: w.resolve(10_000, u64::MAX),
-                });
+                let (takes, cooldown) = bucket_takes(case, takes, cooldown);
                 let m = self.mem.take_many(&takes, cooldown).await;
                 let r = self.redis.take_many(&takes, cooldown).await;
                 let desc: Vec<String> = takes
@@ -1176,22 +1161,7 @@ impl Run<'_> {
                 weights,
                 window,
             } => {
-                let takes: Vec<BucketTake<'_>> = takes
-                    .iter()
-                    .map(|t| {
-                        let spec = case.named[t.key][usize::from(t.alt)];
-                        BucketTake {
-                            key: BUCKETS[t.key],
-                            spec,
-                            cost: t.cost.resolve(2 * spec.capacity(), u64::MAX / 2),
-                            max_wait_ms: t.max_wait.resolve(2 * spec.period_ms(), u64::MAX),
-                        }
-                    })
-                    .collect();
-                let cooldown = cooldown.map(|w| CooldownCheck {
-                    key: COOLDOWN,
-                    max_wait_ms: w.resolve(10_000, u64::MAX),
-                });
+                let (takes, cooldown) = bucket_takes(case, takes, cooldown);
                 let configured: Vec<(&str, u32)> = weights
                     .iter()
                     .enumerate()
@@ -1611,6 +1581,32 @@ fn fair_loads_answer_as_memory() {
             assert_eq!(m.densest_second, r.densest_second);
         }
     });
+}
+
+/// A generated multi-bucket take's buckets and cooldown, as the stores take
+/// them.
+fn bucket_takes(
+    case: &Case,
+    takes: &[TakeOp],
+    cooldown: Option<Qty>,
+) -> (Vec<BucketTake<'static>>, Option<CooldownCheck<'static>>) {
+    let takes = takes
+        .iter()
+        .map(|t| {
+            let spec = case.named[t.key][usize::from(t.alt)];
+            BucketTake {
+                key: BUCKETS[t.key],
+                spec,
+                cost: t.cost.resolve(2 * spec.capacity(), u64::MAX / 2),
+                max_wait_ms: t.max_wait.resolve(2 * spec.period_ms(), u64::MAX),
+            }
+        })
+        .collect();
+    let cooldown = cooldown.map(|w| CooldownCheck {
+        key: COOLDOWN,
+        max_wait_ms: w.resolve(10_000, u64::MAX),
+    });
+    (takes, cooldown)
 }
 
 fn runtime() -> &'static tokio::runtime::Runtime {

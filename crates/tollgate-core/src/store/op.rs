@@ -383,20 +383,24 @@ op!(ReserveRequest<'_> => ReserveOutcome, "reserve_tokens", Owed, |b, r| b.reser
 op!(SettleRequest<'_> => SettleOutcome, "settle", Journalled, |b, r| b.settle(r), {
     books!(SettleOutcome, settle_journalled);
 });
+/// `takes` with every rate scaled to the fallback's `share`.
+fn scaled_takes<'a>(takes: &[BucketTake<'a>], share: f64) -> Vec<BucketTake<'a>> {
+    takes
+        .iter()
+        .map(|t| BucketTake {
+            spec: scale_spec(&t.spec, share),
+            ..*t
+        })
+        .collect()
+}
+
 op!(TakeMany<'_> => MultiTake, "take_many", Fallback, |b, r| b.take_many(r.takes, r.cooldown), {
     async fn on_fallback(
         self,
         fallback: &MemoryStore,
         share: f64,
     ) -> Result<MultiTake, StoreError> {
-        let takes: Vec<BucketTake<'_>> = self
-            .takes
-            .iter()
-            .map(|t| BucketTake {
-                spec: scale_spec(&t.spec, share),
-                ..*t
-            })
-            .collect();
+        let takes = scaled_takes(self.takes, share);
         TakeMany {
             takes: &takes,
             ..self
@@ -412,14 +416,7 @@ op!(FairTakeMany<'_> => MultiTake, "take_many_fair", Fallback,
         fallback: &MemoryStore,
         share: f64,
     ) -> Result<MultiTake, StoreError> {
-        let takes: Vec<BucketTake<'_>> = self
-            .takes
-            .iter()
-            .map(|t| BucketTake {
-                spec: scale_spec(&t.spec, share),
-                ..*t
-            })
-            .collect();
+        let takes = scaled_takes(self.takes, share);
         FairTakeMany {
             takes: &takes,
             ..self
