@@ -41,6 +41,21 @@ pub const OTHERS: &str = "{others}";
 /// The entry of permits that name no tenant.
 pub const NO_TENANT: &str = "{none}";
 
+/// Longest tenant name a provider key keeps an entry of its own for.
+pub const MAX_NAME_BYTES: usize = 128;
+
+/// The name `tenant` is held under: itself, or [`OTHERS`] for a name longer
+/// than [`MAX_NAME_BYTES`] or with an ASCII control character (a tenant
+/// claim may carry any string; configured names never do), so that a key's
+/// state stays small and its names are plain text.
+pub fn held_name(tenant: &str) -> &str {
+    if tenant.len() > MAX_NAME_BYTES || tenant.bytes().any(|b| b.is_ascii_control()) {
+        OTHERS
+    } else {
+        tenant
+    }
+}
+
 /// Heaviest weight a tenant may be given.
 pub const MAX_WEIGHT: u32 = 1_000;
 
@@ -186,11 +201,12 @@ pub fn decide(state: &FairState, req: &FairTake<'_>, now: u64) -> FairDecision {
     let since = now.saturating_sub(req.window_ms);
     let v = s.v;
     s.tenants.retain(|_, e| e.seen_ms >= since || e.finish > v);
-    let entry = if req.configured(req.tenant)
-        || s.tenants.contains_key(req.tenant)
+    let tenant = held_name(req.tenant);
+    let entry = if req.configured(tenant)
+        || s.tenants.contains_key(tenant)
         || s.tenants.len() < MAX_TENANTS
     {
-        req.tenant
+        tenant
     } else {
         OTHERS
     };

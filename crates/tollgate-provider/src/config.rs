@@ -414,11 +414,15 @@ pub fn validate_providers(cfg: &ProvidersConfig) -> Result<ProviderBook, Invalid
         let mut tenants = HashMap::new();
         for (name, t) in &c.tenants {
             let p = format!("{path}.tenants.{name:?}");
-            if !name_ok(name) {
+            if !name_ok(name) || name.len() > fair::MAX_NAME_BYTES {
                 err(
                     &mut errors,
                     p,
-                    "tenant names must be free of '{', '}', ':' and control characters".into(),
+                    format!(
+                        "tenant names must be at most {} bytes and free of '{{', '}}', ':' and \
+                         control characters",
+                        fair::MAX_NAME_BYTES
+                    ),
                 );
                 continue;
             }
@@ -568,6 +572,36 @@ mod tests {
                 format!("providers.\"openai:gpt-4o\".{field}")
             );
             assert!(e.errors[0].reason.contains("1 day"), "{:?}", e.errors[0]);
+        }
+    }
+
+    #[test]
+    fn tenant_names_are_at_most_128_bytes_of_plain_text() {
+        let with = |name: &str| {
+            let mut cfg = row(None, None);
+            let p = cfg.get_mut("openai:gpt-4o").unwrap();
+            p.tenants.insert(
+                name.to_owned(),
+                TenantConfig {
+                    share: None,
+                    weight: Some(2),
+                },
+            );
+            validate_providers(&cfg)
+        };
+        assert!(with(&"t".repeat(fair::MAX_NAME_BYTES)).is_ok());
+        for bad in [
+            "t".repeat(fair::MAX_NAME_BYTES + 1),
+            "a\tb".into(),
+            "a:b".into(),
+        ] {
+            let e = with(&bad).unwrap_err();
+            assert_eq!(e.errors.len(), 1, "{:?}", e.errors);
+            assert!(
+                e.errors[0].reason.contains("at most 128 bytes"),
+                "{:?}",
+                e.errors[0]
+            );
         }
     }
 }

@@ -12,10 +12,17 @@
 --   exceeds: 1 exceeds at its max wait, 2 only without a wait, 0 fits
 -- With ARGV[2] (take_many_fair: fair sharing, SPEC §5, core's fair.rs
 -- restated): ARGV[2] packs doubles amount, period_ms, capacity (the pool's
--- requests rate as effective now), window_ms, nw, then nw weights; ARGV[3]
--- is the tenant, ARGV[3+j] the name of weight j; KEYS[#KEYS] the key's
--- fair state, one string: '<ddd' v, at, n, then per tenant '<d' the
--- length of its name, the name, '<ddd' finish, seen ms, queued.
+-- requests rate as effective now), window_ms, the weights' version (a hash
+-- of the configured names and weights), nw, then nw weights; ARGV[3] is
+-- the tenant (free of NUL: fair.rs `held_name`), ARGV[3+j] the name of
+-- weight j; KEYS[#KEYS] the key's fair state, one string: '<dddddd' v,
+-- at, nt, the weights' version it holds, when it expires (ms; as the memory
+-- store's), when its key does (the TTL last set), then per tenant 'sdddd'
+-- its name, weight, finish, seen ms, queued (0/1). It is
+-- read by one unpack and written by one pack from one flat table, and the
+-- weights are looked up only when the version changed or a tenant is new:
+-- in Redis's Lua a table, a C call or a loop over the names per tenant
+-- costs more than everything else here (callgrind).
 -- Returns three little-endian doubles (struct '<ddd': a string is far
 -- cheaper for Redis to answer than a table): 1, wait_ms, 0
 -- | 2, index (1-based; 0 = the cooldown), retry_after_ms | 3, index, 0
@@ -23,141 +30,170 @@ local o, n, has_cd, cd_wait = struct.unpack('<dddd', ARGV[1])
 local now = now_ms(o)
 
 -- The fair gate, decided before any bucket (nothing here is taken).
-local fair, immediate = nil, false
+-- s: v, at, nt, version, expiry, key expiry, then tenant i's name,
+-- weight, finish, seen, queued at s[b..b+4], b = 5i + 2. fi: the b of the
+-- permit's entry.
+local immediate, s, fi, fkey, fexp, fmt, g_fin, r_fin, r_q = false, nil, 0
 if ARGV[2] then
-  local unit = 1000
-  local famount, fperiod, fcap, window, nw = struct.unpack('<ddddd', ARGV[2])
-  local weights = {}
-  for j = 1, nw do
-    weights[ARGV[3 + j]] = struct.unpack('<d', ARGV[2], 41 + 8 * (j - 1))
-  end
-  local fkey = KEYS[#KEYS]
-  local v, at, ten, count = 0, 0, {}, 0
+  local fa = ARGV[2]
+  local famount, fperiod, fcap, window, ver, nw = struct.unpack('<dddddd', fa)
+  fkey = KEYS[#KEYS]
   local raw = redis.call('GET', fkey)
   if raw then
-    local nt, pos
-    v, at, nt, pos = struct.unpack('<ddd', raw)
-    for _ = 1, nt do
-      local name, fin, seen, q
-      name, fin, seen, q, pos = struct.unpack('<dc0ddd', raw, pos)
-      ten[name] = {fin, seen, q}
-    end
+    fmt = '<dddddd' .. string.rep('sdddd', struct.unpack('<d', raw, 17))
+    s = {struct.unpack(fmt, raw)}
+    s[5 * s[3] + 7] = nil
+    -- Past its expiry the state is forgotten (the key itself may live on
+    -- a little: its TTL is renewed only now and then, below).
+    if s[5] <= now then s = {0, 0, 0, ver, 0, s[6]} end
+  else
+    s = {0, 0, 0, ver, 0, 0}
   end
-  -- Advance the clock to now (fair.rs `advance`).
+  local nt = s[3]
+  local last = 5 * nt + 2
+  if s[4] ~= ver then
+    -- The weights were reloaded: each held tenant's weight anew.
+    for b = 7, last, 5 do
+      local name, wi = s[b], 1
+      for j = 1, nw do
+        if ARGV[3 + j] == name then wi = struct.unpack('<d', fa, 41 + 8 * j); break end
+      end
+      s[b + 1] = wi
+    end
+    s[4] = ver
+  end
+  -- Advance the clock to now (fair.rs `advance`) and, in the same passes,
+  -- forget the idle (moving the kept down) and sum what the gate needs as
+  -- if the permit is accounted under its own tenant (again below in the
+  -- rare case it is not: the table is full). A pass is made again only
+  -- when the clock passes a finish tag: otherwise no tag lies between the
+  -- clock before and after, so the sums hold for both. (An entry dropped
+  -- at an earlier clock would be dropped at the later one too.)
+  local v, at = s[1], s[2]
   local dt = now - at
   if dt < 0 then dt = 0 end
   if now > at then at = now end
+  local since = now - window
+  if since < 0 then since = 0 end
+  local tenant = ARGV[3]
+  local c, me, ahead, active, others, others_ahead
+  local n_in = last
   while true do
-    local ahead, nxt = 0, nil
-    for name, e in pairs(ten) do
-      if e[1] > v then
-        ahead = ahead + (weights[name] or 1)
-        if not nxt or e[1] < nxt then nxt = e[1] end
+    local nxt
+    c, me, ahead, active, others, others_ahead = 2, nil, 0, 0, false, false
+    for b = 7, n_in, 5 do
+      local f, seen = s[b + 2], s[b + 3]
+      if seen >= since or f > v then
+        c = c + 5
+        local name, wi = s[b], s[b + 1]
+        if c < b then
+          s[c], s[c + 1], s[c + 2], s[c + 3], s[c + 4] = name, wi, f, seen, s[b + 4]
+        end
+        if f > v then
+          ahead = ahead + wi
+          if not nxt or f < nxt then nxt = f end
+        end
+        if name == tenant then
+          me = c
+        elseif seen >= since then
+          others = true
+          active = active + wi
+          if f > v then others_ahead = true end
+        end
       end
     end
+    n_in = c
     if ahead == 0 then
       v = 0
-      for _, e in pairs(ten) do e[1] = 0; e[3] = 0 end
+      for b = 9, c + 2, 5 do s[b] = 0; s[b + 2] = 0 end
       break
     end
     if dt <= 0 then break end
-    local need = math.ceil((nxt - v) * ahead / unit)
-    if need <= dt then
-      v = nxt
-      dt = dt - need
-    else
-      v = v + math.floor(dt * unit / ahead)
+    local need = math.ceil((nxt - v) * ahead / 1000)
+    if need > dt then
+      v = v + math.floor(dt * 1000 / ahead)
       break
     end
+    v = nxt
+    dt = dt - need
   end
-  local since = now - window
-  if since < 0 then since = 0 end
-  -- One pass: forget the idle, and sum what the gate needs as if the permit
-  -- is accounted under its own tenant (again below in the rare case it is
-  -- not: the table is full).
-  local tenant = ARGV[3]
-  local all_ahead, active, others, others_ahead = 0, 0, false, false
-  local function tally(entry)
-    for name, e in pairs(ten) do
-      if e[1] > v then all_ahead = all_ahead + (weights[name] or 1) end
-      if name ~= entry and e[2] >= since then
-        others = true
-        active = active + (weights[name] or 1)
-        if e[1] > v then others_ahead = true end
+  local all_ahead = ahead
+  for i = c + 5, last + 4 do s[i] = nil end
+  if me then
+    fi = me
+  else
+    local entry, wt = tenant, nil
+    for j = 1, nw do
+      if ARGV[3 + j] == tenant then wt = struct.unpack('<d', fa, 41 + 8 * j); break end
+    end
+    if not wt and c >= 322 then
+      -- Full (64 tenants): an unconfigured tenant joins '{others}'.
+      entry = '{others}'
+      active, others, others_ahead = 0, false, false
+      for b = 7, c, 5 do
+        if s[b] == entry then
+          me = b
+        elseif s[b + 3] >= since then
+          others = true
+          active = active + s[b + 1]
+          if s[b + 2] > v then others_ahead = true end
+        end
       end
     end
-  end
-  for name, e in pairs(ten) do
-    if e[2] < since and e[1] <= v then
-      ten[name] = nil
+    if me then
+      fi = me
     else
-      count = count + 1
-      local wn = weights[name] or 1
-      if e[1] > v then all_ahead = all_ahead + wn end
-      if name ~= tenant and e[2] >= since then
-        others = true
-        active = active + wn
-        if e[1] > v then others_ahead = true end
-      end
+      c = c + 5
+      fi = c
+      s[fi], s[fi + 1], s[fi + 2], s[fi + 4] = entry, wt or 1, 0, 0
     end
   end
-  local entry = tenant
-  if not (weights[tenant] or ten[tenant] or count < 64) then
-    entry = '{others}'
-    all_ahead, active, others, others_ahead = 0, 0, false, false
-    tally(entry)
+  if c ~= last then fmt = '<dddddd' .. string.rep('sdddd', (c - 2) / 5) end
+  -- The state expires window + 60 s after its last write, as in memory;
+  -- the key's TTL is set (PX) only when it would end before that, to 30 s
+  -- past it (a SET with PX costs Redis more than one with KEEPTTL).
+  s[1], s[2], s[3], s[5] = v, at, (c - 2) / 5, now + window + 60000
+  fexp = nil
+  if s[6] < s[5] then
+    fexp = window + 90000
+    s[6] = now + fexp
   end
-  local w = weights[entry] or 1
-  local cost = math.floor((fperiod * unit) / (famount * w))
+  local wt, mfin, mq = s[fi + 1], s[fi + 2], s[fi + 4]
+  local cost = math.floor((fperiod * 1000) / (famount * wt))
   if cost < 1 then cost = 1 end
-  local mine = ten[entry] or {0, 0, 0}
-  local start
-  if not others then start = v
-  elseif mine[3] == 0 then start = math.max(mine[1], v)
-  else start = math.max(math.max(mine[1] - cost, 0), v) end
-  local closed = nil
+  local join = others and mfin <= v
+  r_fin, r_q = mfin, 0
+  if join then r_fin = v + cost end
+  if join or (mq == 1 and mfin > v) then r_q = 1 end
+  local start = v
   if others then
-    active = active + w
+    if mq == 1 then mfin = mfin - cost end
+    if mfin > v then start = mfin end
+  end
+  g_fin = start + cost
+  if others then
+    active = active + wt
     local lead = start - v
-    local open = cost
-    local burst = math.floor((fcap * fperiod * unit) / (famount * active))
-    if lead <= open then
+    local burst = math.floor((fcap * fperiod * 1000) / (famount * active))
+    if lead <= cost then
       immediate = false
-    elseif lead <= open + burst or not others_ahead then
+    elseif lead <= cost + burst or not others_ahead then
       immediate = true
     else
-      local h = math.ceil(((lead - open) * math.max(all_ahead, 1)) / unit)
+      if all_ahead < 1 then all_ahead = 1 end
+      local h = math.ceil(((lead - cost) * all_ahead) / 1000)
       if h < 1 then h = 1 end
-      closed = h
+      s[fi + 2], s[fi + 3], s[fi + 4] = r_fin, now, r_q
+      if fexp then
+        redis.call('SET', fkey, struct.pack(fmt, unpack(s)), 'PX', fexp)
+      else
+        redis.call('SET', fkey, struct.pack(fmt, unpack(s)), 'KEEPTTL')
+      end
+      return struct.pack('<ddd', TAKE_REFUSED, 1, h)
     end
   end
-  local join = others and mine[1] <= v
-  local queued = 0
-  if join or (mine[3] == 1 and mine[1] > v) then queued = 1 end
-  fair = {key = fkey, v = v, at = at, ten = ten, entry = entry, window = window,
-          granted = {start + cost, now, 0},
-          refused = {join and (v + cost) or mine[1], now, queued}}
-  if closed then
-    fair.closed = closed
-  end
 end
 
-local function fair_save(granted)
-  local f = fair
-  f.ten[f.entry] = granted and f.granted or f.refused
-  local parts, nt = {''}, 0
-  for name, e in pairs(f.ten) do
-    nt = nt + 1
-    parts[#parts + 1] = struct.pack('<dc0ddd', #name, name, e[1], e[2], e[3])
-  end
-  parts[1] = struct.pack('<ddd', f.v, f.at, nt)
-  redis.call('SET', f.key, table.concat(parts), 'PX', f.window + 60000)
-end
-
-if fair and fair.closed then
-  fair_save(false)
-  return struct.pack('<ddd', TAKE_REFUSED, 1, fair.closed)
-end
 if immediate then cd_wait = 0 end
 
 local orig = {}   -- key -> {level, ts, period, existed} as loaded
@@ -229,7 +265,18 @@ for i = 1, n do
   end
   bucket_save(key, st[1], st[2], now, amount, cap, period)
 end
-if fair then fair_save(granted) end
+if s then
+  if granted then
+    s[fi + 2], s[fi + 3], s[fi + 4] = g_fin, now, 0
+  else
+    s[fi + 2], s[fi + 3], s[fi + 4] = r_fin, now, r_q
+  end
+  if fexp then
+    redis.call('SET', fkey, struct.pack(fmt, unpack(s)), 'PX', fexp)
+  else
+    redis.call('SET', fkey, struct.pack(fmt, unpack(s)), 'KEEPTTL')
+  end
+end
 if exceeds_i then return struct.pack('<ddd', TAKE_EXCEEDS, exceeds_i, 0) end
 if refused_h then return struct.pack('<ddd', TAKE_REFUSED, refused_i, refused_h) end
 return struct.pack('<ddd', TAKE_GRANTED, wait, 0)

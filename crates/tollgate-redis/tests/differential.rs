@@ -105,7 +105,8 @@ const BUCKETS: [&str; 2] = ["{p}:a", "{p}:b"];
 const COOLDOWN: &str = "{p}:cd";
 /// A provider key's fair-sharing state, and the tenants permits name.
 const FAIR: &str = "{p}:fair";
-const TENANTS: [&str; 4] = ["t0", "t1", "t2", "{none}"];
+/// (The last is held under `{others}`: a control character.)
+const TENANTS: [&str; 5] = ["t0", "t1", "t2", "{none}", "t\u{1}"];
 const AIMD: &str = "{p}:aimd";
 /// Session retention on both sides: short enough that the long clock moves
 /// cross it.
@@ -1637,6 +1638,121 @@ proptest! {
     #[test]
     fn redis_answers_as_memory(case in case()) {
         runtime().block_on(run_case(&case))?;
+    }
+}
+
+/// A run of fair permits only: the pool, the key's window, weights for
+/// five tenants (`None`: unconfigured), and each permit's tenant and the
+/// time before it. With `flood`, most permits name one of 90 tenants, so
+/// the key fills its 64 entries and `{others}`.
+#[derive(Debug, Clone)]
+struct FairRun {
+    pool: BucketSpec,
+    window: u64,
+    weights: [Option<u32>; 5],
+    flood: bool,
+    permits: Vec<(usize, u64)>,
+}
+
+fn fair_run() -> impl Strategy<Value = FairRun> {
+    (
+        (
+            1u64..=20,
+            prop_oneof![Just(1_000u64), Just(60_000)],
+            1u64..=8,
+        )
+            .prop_map(|(a, p, b)| BucketSpec::new(a, p, b).expect("valid spec")),
+        prop_oneof![Just(0u64), Just(300), Just(4_000)],
+        prop::array::uniform5(prop_oneof![1 => Just(None), 2 => (1u32..=9).prop_map(Some)]),
+        prop::bool::weighted(0.2),
+        prop::collection::vec(
+            (
+                0usize..90,
+                prop_oneof![
+                    4 => Just(0u64),
+                    4 => 1u64..=20,
+                    2 => 21u64..=400,
+                    1 => 401u64..=70_000,
+                ],
+            ),
+            1..=160,
+        ),
+    )
+        .prop_map(|(pool, window, weights, flood, permits)| FairRun {
+            pool,
+            window,
+            weights,
+            flood,
+            permits,
+        })
+}
+
+const FAIR_NAMES: [&str; 5] = ["a", "b", "c", "{none}", "d\u{7f}"];
+
+async fn fair_run_case(run: &FairRun) -> Result<(), TestCaseError> {
+    let mem_clock = FakeClock::new(T0);
+    let mem = MemoryStore::new(mem_clock.clone());
+    let clock = FakeClock::new(T0);
+    let redis = RedisStore::connect(
+        RedisConfig::standalone(shared_url())
+            .with_key_prefix(unique_prefix())
+            .with_op_timeout(Duration::from_secs(2)),
+    )
+    .await
+    .expect("redis")
+    .with_clock_override(clock.clone());
+    let configured: Vec<(&str, u32)> = FAIR_NAMES
+        .iter()
+        .zip(run.weights)
+        .filter_map(|(n, w)| w.map(|w| (*n, w)))
+        .collect();
+    let flood: Vec<String> = (0..90).map(|i| format!("f{i}")).collect();
+    let takes = [BucketTake {
+        key: "{p}:pool",
+        spec: run.pool,
+        cost: 1,
+        max_wait_ms: run.window,
+    }];
+    for (i, &(pick, gap)) in run.permits.iter().enumerate() {
+        mem_clock.advance(gap);
+        clock.advance(gap);
+        let tenant = if run.flood && pick >= 5 {
+            flood[pick].as_str()
+        } else {
+            FAIR_NAMES[pick % 5]
+        };
+        let fair = FairCheck {
+            key: FAIR,
+            take: FairTake {
+                tenant,
+                weights: &configured,
+                amount: run.pool.amount(),
+                period_ms: run.pool.period_ms(),
+                capacity: run.pool.capacity(),
+                window_ms: run.window,
+            },
+        };
+        let m = mem
+            .take_many_fair(&takes, None, fair)
+            .await
+            .expect("memory");
+        let r = redis
+            .take_many_fair(&takes, None, fair)
+            .await
+            .expect("redis");
+        prop_assert_eq!(m, r, "permit {} of {:?}", i, tenant);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: config().cases / 8, ..config() })]
+
+    /// Runs of fair permits (many tenants, weights, gaps that pass finish
+    /// tags or leave the key idle) answer the same in memory and in Redis.
+    #[test]
+    fn fair_permits_answer_as_memory(run in fair_run()) {
+        runtime().block_on(fair_run_case(&run))?;
     }
 }
 

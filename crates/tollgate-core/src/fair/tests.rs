@@ -216,6 +216,21 @@ fn idle_tenants_are_forgotten_and_unconfigured_ones_bounded() {
 }
 
 #[test]
+fn long_or_control_names_are_held_under_others() {
+    let long: &'static str = Box::leak("x".repeat(MAX_NAME_BYTES + 1).into_boxed_str());
+    let fits: &'static str = Box::leak("x".repeat(MAX_NAME_BYTES).into_boxed_str());
+    let mut k = Key::new(&[]);
+    for name in [long, "nul\0name", "tab\tname", "del\u{7f}"] {
+        assert_eq!(held_name(name), OTHERS, "{name:?}");
+        k.permit(name, 0);
+    }
+    k.permit(fits, 0);
+    k.permit("caf\u{e9}", 0);
+    let held: Vec<&str> = k.fair.tenants.keys().map(String::as_str).collect();
+    assert_eq!(held, ["caf\u{e9}", fits, OTHERS]);
+}
+
+#[test]
 fn a_closed_gate_takes_nothing_and_hints_when_the_share_allows() {
     let mut k = Key::new(&[("a", 1), ("b", 1)]);
     // Both ahead of the clock; a by 50 permits, past its lead (1 permit)

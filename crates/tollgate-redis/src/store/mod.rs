@@ -547,6 +547,25 @@ impl RedisStore {
     }
 }
 
+/// The version of a permit's configured weights that `take_many.lua` keeps
+/// with a key's fair state: FNV-1a over the names and weights, in 52 bits
+/// (a double holds it exactly). While it is unchanged the script uses the
+/// weights it saved with each tenant instead of looking every name up.
+fn weights_version(t: &tollgate_core::fair::FairTake<'_>) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    for &(name, _) in t.weights {
+        eat(&(name.len() as u64).to_le_bytes());
+        eat(name.as_bytes());
+        eat(&t.weight(name).to_le_bytes());
+    }
+    h & ((1 << 52) - 1)
+}
+
 impl RedisStore {
     /// `take_many.lua`: several buckets, a cooldown, and with `fair` the
     /// key's fair-sharing gate (SPEC §5), in one script.
@@ -597,12 +616,13 @@ impl RedisStore {
                 .push(t.period_ms)
                 .push(t.capacity)
                 .push(t.window_ms)
+                .push(weights_version(t))
                 .push(t.weights.len() as u64);
             for &(name, _) in t.weights {
                 fa.push(u64::from(t.weight(name)));
             }
             inv.arg(fa.0);
-            inv.arg(t.tenant);
+            inv.arg(tollgate_core::fair::held_name(t.tenant));
             for &(name, _) in t.weights {
                 inv.arg(name);
             }
