@@ -12,7 +12,7 @@ use support::{FakeLlm, Harness, Reply, is_reply};
 use tollgate_adk::{ModelCallEvent, RefundReason};
 use tollgate_core::{Clock, FakeClock, RateConfig, Store};
 use tollgate_provider::{
-    Policy, ProviderConfig, ProviderGovernor, ProvidersConfig, validate_providers,
+    Policy, ProviderConfig, ProviderGovernor, ProvidersConfig, TenantConfig, validate_providers,
 };
 use tollgate_testkit::scenarios::support as support_plan;
 
@@ -23,6 +23,7 @@ on_every_store!(
     an_exhausted_provider_fails_fast,
     a_retry_takes_a_new_permit_but_charges_the_user_once,
     a_huge_hint_is_clamped_for_the_cooldown_and_the_retry,
+    weighted_tenants_share_the_key_through_the_model_wrapper,
 );
 
 const FULL: i64 = 60_000;
@@ -365,4 +366,72 @@ async fn a_huge_hint_is_clamped_for_the_cooldown_and_the_retry<S: Store + Clone>
     assert!(is_reply(&texts), "{texts:?}");
     assert_eq!(h.clock.now_ms() - start, 300_000);
     assert_eq!(h.model.calls(), 2, "one retry");
+}
+
+/// Fair sharing through the real runner (SPEC §5, *Fair sharing*): the
+/// model wrapper's `with_tenant` names each user's tenant, weighted a 3, b
+/// 1, on a pool of 60 requests/min with a burst of 10. After one call of
+/// a's, b books four (two within its lead, two more from its part of the
+/// burst); its fifth is refused by the fair gate although the pool still
+/// holds five permits (b is 3 permits past its share: 12 s at a quarter of
+/// the pool), and b's user is refunded; a's next call is granted.
+async fn weighted_tenants_share_the_key_through_the_model_wrapper<S: Store + Clone>(
+    store: S,
+    clock: FakeClock,
+) {
+    let mut cfg = ProvidersConfig::new();
+    let tenant = |weight| TenantConfig {
+        share: None,
+        weight: Some(weight),
+    };
+    cfg.insert(
+        "p:m".into(),
+        ProviderConfig {
+            kind: Some("openai".into()),
+            requests: Some(RateConfig {
+                amount: 60,
+                period_ms: 60_000,
+                burst: Some(10),
+            }),
+            tokens: None,
+            input_tokens: None,
+            output_tokens: None,
+            policy: Policy::Block,
+            max_wait_ms: Some(60_000),
+            aimd: None,
+            max_cooldown_ms: None,
+            max_exhausted_ms: None,
+            tenants: [("a".to_owned(), tenant(3)), ("b".to_owned(), tenant(1))].into(),
+        },
+    );
+    let g = Arc::new(ProviderGovernor::new(
+        store.clone(),
+        clock.clone(),
+        validate_providers(&cfg).expect("valid"),
+    ));
+    let h = Harness::build(
+        store,
+        clock,
+        support_plan(),
+        FakeLlm::replying(),
+        move |m| {
+            m.with_provider(g, "p", "m")
+                .with_tenant(|user| user.strip_suffix("-user").map(str::to_owned))
+        },
+    );
+    assert!(is_reply(&h.turn("a-user", "s1").await.expect("turn")));
+    for n in 0..4 {
+        let texts = h.turn("b-user", &format!("b{n}")).await.expect("turn");
+        assert!(is_reply(&texts), "b's call {n}: {texts:?}");
+    }
+    let texts = h.turn("b-user", "b4").await.expect("turn");
+    assert!(
+        texts[0].contains("stopped early because the model provider's rate limit"),
+        "{texts:?}"
+    );
+    assert!(texts[0].contains("try again in 12 s"), "{texts:?}");
+    assert_eq!(h.model.calls(), 5, "b's fifth call did not reach the model");
+    assert_eq!(h.tokens("b-user").await, FULL - 4 * 1_000, "refunded");
+    assert!(is_reply(&h.turn("a-user", "s2").await.expect("turn")));
+    assert_eq!(h.model.calls(), 6);
 }
