@@ -416,9 +416,25 @@ op!(FairTakeMany<'_> => MultiTake, "take_many_fair", Fallback,
         fallback: &MemoryStore,
         share: f64,
     ) -> Result<MultiTake, StoreError> {
+        // The fair clock is paced by the pool's rate: the fallback's share
+        // of it, as its buckets are.
+        let f = self.fair.take;
+        let pool = BucketSpec::new(f.amount, f.period_ms, f.capacity)
+            .map_or((f.amount, f.capacity), |s| {
+                let s = scale_spec(&s, share);
+                (s.amount(), s.capacity())
+            });
         let takes = scaled_takes(self.takes, share);
         FairTakeMany {
             takes: &takes,
+            fair: FairCheck {
+                take: crate::fair::FairTake {
+                    amount: pool.0,
+                    capacity: pool.1,
+                    ..f
+                },
+                ..self.fair
+            },
             ..self
         }
         .apply(fallback)
@@ -519,6 +535,53 @@ mod tests {
             p::<SessionAppend<'_>>(),
             p::<SessionDelete<'_>>(),
         ]
+    }
+
+    /// The fallback decides a fair permit on its share of the pool: its
+    /// buckets and the fair clock's rate both scaled. Two tenants weighted
+    /// 1:1 on a pool of 600/min with a burst of 60, the fallback's share a
+    /// half (300/min, burst 30): after one permit of b's, a books 17 (its
+    /// lead grows by a permit's 200,000 of virtual time each, up to one
+    /// permit plus its half of the burst, 3,000,000) and the 18th is refused
+    /// by the gate. (Paced at the whole pool's rate the gate would let a go
+    /// on until the halved pool ran dry, after 29.)
+    #[tokio::test]
+    async fn the_fallback_paces_the_fair_clock_at_its_share() {
+        let clock = crate::FakeClock::new(1_000_000);
+        let mem = MemoryStore::new(clock.clone());
+        let pool = BucketSpec::new(600, 60_000, 60).expect("spec");
+        let takes = [BucketTake {
+            key: "{p:m}:rpm",
+            spec: pool,
+            cost: 1,
+            max_wait_ms: 4_000,
+        }];
+        let permit = |tenant| FairTakeMany {
+            takes: &takes,
+            cooldown: None,
+            fair: FairCheck {
+                key: "{p:m}:fair",
+                take: crate::fair::FairTake {
+                    tenant,
+                    weights: &[("a", 1), ("b", 1)],
+                    amount: pool.amount(),
+                    period_ms: pool.period_ms(),
+                    capacity: pool.capacity(),
+                    window_ms: 4_000,
+                },
+            },
+        };
+        let granted = |r: Result<MultiTake, StoreError>| {
+            matches!(r.expect("memory"), MultiTake::Granted { wait_ms: 0 })
+        };
+        assert!(granted(permit("a").on_fallback(&mem, 0.5).await));
+        assert!(granted(permit("b").on_fallback(&mem, 0.5).await));
+        let mut booked = 1;
+        while granted(permit("a").on_fallback(&mem, 0.5).await) {
+            booked += 1;
+            assert!(booked < 60, "never refused");
+        }
+        assert_eq!(booked, 17);
     }
 
     /// docs/architecture.md's table of operations names each operation
