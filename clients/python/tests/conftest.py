@@ -95,6 +95,18 @@ eve = "four"
 [providers."gemini:flash"]
 requests = { amount = 600, period_ms = 60000, burst = 10 }
 policy = "reject"
+
+# Fair sharing (SPEC §5): 6 requests/min (a permit is 10 s of the pool, so
+# real time hardly moves the fair clock), burst 10, tenants weighted 3:1.
+[providers."gemini:fair"]
+requests = { amount = 6, period_ms = 60000, burst = 10 }
+max_wait_ms = 60000
+
+[providers."gemini:fair".tenants.a]
+weight = 3
+
+[providers."gemini:fair".tenants.b]
+weight = 1
 """
 
 
@@ -102,11 +114,13 @@ def b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
-def token(user: str, *, scope: Optional[str] = None, secret: str = SECRET) -> str:
-    """An HS256 token for ``user`` valid for an hour."""
+def token(user: str, *, scope: Optional[str] = None, secret: str = SECRET, **extra: str) -> str:
+    """An HS256 token for ``user`` valid for an hour (``extra``: more
+    claims, e.g. ``org`` for a sidecar whose ``tenant_claim`` is "org")."""
     header = {"alg": "HS256", "typ": "JWT"}
     now = int(time.time())
-    claims = {"sub": user, "iss": ISSUER, "aud": AUDIENCE, "iat": now, "exp": now + 3600}
+    claims: dict = {"sub": user, "iss": ISSUER, "aud": AUDIENCE, "iat": now, "exp": now + 3600}
+    claims.update(extra)
     if scope:
         claims["scope"] = scope
     signing = f"{b64(json.dumps(header).encode())}.{b64(json.dumps(claims).encode())}"
@@ -151,7 +165,7 @@ class Sidecar:
 
 
 def start_sidecar(
-    tmp: Path, extra: str = "", store: str = "", default_plan: str = "support"
+    tmp: Path, extra: str = "", store: str = "", default_plan: str = "support", identity: str = ""
 ) -> Sidecar:
     port = free_port()
     cfg = tmp / f"tollgate-{uuid.uuid4().hex[:8]}.toml"
@@ -169,6 +183,7 @@ algorithm = "HS256"
 secret = "{SECRET}"
 issuer = "{ISSUER}"
 audience = "{AUDIENCE}"
+{identity}
 {PLANS}
 """
     )
@@ -264,6 +279,17 @@ def meter_sidecar(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Si
     """A fresh sidecar whose default plan is "meter", on the memory store
     and on a Redis node."""
     s = start_sidecar(tmp_path, store=_store(request), default_plan="meter")
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(params=["memory", "redis"])
+def claim_sidecar(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sidecar]:
+    """A fresh "meter" sidecar whose tenant is the verified token's ``org``
+    claim (``tenant_claim``), on the memory store and on a Redis node."""
+    s = start_sidecar(tmp_path, store=_store(request), default_plan="meter", identity='tenant_claim = "org"')
     try:
         yield s
     finally:

@@ -488,6 +488,53 @@ async def test_provider_429_fed_back_pauses_the_pool(meter_sidecar: Sidecar) -> 
         assert u["leases"] == [] and u["tokens_available"] == FULL
 
 
+async def fair_turns(sc: Sidecar, **gated: Any) -> None:
+    """On "gemini:fair" (6 requests/min, burst 10, tenants a and b weighted
+    3:1), users a1 (tenant a) and b1 (tenant b), one model call a turn:
+    after a1's call, b1 books four (two within its lead, two from its part
+    of the burst); its fifth permit is refused by the fair gate although the
+    pool still holds five (b is three permits past its share: 120 s at a
+    quarter of the pool), the model is not called and the reservation is
+    refunded; a1's next call is granted."""
+    inner = ScriptedLlm(script=[[text("ok", used=1)] for _ in range(6)])
+    async with AsyncClient(sc.url, token=lambda: token("svc")) as pc:
+        gate = ProviderGate(pc, "gemini", "fair")
+        llm = QuotaGatedLlm(model="fair", inner=inner, gate=gate, **gated)
+        runner, _, _, client, _ = await make(sc.url, [], llm=llm)
+        sid = {}
+        for u in ("a1", "b1"):
+            sid[u] = (await runner.session_service.create_session(app_name="app", user_id=u)).id
+        assert texts(await run_all(runner, "a1", sid["a1"])) == ["ok"]
+        for _ in range(4):
+            assert texts(await run_all(runner, "b1", sid["b1"])) == ["ok"]
+        with pytest.raises(TurnRefused) as refused:
+            await run_all(runner, "b1", sid["b1"])
+        limited = refused.value.refusal
+        assert isinstance(limited, tollgate.ProviderLimited), limited
+        assert 100_000 < limited.retry_after_ms <= 120_000, limited
+        assert inner.calls == 5
+        assert client.count("refund") == 1
+        assert texts(await run_all(runner, "a1", sid["a1"])) == ["ok"]
+        assert inner.calls == 6
+
+
+async def test_quota_gated_llm_sends_each_callers_tenant(meter_sidecar: Sidecar) -> None:
+    """Fair sharing through QuotaGatedLlm with the tenant sent in the body
+    (``tenant_of``, for a sidecar that takes it as sent)."""
+    await fair_turns(meter_sidecar, tenant_of=lambda user: user[0])
+
+
+async def test_quota_gated_llm_asks_with_each_callers_token(claim_sidecar: Sidecar) -> None:
+    """Fair sharing through QuotaGatedLlm with each caller's own token (the
+    sidecar takes the tenant from its verified ``org`` claim); a tenant sent
+    that differs from the claim is refused as forbidden."""
+    await fair_turns(claim_sidecar, credentials=lambda user: token(user, org=user[0]))
+    async with AsyncClient(claim_sidecar.url, token=lambda: token("b1", org="b")) as pc:
+        with pytest.raises(tollgate.TollgateError) as e:
+            await ProviderGate(pc, "gemini", "fair").permit(1, tenant="a")
+        assert e.value.status == 403, e.value
+
+
 def test_the_readme_quickstart_runs(sidecar: Sidecar) -> None:
     """examples/quickstart.py (the README's client example and its three-line
     plugin registration) against a real sidecar on the "support" plan

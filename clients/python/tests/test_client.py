@@ -121,7 +121,7 @@ def test_every_operation_sync(sidecar: Sidecar) -> None:
         # Admin routes.
         view = c.admin_provider("gemini", "flash")
         assert view.cooldown_until_ms is not None
-        assert len(c.admin_providers()) == 1
+        assert [(v.provider, v.model) for v in c.admin_providers()] == [("gemini", "fair"), ("gemini", "flash")]
         cleared = c.admin_clear_provider("gemini", "flash")
         assert cleared.cleared["cooldown_until_ms"] is not None
         assert isinstance(c.provider_permit("gemini", "flash", 100), ProviderPermit)

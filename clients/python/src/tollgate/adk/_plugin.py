@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
 import math
@@ -36,6 +37,28 @@ log = logging.getLogger("tollgate.adk")
 Credentials = Callable[[str], Union[Optional[str], Awaitable[Optional[str]]]]
 """Given the run's user id, the bearer token to send for it (or ``None`` to
 use the client's own token provider)."""
+
+_CALLER: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("tollgate_caller", default=None)
+
+
+def current_user() -> Optional[str]:
+    """The user id of the run whose model call is being made in this
+    context: set by :class:`TollgatePlugin` just before each model call
+    (google-adk then calls the model in the same context), so a model
+    wrapper such as :class:`tollgate.adk.QuotaGatedLlm` can tell whose call
+    it is. ``None`` outside a call or without the plugin."""
+    return _CALLER.get()
+
+
+async def token_for(credentials: Optional[Credentials], user_id: str) -> Optional[str]:
+    """The token ``credentials`` gives for ``user_id`` (awaited if it is a
+    coroutine); ``None`` without credentials."""
+    if credentials is None:
+        return None
+    v = credentials(user_id)
+    if inspect.isawaitable(v):
+        v = await v
+    return v
 
 
 def _seconds(ms: Optional[int]) -> str:
@@ -228,12 +251,7 @@ class TollgatePlugin(BasePlugin):
     # -- helpers -----------------------------------------------------------
 
     async def _token(self, user_id: str) -> Optional[str]:
-        if self.credentials is None:
-            return None
-        v = self.credentials(user_id)
-        if inspect.isawaitable(v):
-            v = await v
-        return v
+        return await token_for(self.credentials, user_id)
 
     def _fault(self, op: str, inv: str, e: TollgateError) -> None:
         policy = "fail open: running unmetered" if self.fail_open else "fail closed: stopping"
@@ -367,6 +385,7 @@ class TollgatePlugin(BasePlugin):
         """Reserves the call's estimate; a refusal stops the turn with a
         plain message."""
         turn = self._turns.get(callback_context.invocation_id)
+        _CALLER.set(callback_context.user_id)
         if turn is None or turn.admitted is None:
             return None
         plan = turn.admitted

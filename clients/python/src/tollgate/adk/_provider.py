@@ -16,7 +16,7 @@ from pydantic import ConfigDict
 from .._client import AsyncClient
 from .._models import FeedbackResult, ProviderPermit, Refusal, TollgateError
 from ._executor import TurnRefused
-from ._plugin import request_tokens
+from ._plugin import Credentials, current_user, request_tokens, token_for
 
 log = logging.getLogger("tollgate.adk")
 
@@ -63,7 +63,9 @@ class ProviderGate:
         provider: The provider, e.g. ``"gemini"``.
         model: The model, as the sidecar's config names the key.
         tenant: The tenant to charge, when the sidecar does not take it from
-            the credential.
+            the credential (a sidecar with ``tenant_claim`` takes it from the
+            verified token, and refuses another); :meth:`permit` may name
+            one per call instead.
         max_wait_ms: The longest the caller will wait for a permit.
         feedback_token: The privileged credential (with the feedback scope)
             used to report answers; ``None``: the client's own.
@@ -86,16 +88,19 @@ class ProviderGate:
         self.max_wait_ms = max_wait_ms
         self.feedback_token = feedback_token
 
-    async def permit(self, tokens: int, *, token: Optional[str] = None) -> Any:
+    async def permit(
+        self, tokens: int, *, token: Optional[str] = None, tenant: Optional[str] = None
+    ) -> Any:
         """Takes a permit for a call of ``tokens``, the sidecar waiting out
-        any wait. Returns :class:`tollgate.ProviderPermit` or a refusal
-        (:class:`tollgate.ProviderLimited`, :class:`tollgate.ProviderExhausted`,
-        :class:`tollgate.ExceedsCapacity`)."""
+        any wait, as ``tenant`` (default the gate's) with ``token`` (default
+        the client's own). Returns :class:`tollgate.ProviderPermit` or a
+        refusal (:class:`tollgate.ProviderLimited`,
+        :class:`tollgate.ProviderExhausted`, :class:`tollgate.ExceedsCapacity`)."""
         r = await self.client.provider_permit(
             self.provider,
             self.model,
             max(1, tokens),
-            tenant=self.tenant,
+            tenant=tenant if tenant is not None else self.tenant,
             max_wait_ms=self.max_wait_ms,
             wait=True,
             token=token,
@@ -140,11 +145,23 @@ class QuotaGatedLlm(BaseLlm):
     :class:`TurnRefused` (so :class:`TollgatePlugin` refunds the call's
     reservation).
 
+    With fair sharing of the key among tenants (docs/spec.md §5), each
+    call is the caller's: :class:`TollgatePlugin` on the runner names the
+    run's user (:func:`tollgate.adk.current_user`), ``tenant_of`` maps it to
+    the tenant sent with the permit (for a sidecar without ``tenant_claim``,
+    which takes the tenant as sent), and ``credentials`` to the token the
+    permit is asked with (for a sidecar with ``tenant_claim``, which takes
+    the tenant from that verified token).
+
     Attributes:
         inner: The wrapped model.
         gate: The provider key's :class:`ProviderGate`.
         tokens: Tokens a call is asked a permit for; default the request's
             size (:func:`tollgate.adk.request_tokens`).
+        tenant_of: Given the run's user id, its tenant (``None``: the gate's
+            own ``tenant``).
+        credentials: Given the run's user id, the token to ask the permit
+            with (``None``: the gate's client's own).
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -152,6 +169,8 @@ class QuotaGatedLlm(BaseLlm):
     inner: BaseLlm
     gate: Any
     tokens: Optional[Callable[[LlmRequest], int]] = None
+    tenant_of: Optional[Callable[[str], Optional[str]]] = None
+    credentials: Optional[Credentials] = None
 
     async def generate_content_async(
         self, llm_request: LlmRequest, stream: bool = False
@@ -159,7 +178,10 @@ class QuotaGatedLlm(BaseLlm):
         """Takes a permit, then delegates to the wrapped model."""
         gate: ProviderGate = self.gate
         n = self.tokens(llm_request) if self.tokens else request_tokens(llm_request)
-        permit = await gate.permit(n)
+        user = current_user()
+        tenant = self.tenant_of(user) if self.tenant_of is not None and user is not None else None
+        tok = await token_for(self.credentials, user) if user is not None else None
+        permit = await gate.permit(n, token=tok, tenant=tenant)
         if isinstance(permit, Refusal):
             raise TurnRefused("provider_permit", permit)
         try:
