@@ -83,6 +83,32 @@ pub struct ProviderResponseLabels {
     pub class: &'static str,
 }
 
+/// Labels of a provider permit counted for its tenant (keys with tenants
+/// only; the label set is bounded: each configured tenant, and `other` for
+/// every tenant not configured and permits naming none).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderTenantLabels {
+    /// The provider.
+    pub provider: String,
+    /// The model.
+    pub model: String,
+    /// A configured tenant, or `other`.
+    pub tenant: String,
+    /// As [`ProviderPermitLabels::outcome`].
+    pub outcome: &'static str,
+}
+
+/// Labels naming a configured tenant of a provider key.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderTenantKeyLabels {
+    /// The provider.
+    pub provider: String,
+    /// The model.
+    pub model: String,
+    /// The tenant.
+    pub tenant: String,
+}
+
 /// Labels naming a provider key.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProviderKeyLabels {
@@ -111,6 +137,9 @@ pub struct ProviderGauges {
     pub quotas: Vec<(String, String, &'static str, f64)>,
     /// This replica's exhaustion holds: (provider, model, until ms).
     pub exhausted: Vec<(String, String, u64)>,
+    /// Each configured tenant's weight in fair sharing: (provider, model,
+    /// tenant, weight).
+    pub weights: Vec<(String, String, String, u32)>,
 }
 
 type ProviderProbe = Box<dyn Fn() -> ProviderGauges + Send + Sync>;
@@ -176,6 +205,10 @@ pub struct Metrics {
     pub reloads: Family<ReloadLabels, Counter>,
     /// Provider permits by provider key and outcome.
     pub provider_permits: Family<ProviderPermitLabels, Counter>,
+    /// Provider permits of keys with tenants, by tenant and outcome.
+    pub provider_tenant_permits: Family<ProviderTenantLabels, Counter>,
+    /// Each configured tenant's weight in fair sharing of its key's pool.
+    pub provider_tenant_weight: Family<ProviderTenantKeyLabels, Gauge>,
     /// Provider answers reported through feedback, by provider key and class.
     pub provider_responses: Family<ProviderResponseLabels, Counter>,
     /// A provider key's effective rate (AIMD), permille of the configured
@@ -335,6 +368,18 @@ impl Metrics {
             "Provider permits by provider key and outcome (granted, waited, refused)",
             provider_permits.clone(),
         );
+        let provider_tenant_permits = Family::<ProviderTenantLabels, Counter>::default();
+        registry.register(
+            "provider_tenant_permits",
+            "Provider permits of keys with tenants, by tenant (configured ones, and other) and outcome",
+            provider_tenant_permits.clone(),
+        );
+        let provider_tenant_weight = Family::<ProviderTenantKeyLabels, Gauge>::default();
+        registry.register(
+            "provider_tenant_weight",
+            "Each configured tenant's weight in fair sharing of its provider key's pool",
+            provider_tenant_weight.clone(),
+        );
         let provider_responses = Family::<ProviderResponseLabels, Counter>::default();
         registry.register(
             "provider_responses",
@@ -459,6 +504,8 @@ impl Metrics {
             turns_in_flight,
             reloads,
             provider_permits,
+            provider_tenant_permits,
+            provider_tenant_weight,
             provider_responses,
             provider_effective_rate,
             grpc_requests,
@@ -483,8 +530,16 @@ impl Metrics {
         }
     }
 
-    /// Counts a permit decision for a configured provider key.
-    pub fn provider_permit(&self, provider: &str, model: &str, outcome: &'static str) {
+    /// Counts a permit decision for a configured provider key, and for
+    /// `tenant` (a configured tenant or `other`; `None` for a key without
+    /// tenants).
+    pub fn provider_permit(
+        &self,
+        provider: &str,
+        model: &str,
+        tenant: Option<&str>,
+        outcome: &'static str,
+    ) {
         self.provider_permits
             .get_or_create(&ProviderPermitLabels {
                 provider: provider.to_owned(),
@@ -492,6 +547,16 @@ impl Metrics {
                 outcome,
             })
             .inc();
+        if let Some(tenant) = tenant {
+            self.provider_tenant_permits
+                .get_or_create(&ProviderTenantLabels {
+                    provider: provider.to_owned(),
+                    model: model.to_owned(),
+                    tenant: tenant.to_owned(),
+                    outcome,
+                })
+                .inc();
+        }
     }
 
     /// Counts a provider answer of `class` for a configured provider key.
@@ -566,6 +631,16 @@ impl Metrics {
                 .get_or_create(&ProviderKeyLabels { provider, model })
                 .set(until as f64 / 1_000.0);
         }
+        self.provider_tenant_weight.clear();
+        for (provider, model, tenant, weight) in g.weights {
+            self.provider_tenant_weight
+                .get_or_create(&ProviderTenantKeyLabels {
+                    provider,
+                    model,
+                    tenant,
+                })
+                .set(i64::from(weight));
+        }
     }
 
     fn sync_health(&self) {
@@ -624,6 +699,18 @@ pub fn provider_gauges<S: tollgate_core::Store>(
                     p.model.to_string(),
                     kind,
                     per_min(b),
+                ));
+            }
+        }
+    }
+    for p in governor.book().iter() {
+        if let Some(fair) = &p.fair {
+            for (tenant, weight) in &fair.weights {
+                out.weights.push((
+                    p.provider.to_string(),
+                    p.model.to_string(),
+                    tenant.clone(),
+                    *weight,
                 ));
             }
         }

@@ -2,8 +2,8 @@
 //! Prometheus rules (`deploy/prometheus/tollgate.rules.yml`) against real
 //! series: a `tollgate serve` on a Redis of its own (`fail_open`) gets
 //! traffic that touches every metric they use — decisions allowed, waited
-//! and denied, a budget alert, provider permits, a 429 and an exhaustion
-//! reported, a stale fence, a refused reload, then Redis stopped (fallback
+//! and denied, a budget alert, provider permits (per tenant too), a 429 and
+//! an exhaustion reported, a stale fence, a refused reload, then Redis stopped (fallback
 //! decisions, the breaker open, a journalled close) — and is scraped. Every
 //! PromQL expression of both files is parsed (promql-parser), and every
 //! series name and label it selects on must be in the scrape (recording
@@ -174,6 +174,16 @@ tokens = {{ amount = 90000, period_ms = 60000 }}
 
 [providers."openai:o3"]
 requests = {{ amount = 60, period_ms = 60000 }}
+
+[providers."openai:gpt-4o-mini"]
+requests = {{ amount = 60, period_ms = 60000, burst = 2 }}
+policy = "reject"
+
+[providers."openai:gpt-4o-mini".tenants.a]
+weight = 3
+
+[providers."openai:gpt-4o-mini".tenants.b]
+weight = 1
 "#,
         prefix = unique_prefix()
     )
@@ -285,6 +295,16 @@ async fn every_series_of_the_dashboard_and_the_rules_exists() {
         )
         .await;
     assert_eq!((st, b["class"].clone()), (200, json!("exhausted")), "{b}");
+    // Fair sharing: tenants a and b (weighted) and one not configured
+    // (`other`), granted and refused.
+    let mut refused = 0;
+    for tenant in ["a", "b", "c", "a", "b"] {
+        let body = json!({"model": "gpt-4o-mini", "tokens": 1, "tenant": tenant});
+        let (st, b) = s.post("/v1/providers/openai/permits", &ann, body).await;
+        assert!(st == 200 || st == 429, "{st} {b}");
+        refused += usize::from(st == 429);
+    }
+    assert!(refused > 0, "a pool of burst 2 refuses some of five");
     // A session's stale fence.
     let lease = json!({"holder": "h1", "ttl_ms": 60_000});
     assert_eq!(s.post("/v1/sessions/s1/lease", &ann, lease).await.0, 200);
@@ -323,6 +343,20 @@ async fn every_series_of_the_dashboard_and_the_rules_exists() {
         .text()
         .await
         .unwrap();
+    // Per tenant: the configured ones by name, the rest as `other`; the
+    // weights of the configured ones.
+    for want in [
+        r#"tollgate_provider_tenant_permits_total{provider="openai",model="gpt-4o-mini",tenant="a",outcome="granted"} 1"#,
+        r#"tollgate_provider_tenant_permits_total{provider="openai",model="gpt-4o-mini",tenant="other",outcome="refused"} 1"#,
+        r#"tollgate_provider_tenant_weight{provider="openai",model="gpt-4o-mini",tenant="a"} 3"#,
+        r#"tollgate_provider_tenant_weight{provider="openai",model="gpt-4o-mini",tenant="b"} 1"#,
+    ] {
+        assert!(text.lines().any(|l| l == want), "no {want} in\n{text}");
+    }
+    assert!(
+        !text.contains(r#"tenant="c""#),
+        "an unconfigured tenant's name"
+    );
     // Series name → the label names its samples carry.
     let mut series: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for line in text
@@ -342,7 +376,7 @@ async fn every_series_of_the_dashboard_and_the_rules_exists() {
 
     let (dash, variables) = dashboard_exprs();
     let (rules, recorded) = rule_exprs();
-    assert_eq!((dash.len(), rules.len(), recorded.len()), (27, 18, 5));
+    assert_eq!((dash.len(), rules.len(), recorded.len()), (29, 22, 8));
     let mut checked = BTreeSet::new();
     let mut missing = Vec::new();
     for (source, e) in dash

@@ -612,6 +612,19 @@ pub async fn provider_permit<S: Store + Clone>(
     };
     let governor = app.providers();
     let clock = governor.clock();
+    // The tenant's label for the per-tenant series (keys with tenants only;
+    // a bounded set: the configured tenants, and `other`).
+    let tenant_label = governor.book().get(provider, model).and_then(|p| {
+        if p.tenants.is_empty() {
+            None
+        } else {
+            Some(match tenant {
+                Some(t) if p.tenants.contains_key(t) => t.to_owned(),
+                _ => "other".to_owned(),
+            })
+        }
+    });
+    let tenant_label = tenant_label.as_deref();
     let decision = match governor.permit(permit).await {
         Ok(d) => d,
         Err(e) => {
@@ -619,7 +632,7 @@ pub async fn provider_permit<S: Store + Clone>(
             if let ApiError::ProviderExhausted { reason, .. } = &err {
                 // A configured key (exhaustion is only recorded for those).
                 app.metrics()
-                    .provider_permit(provider, &req.model, "refused");
+                    .provider_permit(provider, &req.model, tenant_label, "refused");
                 tracing::info!(
                     user,
                     provider,
@@ -638,7 +651,8 @@ pub async fn provider_permit<S: Store + Clone>(
             } else {
                 "granted"
             };
-            app.metrics().provider_permit(provider, &req.model, outcome);
+            app.metrics()
+                .provider_permit(provider, &req.model, tenant_label, outcome);
             app.metrics()
                 .provider_rate(provider, &req.model, grant.effective_permille);
             let wait_ms = if req.wait && grant.wait_ms > 0 {
@@ -659,7 +673,7 @@ pub async fn provider_permit<S: Store + Clone>(
         }
         Decision::Denied(d) => {
             app.metrics()
-                .provider_permit(provider, &req.model, "refused");
+                .provider_permit(provider, &req.model, tenant_label, "refused");
             if d.limit() == tollgate_core::Limit::Cooldown {
                 let until = clock
                     .now_ms()
