@@ -283,5 +283,52 @@ pub fn decide(state: &FairState, req: &FairTake<'_>, now: u64) -> FairDecision {
     }
 }
 
+/// A tenant of a provider key, as an operator sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantView {
+    /// The name it is held under.
+    pub name: String,
+    /// Its weight.
+    pub weight: u32,
+    /// Whether it asked within the key's `max_wait_ms`.
+    pub active: bool,
+    /// How far ahead of its weighted share it has booked: how long the
+    /// pool, shared as it is now, takes to serve what it was granted beyond
+    /// that share, ms (0: not ahead).
+    pub ahead_ms: u64,
+    /// Whether it waits in line with a refused permit.
+    pub queued: bool,
+}
+
+/// The tenants `state` holds at `now` (the clock advanced as a permit
+/// would, nothing saved), by name.
+pub fn view(state: &FairState, req: &FairTake<'_>, now: u64) -> Vec<TenantView> {
+    let mut s = state.clone();
+    advance(&mut s, req, now);
+    let since = now.saturating_sub(req.window_ms);
+    let v = s.v;
+    s.tenants.retain(|_, e| e.seen_ms >= since || e.finish > v);
+    let ahead: f64 = s
+        .tenants
+        .iter()
+        .filter(|(_, e)| e.finish > v)
+        .map(|(n, _)| f64::from(req.weight(n)))
+        .sum();
+    s.tenants
+        .iter()
+        .map(|(name, e)| TenantView {
+            name: name.clone(),
+            weight: req.weight(name),
+            active: e.seen_ms >= since,
+            ahead_ms: if e.finish > v {
+                ((e.finish - v) as f64 * ahead / UNIT).ceil() as u64
+            } else {
+                0
+            },
+            queued: e.queued,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests;

@@ -33,8 +33,8 @@ pub use grouped::{
 };
 pub use op::{
     AcquireSession, Aimd, AppendFenced, BudgetSpent, CheckFence, ClearProvider, DeleteRecords,
-    ExtendCooldown, FairCheck, FairTakeMany, Op, Outage, ReadRecords, ReadUser, ReleaseRun,
-    ReleaseSession, RenewRun, RenewSession, ResetUser, TakeMany, TopUsers,
+    ExtendCooldown, FairCheck, FairTakeMany, Op, Outage, ReadFair, ReadRecords, ReadUser,
+    ReleaseRun, ReleaseSession, RenewRun, RenewSession, ResetUser, TakeMany, TopUsers,
 };
 
 /// How long a reservation (and a run's model-call counter) is remembered
@@ -647,6 +647,8 @@ pub trait Store: Send + Sync + 'static {
         /// [`Aimd`].
         fn aimd(key: &'a str, params: AimdParams, throttled: bool) -> u32
             = Aimd { key, params, throttled };
+        /// [`ReadFair`].
+        fn read_fair(key: &'a str) -> Option<crate::fair::FairState> = ReadFair { key };
         /// [`ClearProvider`].
         fn clear_provider(cooldown: &'a str, aimd: &'a str, params: AimdParams) -> ProviderCleared
             = ClearProvider { cooldown, aimd, params };
@@ -786,6 +788,15 @@ pub trait Backend: Send + Sync + 'static {
         params: AimdParams,
         throttled: bool,
     ) -> impl Future<Output = Result<u32, StoreError>> + Send;
+
+    /// A provider key's fair-sharing state as saved by its last permit
+    /// ([`take_many_fair`](Self::take_many_fair)), or `None` when it has
+    /// none or it has expired: a read, for the admin view (the clock is not
+    /// advanced; [`fair::view`](crate::fair::view) does that).
+    fn read_fair(
+        &self,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<crate::fair::FairState>, StoreError>> + Send;
 
     /// Clear a provider key's shared feedback state (SPEC §5), in one atomic
     /// step: the cooldown at `cooldown` is gone (permits no longer wait for

@@ -147,6 +147,26 @@ pub struct ProviderStatus {
     pub effective_permille: u32,
     /// This replica's exhaustion hold, if one is live.
     pub exhausted: Option<ExhaustionHold>,
+    /// Its configured tenants, and those its fair sharing holds, by name.
+    pub tenants: Vec<TenantStatus>,
+}
+
+/// A tenant of a provider key: its configuration and, with fair sharing,
+/// its place in the key's shared state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantStatus {
+    /// The tenant (`{others}`: the unconfigured ones past the key's
+    /// limit; `{none}`: permits naming none).
+    pub name: String,
+    /// Its configured weight in fair sharing (`None`: not set).
+    pub weight: Option<u32>,
+    /// Its configured ceiling, permille of the pool (`None`: none).
+    pub share_permille: Option<u32>,
+    /// With fair sharing: whether it asked within the key's `max_wait_ms`.
+    pub active: bool,
+    /// With fair sharing: how far ahead of its weighted share it has
+    /// booked, ms at the current sharing (0: not ahead).
+    pub ahead_ms: u64,
 }
 
 /// What [`ProviderGovernor::clear`] cleared: the provider key's state just
@@ -391,6 +411,7 @@ impl<S: Store> ProviderGovernor<S> {
         let exhausted = self
             .exhausted_until(p, now)
             .map(|(until_ms, reason)| ExhaustionHold { until_ms, reason });
+        let tenants = self.tenants_of(p, effective_permille, now).await?;
         Ok(ProviderStatus {
             provider: Arc::clone(&p.provider),
             model: Arc::clone(&p.model),
@@ -398,7 +419,58 @@ impl<S: Store> ProviderGovernor<S> {
             cooldown_remaining_ms: until.saturating_sub(now),
             effective_permille,
             exhausted,
+            tenants,
         })
+    }
+
+    /// The configured tenants of `p` and, with fair sharing, those its
+    /// state holds (at most [`fair::MAX_TENANTS`] + 1), by name.
+    async fn tenants_of(
+        &self,
+        p: &Provider,
+        permille: u32,
+        now: u64,
+    ) -> Result<Vec<TenantStatus>, ProviderError> {
+        let mut out: std::collections::BTreeMap<String, TenantStatus> = p
+            .tenants
+            .iter()
+            .map(|(name, t)| {
+                let s = TenantStatus {
+                    name: name.clone(),
+                    weight: t.weight,
+                    share_permille: t.share_permille,
+                    active: false,
+                    ahead_ms: 0,
+                };
+                (name.clone(), s)
+            })
+            .collect();
+        if let (Some(f), Some(spec)) = (&p.fair, p.requests)
+            && let Some(state) = self.store.read_fair(&f.key).await?
+        {
+            let spec = aimd::scale(spec, permille);
+            let weights = f.weights();
+            let take = FairTake {
+                tenant: fair::NO_TENANT,
+                weights: &weights,
+                amount: spec.amount(),
+                period_ms: spec.period_ms(),
+                capacity: spec.capacity(),
+                window_ms: p.max_wait_ms,
+            };
+            for v in fair::view(&state, &take, now) {
+                let e = out.entry(v.name.clone()).or_insert_with(|| TenantStatus {
+                    name: v.name.clone(),
+                    weight: None,
+                    share_permille: None,
+                    active: false,
+                    ahead_ms: 0,
+                });
+                e.active = v.active;
+                e.ahead_ms = v.ahead_ms;
+            }
+        }
+        Ok(out.into_values().collect())
     }
 
     /// Clears what the provider's answers set on `provider`'s `model` (the

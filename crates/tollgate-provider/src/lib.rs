@@ -71,7 +71,7 @@ pub use feedback::{
 };
 pub use governor::{
     ClearOutcome, EXHAUSTED_HOLD_MS, ExhaustionHold, FeedbackOutcome, PermitRequest, ProviderError,
-    ProviderGovernor, ProviderPermit, ProviderStatus,
+    ProviderGovernor, ProviderPermit, ProviderStatus, TenantStatus,
 };
 pub use retry::{
     AttemptError, BudgetSnapshot, GiveUpReason, RETRY_BUDGET_WINDOW_MS, Retrier, RetryBudget,

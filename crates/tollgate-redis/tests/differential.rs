@@ -1742,6 +1742,10 @@ async fn fair_run_case(run: &FairRun) -> Result<(), TestCaseError> {
             .expect("redis");
         prop_assert_eq!(m, r, "permit {} of {:?}", i, tenant);
     }
+    // The state each saved, read back: the same clock, tags and tenants.
+    let m = mem.read_fair(FAIR).await.expect("memory");
+    let r = redis.read_fair(FAIR).await.expect("redis");
+    prop_assert_eq!(m, r, "the saved fair states");
     Ok(())
 }
 

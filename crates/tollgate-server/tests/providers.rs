@@ -604,13 +604,19 @@ async fn admin_provider_views_and_clear() {
     .await;
     let clean = |provider: &str, model: &str| {
         json!({"provider": provider, "model": model, "cooldown_until_ms": null,
-               "cooldown_remaining_ms": 0, "effective_permille": 1000, "exhausted": null})
+               "cooldown_remaining_ms": 0, "effective_permille": 1000, "exhausted": null,
+               "tenants": []})
     };
+    // A key with tenants by share lists them (no fair sharing: never
+    // active, never ahead).
+    let mut claude = clean("anthropic", "claude");
+    let tenant = |name: &str, share: f64| json!({"name": name, "weight": null, "share": share, "active": false, "booked_ahead_ms": 0});
+    claude["tenants"] = json!([tenant("noisy", 0.2), tenant("quiet", 0.5)]);
     let r = srv.admin(Method::GET, "/admin/providers").await;
     assert_eq!(
         r.ok()["providers"],
         json!([
-            clean("anthropic", "claude"),
+            claude.clone(),
             clean("openai", "gpt-4o"),
             clean("openai", "gpt-4o-mini"),
             clean("vllm", "meta/llama")
@@ -653,7 +659,7 @@ async fn admin_provider_views_and_clear() {
     let r = srv.admin(Method::GET, "/admin/providers").await;
     let rows = r.ok()["providers"].as_array().expect("rows").clone();
     assert_eq!(rows[1], *b, "the list shows the same row");
-    assert_eq!(rows[0], clean("anthropic", "claude"));
+    assert_eq!(rows[0], claude);
     srv.permit("openai", json!({"model": "gpt-4o", "tokens": 0}))
         .await
         .refused(403, "provider_exhausted");
@@ -845,6 +851,16 @@ async fn weighted_tenants_share_fairly_through_http() {
             Err(hint) => r.limited("provider_rate", hint),
         }
     }
+    // The admin view at t = 300 (V 75,000, both ahead: 250 per ms): a's tag
+    // 133,332 is 234 ms ahead, b's 200,000 is 500 ms.
+    let v = srv.admin(Method::GET, "/admin/providers/openai/fair").await;
+    assert_eq!(
+        v.ok()["tenants"],
+        json!([
+            {"name": "a", "weight": 3, "share": null, "active": true, "booked_ahead_ms": 234},
+            {"name": "b", "weight": 1, "share": null, "active": true, "booked_ahead_ms": 500},
+        ])
+    );
     srv.shutdown().await;
 }
 

@@ -82,6 +82,7 @@ macro_rules! for_each_scenario {
             fair_share_backlogged_by_weight,
             fair_share_light_tenant_is_never_refused,
             fair_share_reload_applies_to_the_next_permit,
+            fair_share_state_reads_back_until_it_expires,
             inspection_and_reset,
             exceeds_capacity,
             lowered_capacity_applies_at_refill,

@@ -327,3 +327,28 @@ fn spec_worked_example() {
         ]
     );
 }
+
+/// The operator's view: after a (weight 3) books two permits and b
+/// (weight 1) one at t = 0, both are ahead; with both ahead the clock
+/// moves 250 per ms: a's tag 66,666 is passed in 267 ms, b's 100,000 in
+/// 400 ms. 100 ms later (the clock at 25,000) they are 167 and 300 ms
+/// ahead.
+#[test]
+fn the_view_says_how_far_ahead_each_tenant_has_booked() {
+    let mut k = Key::new(&[("a", 3)]);
+    k.permit("a", 0);
+    k.permit("b", 0);
+    k.permit("a", 0);
+    let take = k.take("a");
+    let at = |ms| view(&k.fair, &take, ms);
+    let row = |name: &str, weight, ahead_ms| TenantView {
+        name: name.to_owned(),
+        weight,
+        active: true,
+        ahead_ms,
+        queued: false,
+    };
+    assert_eq!(at(0), [row("a", 3, 267), row("b", 1, 400)]);
+    assert_eq!(at(100), [row("a", 3, 167), row("b", 1, 300)]);
+    assert_eq!(k.fair.v, 0, "a view saves nothing");
+}

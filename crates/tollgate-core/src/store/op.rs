@@ -162,6 +162,13 @@ pub struct Aimd<'a> {
     pub throttled: bool,
 }
 
+/// Reads a provider key's fair-sharing state (see [`Backend::read_fair`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ReadFair<'a> {
+    /// The state's key (`{provider:model}:fair`).
+    pub key: &'a str,
+}
+
 /// Clears a provider key's cooldown and AIMD state (see
 /// [`Backend::clear_provider`]).
 #[derive(Debug, Clone, Copy)]
@@ -464,6 +471,7 @@ op!(ExtendCooldown<'_> => u64, "extend_cooldown", Fallback,
     |b, r| b.extend_cooldown(r.key, r.until_ms));
 op!(Aimd<'_> => u32, "aimd", Fallback,
     |b, r| b.aimd(r.key, r.params, r.throttled));
+op!(ReadFair<'_> => Option<crate::fair::FairState>, "read_fair", Fallback, |b, r| b.read_fair(r.key));
 op!(ClearProvider<'_> => ProviderCleared, "clear_provider", FailClosed,
     |b, r| b.clear_provider(r.cooldown, r.aimd, r.params), {
     books!(ProviderCleared, clear_both);
@@ -517,6 +525,7 @@ mod tests {
             p::<TakeRequest<'_>>(),
             p::<ExtendCooldown<'_>>(),
             p::<Aimd<'_>>(),
+            p::<ReadFair<'_>>(),
             p::<ClearProvider<'_>>(),
             p::<ClaimRequest<'_>>(),
             p::<AcquireSession<'_>>(),
@@ -619,7 +628,7 @@ mod tests {
             .into_iter()
             .map(|(name, outage)| (name.to_owned(), outage))
             .collect();
-        assert_eq!(stated.len(), 27, "names are unique");
+        assert_eq!(stated.len(), 28, "names are unique");
         assert_eq!(documented, stated);
     }
 }

@@ -166,6 +166,7 @@ async fn status_shows_and_clear_removes_what_the_answers_set() {
         cooldown_remaining_ms: 0,
         effective_permille: FULL,
         exhausted: None,
+        tenants: Vec::new(),
     };
     assert_eq!(g.status("p", "m").await.unwrap(), clean);
     g.feedback("p", "m", 429, &[("retry-after", "999999999")], None)

@@ -303,6 +303,24 @@ impl Backend for RedisStore {
         Ok(u32::try_from(r.clamp(0, i64::from(aimd::FULL))).unwrap_or(aimd::FULL))
     }
 
+    async fn read_fair(
+        &self,
+        key: &str,
+    ) -> Result<Option<tollgate_core::fair::FairState>, StoreError> {
+        let now = self.now().await?;
+        let raw: Option<Vec<u8>> = self
+            .cmd(
+                "read_fair",
+                redis::cmd("GET").arg(self.inner.keys.named(key)),
+            )
+            .await?;
+        match raw {
+            None => Ok(None),
+            Some(raw) => parse_fair(&raw, now)
+                .ok_or_else(|| bad_reply("read_fair", format!("{} bytes", raw.len()))),
+        }
+    }
+
     async fn clear_provider(
         &self,
         cooldown: &str,
@@ -681,4 +699,45 @@ impl Backend for RedisStore {
             .map(|n| u(*n))
             .ok_or_else(|| bad_reply("session_delete", "empty"))
     }
+}
+
+/// A provider key's fair state as `take_many.lua` saves it ('<dddddd' v, at,
+/// nt, weights' version, expiry, key expiry; per tenant 'sdddd' name,
+/// weight, finish, seen, queued): `Some(None)` past its expiry at `now`,
+/// `None` for bytes that are not such a state.
+fn parse_fair(raw: &[u8], now: u64) -> Option<Option<tollgate_core::fair::FairState>> {
+    use tollgate_core::fair::{FairEntry, FairState};
+    let double = |at: usize| -> Option<f64> {
+        Some(f64::from_le_bytes(raw.get(at..at + 8)?.try_into().ok()?))
+    };
+    let whole =
+        |x: f64| (x >= 0.0 && x.fract() == 0.0 && x < 9_007_199_254_740_992.0).then_some(x as u64);
+    let (v, at, n, expires) = (
+        whole(double(0)?)?,
+        whole(double(8)?)?,
+        whole(double(16)?)?,
+        whole(double(32)?)?,
+    );
+    let mut state = FairState {
+        v,
+        at_ms: at,
+        tenants: Default::default(),
+    };
+    let mut pos = 48;
+    for _ in 0..n {
+        let len = raw.get(pos..)?.iter().position(|&b| b == 0)?;
+        let name = std::str::from_utf8(&raw[pos..pos + len]).ok()?.to_owned();
+        pos += len + 1;
+        let entry = FairEntry {
+            finish: whole(double(pos + 8)?)?,
+            seen_ms: whole(double(pos + 16)?)?,
+            queued: double(pos + 24)? == 1.0,
+        };
+        pos += 32;
+        state.tenants.insert(name, entry);
+    }
+    if pos != raw.len() {
+        return None;
+    }
+    Some((expires > now).then_some(state))
 }

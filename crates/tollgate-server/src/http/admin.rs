@@ -334,6 +334,26 @@ pub struct ProviderView {
     pub effective_permille: u32,
     /// This replica's exhaustion hold (`null`: none).
     pub exhausted: Option<ExhaustedView>,
+    /// The key's configured tenants and, with fair sharing, those its
+    /// state holds, by name.
+    pub tenants: Vec<TenantView>,
+}
+
+/// A tenant of a provider key in [`ProviderView`].
+#[derive(Debug, Serialize)]
+pub struct TenantView {
+    /// The tenant (`{others}`: unconfigured tenants past the key's 64;
+    /// `{none}`: permits naming none).
+    pub name: String,
+    /// Its weight in fair sharing (`null`: not configured).
+    pub weight: Option<u32>,
+    /// Its ceiling, the fraction of the pool it may use (`null`: none).
+    pub share: Option<f64>,
+    /// Whether it asked within the key's `max_wait_ms` (fair sharing).
+    pub active: bool,
+    /// How far ahead of its weighted share it has booked, ms at the
+    /// current sharing (0: not ahead).
+    pub booked_ahead_ms: u64,
 }
 
 impl ProviderView {
@@ -345,6 +365,17 @@ impl ProviderView {
             cooldown_remaining_ms: st.cooldown_remaining_ms,
             effective_permille: st.effective_permille,
             exhausted: st.exhausted.map(|h| ExhaustedView::new(h, now_ms)),
+            tenants: st
+                .tenants
+                .into_iter()
+                .map(|t| TenantView {
+                    name: t.name,
+                    weight: t.weight,
+                    share: t.share_permille.map(|s| f64::from(s) / 1_000.0),
+                    active: t.active,
+                    booked_ahead_ms: t.ahead_ms,
+                })
+                .collect(),
         }
     }
 }

@@ -323,3 +323,55 @@ pub async fn fair_share_reload_applies_to_the_next_permit<S: Store + Clone>(
         after.tenants
     );
 }
+
+/// The key's state as an operator reads it (`ProviderGovernor::status`,
+/// through `Store::read_fair`): a (weight 3) books two permits and b
+/// (weight 1) one; both ahead, the clock moves 250 per ms, so a's tag
+/// (66,666) is 267 ms ahead and b's (100,000) 400 ms. 100 ms later, 167
+/// and 300. Past the state's expiry (the window and a minute after the last
+/// permit) the tenants are listed as configured, neither active nor ahead.
+pub async fn fair_share_state_reads_back_until_it_expires<S: Store + Clone>(
+    store: S,
+    clock: FakeClock,
+) {
+    let offers = [
+        Offer {
+            tenant: "a",
+            weight: 3,
+            every_ms: 1,
+            from_ms: 0,
+        },
+        Offer {
+            tenant: "b",
+            weight: 1,
+            every_ms: 1,
+            from_ms: 0,
+        },
+    ];
+    let g = ProviderGovernor::new(store, clock.clone(), book(&offers, Sharing::Weights));
+    for tenant in ["a", "b", "a"] {
+        let req = PermitRequest {
+            tenant: Some(tenant),
+            ..PermitRequest::new("p", "m", 0)
+        };
+        assert!(matches!(
+            g.permit(req).await.expect("permit"),
+            Decision::Allowed { .. }
+        ));
+    }
+    let ahead = |st: tollgate_provider::ProviderStatus| {
+        st.tenants
+            .iter()
+            .map(|t| (t.name.clone(), t.weight, t.active, t.ahead_ms))
+            .collect::<Vec<_>>()
+    };
+    let row = |n: &str, w, active, ms| (n.to_owned(), Some(w), active, ms);
+    let st = g.status("p", "m").await.expect("status");
+    assert_eq!(ahead(st), [row("a", 3, true, 267), row("b", 1, true, 400)]);
+    clock.advance(100);
+    let st = g.status("p", "m").await.expect("status");
+    assert_eq!(ahead(st), [row("a", 3, true, 167), row("b", 1, true, 300)]);
+    clock.advance(POOL.2 as u64 + 60_000);
+    let st = g.status("p", "m").await.expect("status");
+    assert_eq!(ahead(st), [row("a", 3, false, 0), row("b", 1, false, 0)]);
+}

@@ -37,6 +37,7 @@ pub use examples::{
 pub use fair::{
     fair_share_alone_uses_the_pool, fair_share_backlogged_by_weight,
     fair_share_light_tenant_is_never_refused, fair_share_reload_applies_to_the_next_permit,
+    fair_share_state_reads_back_until_it_expires,
 };
 pub use grouped::{
     a_log_keeps_its_end_after_its_records_are_deleted,

@@ -360,6 +360,14 @@ impl super::Backend for MemoryStore {
         self.room("aimd", || self.aimd_now(key, params, throttled))
     }
 
+    async fn read_fair(&self, key: &str) -> Result<Option<crate::fair::FairState>, StoreError> {
+        let now = self.now();
+        Ok(self
+            .inner
+            .keys
+            .read(key, now, |e| e.and_then(|e| e.fair(now))))
+    }
+
     async fn clear_provider(
         &self,
         cooldown: &str,

@@ -110,7 +110,7 @@ impl KeyEntry {
     }
 
     /// The live fair-sharing state held, if any.
-    fn fair(&self, now: u64) -> Option<FairState> {
+    pub(super) fn fair(&self, now: u64) -> Option<FairState> {
         match self {
             KeyEntry::Fair(f) if f.1 > now => Some(f.0.clone()),
             _ => None,
