@@ -1,6 +1,7 @@
 //! Prometheus metrics (SPEC §6). No label ever carries a user id: top users
 //! come from `/admin/top` and the logs.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -254,6 +255,77 @@ pub struct Metrics {
     /// window and threshold (no user id: the log line names them).
     pub budget_alerts: Family<BudgetAlertLabels, Counter>,
     health: std::sync::OnceLock<HealthProbe>,
+    recent: RecentPermits,
+}
+
+/// Slots of [`RecentPermits`]: ten seconds each, six to a minute.
+const RECENT_SLOT_MS: u64 = 10_000;
+const RECENT_SLOTS: usize = 6;
+
+/// Permits granted on this replica in the last minute, per provider key and
+/// tenant label (the bounded set of the per-tenant series), in ten-second
+/// slots: what the admin view's `recent_share` divides.
+#[derive(Default)]
+struct RecentPermits {
+    keys: parking_lot::Mutex<HashMap<(String, String), HashMap<String, Slots>>>,
+}
+
+/// One tenant's counts: `counts[s % RECENT_SLOTS]` for the slots up to
+/// `newest`.
+#[derive(Default)]
+struct Slots {
+    newest: u64,
+    counts: [u64; RECENT_SLOTS],
+}
+
+impl Slots {
+    /// Moves to slot `now` (zeroing the slots it passes) and answers the
+    /// count of the last minute.
+    fn roll(&mut self, now: u64) -> u64 {
+        if now > self.newest {
+            let passed = (now - self.newest).min(RECENT_SLOTS as u64);
+            for s in 1..=passed {
+                self.counts[((self.newest + s) % RECENT_SLOTS as u64) as usize] = 0;
+            }
+            self.newest = now;
+        }
+        self.counts.iter().sum()
+    }
+}
+
+impl RecentPermits {
+    fn add(&self, provider: &str, model: &str, tenant: &str, now_ms: u64) {
+        let slot = now_ms / RECENT_SLOT_MS;
+        let mut keys = self.keys.lock();
+        let tenants = keys
+            .entry((provider.to_owned(), model.to_owned()))
+            .or_default();
+        let s = tenants.entry(tenant.to_owned()).or_default();
+        s.roll(slot);
+        s.counts[(slot % RECENT_SLOTS as u64) as usize] += 1;
+    }
+
+    /// Each tenant label's share of the key's permits granted in the last
+    /// minute (empty: none granted).
+    fn shares(&self, provider: &str, model: &str, now_ms: u64) -> HashMap<String, f64> {
+        let slot = now_ms / RECENT_SLOT_MS;
+        let mut keys = self.keys.lock();
+        let Some(tenants) = keys.get_mut(&(provider.to_owned(), model.to_owned())) else {
+            return HashMap::new();
+        };
+        let counts: Vec<(String, u64)> = tenants
+            .iter_mut()
+            .map(|(t, s)| (t.clone(), s.roll(slot)))
+            .collect();
+        let total: u64 = counts.iter().map(|(_, n)| n).sum();
+        if total == 0 {
+            return HashMap::new();
+        }
+        counts
+            .into_iter()
+            .map(|(t, n)| (t, n as f64 / total as f64))
+            .collect()
+    }
 }
 
 /// The shared store's health as the failure policy sees it, read at each
@@ -509,7 +581,20 @@ impl Metrics {
             provider_responses,
             provider_effective_rate,
             grpc_requests,
+            recent: RecentPermits::default(),
         }
+    }
+
+    /// Each tenant label's share of `provider`'s `model` permits granted on
+    /// this replica in the last minute (by ten-second slots) up to `now_ms`;
+    /// empty when none were.
+    pub fn recent_tenant_shares(
+        &self,
+        provider: &str,
+        model: &str,
+        now_ms: u64,
+    ) -> HashMap<String, f64> {
+        self.recent.shares(provider, model, now_ms)
     }
 
     /// Counts a gRPC call of `method` answered with `code`.
@@ -539,7 +624,13 @@ impl Metrics {
         model: &str,
         tenant: Option<&str>,
         outcome: &'static str,
+        now_ms: u64,
     ) {
+        if let Some(tenant) = tenant
+            && outcome != "refused"
+        {
+            self.recent.add(provider, model, tenant, now_ms);
+        }
         self.provider_permits
             .get_or_create(&ProviderPermitLabels {
                 provider: provider.to_owned(),
@@ -721,4 +812,45 @@ pub fn provider_gauges<S: tollgate_core::Store>(
         .map(|(p, m, until)| (p.to_string(), m.to_string(), until))
         .collect();
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Recent shares count the last minute in ten-second slots: a slot
+    /// leaves once six newer ones began, refusals never count, and keys
+    /// are apart.
+    #[test]
+    fn recent_tenant_shares_cover_the_last_minute() {
+        let m = Metrics::new();
+        let t0 = 1_000_000;
+        for (tenant, outcome, at) in [
+            ("a", "granted", t0),
+            ("a", "waited", t0 + 1),
+            ("b", "granted", t0 + 2),
+            ("b", "refused", t0 + 3),
+            ("a", "granted", t0 + 30_000),
+        ] {
+            m.provider_permit("p", "m", Some(tenant), outcome, at);
+        }
+        m.provider_permit("p", "other-model", Some("b"), "granted", t0);
+        let at = |now| {
+            let mut s: Vec<(String, f64)> =
+                m.recent_tenant_shares("p", "m", now).into_iter().collect();
+            s.sort_by(|x, y| x.0.cmp(&y.0));
+            s
+        };
+        assert_eq!(
+            at(t0 + 30_000),
+            [("a".to_owned(), 0.75), ("b".to_owned(), 0.25)]
+        );
+        // The first slot (t0 … t0 + 10 s) leaves at t0 + 60 s.
+        assert_eq!(at(t0 + 59_999).len(), 2);
+        assert_eq!(
+            at(t0 + 60_000),
+            [("a".to_owned(), 1.0), ("b".to_owned(), 0.0)]
+        );
+        assert!(at(t0 + 200_000).is_empty(), "nothing in the last minute");
+    }
 }

@@ -610,7 +610,7 @@ async fn admin_provider_views_and_clear() {
     // A key with tenants by share lists them (no fair sharing: never
     // active, never ahead).
     let mut claude = clean("anthropic", "claude");
-    let tenant = |name: &str, share: f64| json!({"name": name, "weight": null, "share": share, "active": false, "booked_ahead_ms": 0});
+    let tenant = |name: &str, share: f64| json!({"name": name, "weight": null, "share": share, "active": false, "booked_ahead_ms": 0, "recent_share": null});
     claude["tenants"] = json!([tenant("noisy", 0.2), tenant("quiet", 0.5)]);
     let r = srv.admin(Method::GET, "/admin/providers").await;
     assert_eq!(
@@ -852,13 +852,16 @@ async fn weighted_tenants_share_fairly_through_http() {
         }
     }
     // The admin view at t = 300 (V 75,000, both ahead: 250 per ms): a's tag
-    // 133,332 is 234 ms ahead, b's 200,000 is 500 ms.
+    // 133,332 is 234 ms ahead, b's 200,000 is 500 ms; of the six permits
+    // granted in the last minute, four were a's.
     let v = srv.admin(Method::GET, "/admin/providers/openai/fair").await;
     assert_eq!(
         v.ok()["tenants"],
         json!([
-            {"name": "a", "weight": 3, "share": null, "active": true, "booked_ahead_ms": 234},
-            {"name": "b", "weight": 1, "share": null, "active": true, "booked_ahead_ms": 500},
+            {"name": "a", "weight": 3, "share": null, "active": true, "booked_ahead_ms": 234,
+             "recent_share": 4.0 / 6.0},
+            {"name": "b", "weight": 1, "share": null, "active": true, "booked_ahead_ms": 500,
+             "recent_share": 2.0 / 6.0},
         ])
     );
     srv.shutdown().await;

@@ -6,6 +6,8 @@
 //! the shared cooldown and effective rate, this replica's exhaustion hold —
 //! and clearing it after a bad hint).
 
+use std::collections::HashMap;
+
 use axum::Json;
 use axum::Router;
 use axum::extract::{FromRequestParts, Path, Query, State};
@@ -354,10 +356,14 @@ pub struct TenantView {
     /// How far ahead of its weighted share it has booked, ms at the
     /// current sharing (0: not ahead).
     pub booked_ahead_ms: u64,
+    /// A configured tenant's share of the key's permits granted on this
+    /// replica in the last minute (`null`: none were granted, or a tenant
+    /// not configured: those count together, as `other`).
+    pub recent_share: Option<f64>,
 }
 
 impl ProviderView {
-    fn new(st: ProviderStatus, now_ms: u64) -> Self {
+    fn new(st: ProviderStatus, now_ms: u64, recent: &HashMap<String, f64>) -> Self {
         Self {
             provider: st.provider.to_string(),
             model: st.model.to_string(),
@@ -368,12 +374,19 @@ impl ProviderView {
             tenants: st
                 .tenants
                 .into_iter()
-                .map(|t| TenantView {
-                    name: t.name,
-                    weight: t.weight,
-                    share: t.share_permille.map(|s| f64::from(s) / 1_000.0),
-                    active: t.active,
-                    booked_ahead_ms: t.ahead_ms,
+                .map(|t| {
+                    // Configured tenants only: the others count together.
+                    let configured = t.weight.is_some() || t.share_permille.is_some();
+                    let recent_share = (configured && !recent.is_empty())
+                        .then(|| recent.get(&t.name).copied().unwrap_or(0.0));
+                    TenantView {
+                        name: t.name,
+                        weight: t.weight,
+                        share: t.share_permille.map(|s| f64::from(s) / 1_000.0),
+                        active: t.active,
+                        booked_ahead_ms: t.ahead_ms,
+                        recent_share,
+                    }
                 })
                 .collect(),
         }
@@ -405,7 +418,12 @@ async fn providers<S: Store + Clone>(
     let now = now();
     let views: Vec<ProviderView> = all
         .into_iter()
-        .map(|st| ProviderView::new(st, now))
+        .map(|st| {
+            let recent = app
+                .metrics()
+                .recent_tenant_shares(&st.provider, &st.model, now);
+            ProviderView::new(st, now, &recent)
+        })
         .collect();
     Ok(Json(serde_json::json!({ "providers": views })))
 }
@@ -422,7 +440,11 @@ async fn provider<S: Store + Clone>(
         .status(&provider, &model)
         .await
         .map_err(|e| crate::outcome::from_provider(e, governor.clock().now_ms()))?;
-    Ok(Json(ProviderView::new(st, governor.clock().now_ms())))
+    let now = governor.clock().now_ms();
+    let recent = app
+        .metrics()
+        .recent_tenant_shares(&st.provider, &st.model, now);
+    Ok(Json(ProviderView::new(st, now, &recent)))
 }
 
 async fn clear_provider<S: Store + Clone>(

@@ -631,8 +631,13 @@ pub async fn provider_permit<S: Store + Clone>(
             let err = crate::outcome::from_provider(e, clock.now_ms());
             if let ApiError::ProviderExhausted { reason, .. } = &err {
                 // A configured key (exhaustion is only recorded for those).
-                app.metrics()
-                    .provider_permit(provider, &req.model, tenant_label, "refused");
+                app.metrics().provider_permit(
+                    provider,
+                    &req.model,
+                    tenant_label,
+                    "refused",
+                    clock.now_ms(),
+                );
                 tracing::info!(
                     user,
                     provider,
@@ -651,8 +656,13 @@ pub async fn provider_permit<S: Store + Clone>(
             } else {
                 "granted"
             };
-            app.metrics()
-                .provider_permit(provider, &req.model, tenant_label, outcome);
+            app.metrics().provider_permit(
+                provider,
+                &req.model,
+                tenant_label,
+                outcome,
+                clock.now_ms(),
+            );
             app.metrics()
                 .provider_rate(provider, &req.model, grant.effective_permille);
             let wait_ms = if req.wait && grant.wait_ms > 0 {
@@ -672,8 +682,13 @@ pub async fn provider_permit<S: Store + Clone>(
             })
         }
         Decision::Denied(d) => {
-            app.metrics()
-                .provider_permit(provider, &req.model, tenant_label, "refused");
+            app.metrics().provider_permit(
+                provider,
+                &req.model,
+                tenant_label,
+                "refused",
+                clock.now_ms(),
+            );
             if d.limit() == tollgate_core::Limit::Cooldown {
                 let until = clock
                     .now_ms()
