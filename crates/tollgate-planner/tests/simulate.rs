@@ -623,3 +623,87 @@ on_exhausted = "deny_turns"
         "{e}"
     );
 }
+
+/// The noisy-neighbour trace (examples/traces/noisy.jsonl: batch offers
+/// 2.5 times the pool, chat twice it, support a fifth) under weighted fair
+/// sharing, static shares and no tenants: the figures docs/planning.md's
+/// table gives.
+#[test]
+fn a_noisy_neighbour_under_weights_shares_and_no_tenants() {
+    let noisy = |config: &str| {
+        let opts = SimulateOptions::new(
+            examples().join(format!("noisy-{config}.toml")),
+            examples().join("noisy.jsonl"),
+        );
+        let report = simulate(&opts).unwrap();
+        report.providers["llm:shared"].clone()
+    };
+    let granted =
+        |p: &tollgate_planner::simulate::ProviderReport, t: &str| p.tenants[t].allowed_total();
+    // Weights 2:1:1: the pool used, chat twice batch, support never
+    // refused nor kept waiting.
+    let w = noisy("weights");
+    assert!(w.utilisation.unwrap() >= 0.98, "{:?}", w.utilisation);
+    let ratio = granted(&w, "chat") as f64 / granted(&w, "batch") as f64;
+    assert!((ratio - 2.0).abs() <= 0.06, "chat/batch {ratio}");
+    assert_eq!(w.tenants["support"].permits.denied, 0);
+    assert_eq!(granted(&w, "support"), 120);
+    assert!(w.tenants["support"].wait_ms.as_ref().unwrap().p99 <= 200);
+    assert!(w.fairness.unwrap() >= 0.99, "{:?}", w.fairness);
+    assert_eq!(w.backlogged, 2);
+    // Shares 0.5/0.25/0.25: support is served, but what it leaves of its
+    // quarter is wasted and the backlogged wait the whole max wait.
+    let s = noisy("shares");
+    assert!(s.utilisation.unwrap() < 0.95, "{:?}", s.utilisation);
+    assert_eq!(s.tenants["support"].permits.denied, 0);
+    assert_eq!(s.tenants["chat"].wait_ms.as_ref().unwrap().p50, 4_000);
+    // No tenants: the pool is used, support is crowded out.
+    let n = noisy("none");
+    assert!(n.utilisation.unwrap() >= 0.98, "{:?}", n.utilisation);
+    assert!(
+        n.tenants["support"].permits.denied > 100,
+        "{:?}",
+        n.tenants["support"]
+    );
+    assert_eq!(n.backlogged, 3);
+}
+
+/// With tenants, the chart has a third panel: each tenant's permits
+/// started per second, one line and legend entry each.
+#[test]
+fn the_chart_draws_each_tenants_permits() {
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("noisy.svg");
+    let _ = std::fs::remove_file(&out);
+    let opts = SimulateOptions::new(
+        examples().join("noisy-weights.toml"),
+        examples().join("noisy.jsonl"),
+    )
+    .with_chart(Some(out.clone()));
+    simulate(&opts).unwrap();
+    let svg = std::fs::read_to_string(&out).unwrap();
+    let doc = roxmltree::Document::parse(&svg).expect("well-formed SVG");
+    assert_eq!(doc.root_element().attribute("height"), Some("1200"));
+    let texts: Vec<String> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("text"))
+        .map(|n| n.text().unwrap_or("").trim().to_owned())
+        .collect();
+    for want in [
+        "Provider permits per second by tenant (by start)",
+        "permits/s",
+        "llm:shared batch",
+        "llm:shared chat",
+        "llm:shared support",
+    ] {
+        assert!(
+            texts.iter().any(|t| t == want),
+            "no text {want:?} in {texts:?}"
+        );
+    }
+    // The tenants' lines: one polyline per tenant beside the outcomes'.
+    let lines = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("polyline"))
+        .count();
+    assert!(lines >= 4 + 3, "{lines} polylines");
+}

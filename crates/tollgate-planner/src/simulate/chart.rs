@@ -1,5 +1,6 @@
 //! The chart of a replay, drawn with `plotters` as SVG: decisions per
-//! second by outcome, and the token bucket levels of the users hit hardest.
+//! second by outcome, with tenants the provider permits each one started
+//! per second, and the token bucket levels of the users hit hardest.
 //!
 //! Both panels use fixed time bins (at most [`MAX_BINS`]), so the chart's
 //! memory does not grow with the trace.
@@ -12,7 +13,23 @@ use tollgate_core::{Outcome, Plan};
 pub(super) const MAX_BINS: u64 = 600;
 /// Users whose bucket levels are drawn.
 pub(super) const CHART_USERS: usize = 5;
+/// Tenants (of any provider keys) whose permits are drawn: the first seen.
+pub(super) const CHART_TENANTS: usize = 8;
 const SIZE: (u32, u32) = (1200, 800);
+/// The chart's size with the tenants' panel.
+const SIZE_TENANTS: (u32, u32) = (1200, 1200);
+
+/// Colours of the tenants' lines.
+const TENANT_COLOURS: [RGBColor; CHART_TENANTS] = [
+    RGBColor(0x1F, 0x77, 0xB4),
+    RGBColor(0xFF, 0x7F, 0x0E),
+    RGBColor(0x2C, 0xA0, 0x2C),
+    RGBColor(0xD6, 0x27, 0x28),
+    RGBColor(0x94, 0x67, 0xBD),
+    RGBColor(0x8C, 0x56, 0x4B),
+    RGBColor(0xE3, 0x77, 0xC2),
+    RGBColor(0x17, 0xBE, 0xCF),
+];
 
 /// The outcomes in drawing order, with their labels and colours.
 pub(super) const OUTCOMES: [(Outcome, &str, RGBColor); 4] = [
@@ -72,6 +89,8 @@ pub(crate) struct ChartRecorder {
     decisions: Vec<[u64; 4]>,
     users: Vec<Tracked>,
     samples: usize,
+    /// `provider:model tenant` and its permits started per bin.
+    tenants: Vec<(String, Vec<u64>)>,
 }
 
 /// A bin width of 1, 2 or 5 × 10^k seconds, at least 1 s, giving at most
@@ -114,7 +133,24 @@ impl ChartRecorder {
                 })
                 .collect(),
             samples: 0,
+            tenants: Vec::new(),
         }
+    }
+
+    /// A permit of `tenant` on provider key `key` granted to start at `t`
+    /// (counted for the first [`CHART_TENANTS`] tenants seen).
+    pub(super) fn tenant_permit(&mut self, t: u64, key: &str, tenant: &str) {
+        let bin = ((t.saturating_sub(self.start)) / self.bin_ms).min(self.n_bins as u64 - 1);
+        let label = format!("{key} {tenant}");
+        let i = match self.tenants.iter().position(|(l, _)| *l == label) {
+            Some(i) => i,
+            None if self.tenants.len() < CHART_TENANTS => {
+                self.tenants.push((label, vec![0; self.n_bins]));
+                self.tenants.len() - 1
+            }
+            None => return,
+        };
+        self.tenants[i].1[bin as usize] += 1;
     }
 
     /// When the next level sample is due (the end of the current bin).
@@ -184,12 +220,28 @@ impl ChartRecorder {
             .fold(0.0f64, f64::max);
         let mut svg = String::new();
         {
-            let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
+            let size = if self.tenants.is_empty() {
+                SIZE
+            } else {
+                SIZE_TENANTS
+            };
+            let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
             root.fill(&WHITE).map_err(|e| e.to_string())?;
             let root = root
                 .titled(title, ("sans-serif", 22))
                 .map_err(|e| e.to_string())?;
-            let (top, bottom) = root.split_vertically(SIZE.1 as i32 / 2 - 20);
+            let panel = if self.tenants.is_empty() {
+                size.1 as i32 / 2 - 20
+            } else {
+                size.1 as i32 / 3 - 14
+            };
+            let (top, rest) = root.split_vertically(panel);
+            let (middle, bottom) = if self.tenants.is_empty() {
+                (None, rest)
+            } else {
+                let (m, b) = rest.split_vertically(panel);
+                (Some(m), b)
+            };
 
             let mut chart = ChartBuilder::on(&top)
                 .caption(
@@ -232,6 +284,55 @@ impl ChartRecorder {
                 .border_style(BLACK)
                 .draw()
                 .map_err(|e| e.to_string())?;
+
+            if let Some(middle) = middle {
+                let tenant_max = self
+                    .tenants
+                    .iter()
+                    .flat_map(|(_, bins)| {
+                        bins.iter()
+                            .enumerate()
+                            .map(|(b, &c)| c as f64 / covered_s(b))
+                    })
+                    .fold(0.0f64, f64::max);
+                let mut chart = ChartBuilder::on(&middle)
+                    .caption(
+                        "Provider permits per second by tenant (by start)",
+                        ("sans-serif", 18),
+                    )
+                    .margin(12)
+                    .x_label_area_size(40)
+                    .y_label_area_size(70)
+                    .build_cartesian_2d(0.0..x_max, 0.0..(tenant_max * 1.1).max(1.0))
+                    .map_err(|e| e.to_string())?;
+                chart
+                    .configure_mesh()
+                    .x_desc(format!("time ({unit})"))
+                    .y_desc("permits/s")
+                    .y_label_formatter(&|v| format_number(*v))
+                    .draw()
+                    .map_err(|e| e.to_string())?;
+                for ((label, bins), colour) in self.tenants.iter().zip(TENANT_COLOURS) {
+                    let points = bins.iter().enumerate().map(|(b, &c)| {
+                        let mid = (b as f64 + 0.5) * self.bin_ms as f64 / unit_ms;
+                        (mid, c as f64 / covered_s(b))
+                    });
+                    chart
+                        .draw_series(LineSeries::new(points, colour.stroke_width(2)))
+                        .map_err(|e| e.to_string())?
+                        .label(label.as_str())
+                        .legend(move |(x, y)| {
+                            PathElement::new(vec![(x, y), (x + 18, y)], colour.stroke_width(2))
+                        });
+                }
+                chart
+                    .configure_series_labels()
+                    .position(SeriesLabelPosition::UpperRight)
+                    .background_style(WHITE.mix(0.85))
+                    .border_style(BLACK)
+                    .draw()
+                    .map_err(|e| e.to_string())?;
+            }
 
             let low = self
                 .users

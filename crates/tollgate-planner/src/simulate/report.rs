@@ -68,7 +68,7 @@ pub struct PlanReport {
 }
 
 /// One provider key's permits and answers.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct ProviderReport {
     /// Permits, from model calls and `provider_call` events.
@@ -83,6 +83,41 @@ pub struct ProviderReport {
     pub responses: BTreeMap<String, u64>,
     /// Answers that set or extended a cooldown.
     pub cooldowns: u64,
+    /// Per tenant its permits named (empty when none named one; at most 64
+    /// apart, then `{others}`; `{none}`: permits naming none).
+    pub tenants: BTreeMap<String, TenantReport>,
+    /// Permits granted over the pool's capacity during the replay (its
+    /// burst plus its requests rate from the trace's first event to its
+    /// last, or to the last granted call's start if later; `None` without a
+    /// requests rate).
+    pub utilisation: Option<f64>,
+    /// Jain's fairness index of the backlogged tenants (those refused at
+    /// least once): (Σx)² / (n·Σx²) of each one's granted permits per unit
+    /// of weight; 1 is weighted-fair. `None` when no tenant was refused.
+    pub fairness: Option<f64>,
+    /// How many tenants were backlogged.
+    pub backlogged: u64,
+}
+
+/// One tenant's permits of a provider key.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct TenantReport {
+    /// Its permits.
+    pub permits: DecisionCounts,
+    /// Its part of the key's granted permits.
+    pub share: f64,
+    /// Its weight, when the key shares fairly (1 when not configured).
+    pub weight: Option<u32>,
+    /// The wait of its granted permits.
+    pub wait_ms: Option<Summary>,
+}
+
+impl TenantReport {
+    /// Permits granted (at once, after a wait, or only in shadow mode).
+    pub fn allowed_total(&self) -> u64 {
+        self.permits.allowed + self.permits.waited + self.permits.shadow_denied
+    }
 }
 
 /// One user, among those hit hardest.
@@ -150,7 +185,7 @@ pub struct Skipped {
 }
 
 /// What a replay found (see `docs/planning.md`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct Report {
     /// The trace's name.
@@ -351,6 +386,36 @@ impl Report {
         for (name, p) in &self.providers {
             if let Some(s) = &p.wait_ms {
                 let _ = writeln!(notes, "  provider {name}: permit wait {}", wait_line(s));
+            }
+            if let Some(u) = p.utilisation {
+                let _ = writeln!(
+                    notes,
+                    "  provider {name}: pool utilisation {:.1} %",
+                    u * 100.0
+                );
+            }
+            for (tenant, r) in &p.tenants {
+                let weight = r.weight.map_or(String::new(), |w| format!(" (weight {w})"));
+                let wait = r
+                    .wait_ms
+                    .as_ref()
+                    .map_or("no permit granted".to_owned(), |s| {
+                        format!("wait p50 {}, p99 {}", ms(s.p50), ms(s.p99))
+                    });
+                let _ = writeln!(
+                    notes,
+                    "  provider {name} tenant {tenant}{weight}: {:.1} % of permits ({} granted, {} refused), {wait}",
+                    r.share * 100.0,
+                    n(r.allowed_total()),
+                    n(r.permits.denied),
+                );
+            }
+            if let Some(j) = p.fairness {
+                let _ = writeln!(
+                    notes,
+                    "  provider {name}: Jain's fairness index {j:.3} over {} backlogged tenants (permits per unit of weight)",
+                    n(p.backlogged),
+                );
             }
             if !p.responses.is_empty() {
                 let answers: Vec<String> = p

@@ -183,6 +183,7 @@ impl Engine {
         key: &str,
         req: PermitRequest<'_>,
     ) -> Result<PermitResult, PlanError> {
+        let tenant = req.tenant;
         let (outcome, result) = match ready(self.governor.permit(req))? {
             Ok(Decision::Allowed { grant, .. }) => {
                 let o = if grant.wait_ms > 0 {
@@ -222,6 +223,18 @@ impl Engine {
             (_, o) => o,
         };
         acc.permits.add(outcome);
+        if let PermitResult::Granted { wait_ms } = &result {
+            let start = t.saturating_add(*wait_ms);
+            acc.last_start = Some(acc.last_start.map_or(start, |s| s.max(start)));
+            if let (Some(c), Some(tenant)) = (&mut self.chart, tenant) {
+                c.tenant_permit(start, key, tenant);
+            }
+        }
+        let ten = acc.tenant(tenant);
+        ten.permits.add(outcome);
+        if let PermitResult::Granted { wait_ms } = &result {
+            ten.waits.record(*wait_ms);
+        }
         match &result {
             PermitResult::Granted { wait_ms } => acc.waits.record(*wait_ms),
             PermitResult::Refused {

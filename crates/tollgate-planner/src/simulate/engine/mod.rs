@@ -29,7 +29,8 @@ use tollgate_provider::{PermitRequest, ProviderError, ProviderGovernor};
 use super::ReplayOptions;
 use super::chart::ChartRecorder;
 use super::report::{
-    DecisionCounts, LimitReport, PlanReport, ProviderReport, Report, RunCounts, Skipped, UserReport,
+    DecisionCounts, LimitReport, PlanReport, ProviderReport, Report, RunCounts, Skipped,
+    TenantReport, UserReport,
 };
 use crate::histogram::LogHistogram;
 use crate::trace::{Event, ProviderRef};
@@ -177,6 +178,34 @@ struct ProviderAcc {
     waits: LogHistogram,
     responses: BTreeMap<&'static str, u64>,
     cooldowns: u64,
+    /// Per tenant named by its permits (at most [`MAX_TENANTS`], then
+    /// [`fair::OTHERS`](tollgate_core::fair::OTHERS)).
+    tenants: BTreeMap<String, TenantAcc>,
+    /// When the last granted call starts (its time plus its wait), ms.
+    last_start: Option<u64>,
+}
+
+/// Tenants a provider key's report keeps apart (the store's own bound).
+const MAX_TENANTS: usize = tollgate_core::fair::MAX_TENANTS;
+
+#[derive(Default)]
+struct TenantAcc {
+    permits: Counts,
+    waits: LogHistogram,
+}
+
+impl ProviderAcc {
+    /// The accumulator of `tenant`'s permits (`None`: the permits naming
+    /// none).
+    fn tenant(&mut self, tenant: Option<&str>) -> &mut TenantAcc {
+        let name = tenant.unwrap_or(tollgate_core::fair::NO_TENANT);
+        let name = if self.tenants.contains_key(name) || self.tenants.len() < MAX_TENANTS {
+            name
+        } else {
+            tollgate_core::fair::OTHERS
+        };
+        self.tenants.entry(name.to_owned()).or_default()
+    }
 }
 
 /// A run admitted and not yet ended or abandoned.
@@ -683,20 +712,13 @@ impl Engine {
             .providers
             .iter()
             .map(|(name, p)| {
-                (
-                    name.clone(),
-                    ProviderReport {
-                        permits: p.permits.report(),
-                        limits: limits_report(&p.limits),
-                        wait_ms: p.waits.summary(),
-                        responses: p
-                            .responses
-                            .iter()
-                            .map(|(k, v)| ((*k).to_owned(), *v))
-                            .collect(),
-                        cooldowns: p.cooldowns,
-                    },
-                )
+                (name.clone(), {
+                    let conf = self.governor.book();
+                    let conf = name
+                        .split_once(':')
+                        .and_then(|(pr, m)| conf.get(pr, m).cloned());
+                    provider_report(p, conf.as_deref(), self.first_t, self.last_t)
+                })
             })
             .collect();
         let report = Report {
@@ -714,5 +736,91 @@ impl Engine {
             skipped: self.skipped,
         };
         Ok((report, self.chart))
+    }
+}
+
+/// A provider key's report: its permits, and with tenants each one's, the
+/// pool's utilisation and Jain's fairness index over the backlogged ones.
+fn provider_report(
+    p: &ProviderAcc,
+    conf: Option<&tollgate_provider::Provider>,
+    first_t: Option<u64>,
+    last_t: Option<u64>,
+) -> ProviderReport {
+    let granted = |c: &Counts| c.allowed + c.waited + c.shadow_denied;
+    let all: u64 = granted(&p.permits);
+    let weight = |name: &str| {
+        conf.and_then(|c| c.fair.as_ref()).map(|f| {
+            f.weights()
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map_or(1, |w| w.1)
+        })
+    };
+    let tenants: BTreeMap<String, TenantReport> = if p
+        .tenants
+        .keys()
+        .all(|k| k == tollgate_core::fair::NO_TENANT)
+    {
+        BTreeMap::new()
+    } else {
+        p.tenants
+            .iter()
+            .map(|(name, a)| {
+                let r = TenantReport {
+                    permits: a.permits.report(),
+                    share: if all == 0 {
+                        0.0
+                    } else {
+                        granted(&a.permits) as f64 / all as f64
+                    },
+                    weight: weight(name),
+                    wait_ms: a.waits.summary(),
+                };
+                (name.clone(), r)
+            })
+            .collect()
+    };
+    // Capacity over the replay: the burst plus the rate from its first
+    // event to its last or, if later, the last granted call's start (a
+    // permit granted with a wait uses the pool then).
+    let last = last_t.max(p.last_start);
+    let utilisation = match (conf.and_then(|c| c.requests), first_t, last) {
+        (Some(spec), Some(a), Some(b)) if b > a => {
+            let capacity = spec.capacity() as f64
+                + spec.amount() as f64 * (b - a) as f64 / spec.period_ms() as f64;
+            Some(all as f64 / capacity)
+        }
+        _ => None,
+    };
+    // Jain's index of the backlogged tenants' permits per unit of weight.
+    let backlogged: Vec<f64> = tenants
+        .values()
+        .filter(|t| t.permits.denied > 0)
+        .map(|t| t.allowed_total() as f64 / f64::from(t.weight.unwrap_or(1)))
+        .collect();
+    let fairness = (!backlogged.is_empty()).then(|| {
+        let sum: f64 = backlogged.iter().sum();
+        let squares: f64 = backlogged.iter().map(|x| x * x).sum();
+        if squares == 0.0 {
+            1.0
+        } else {
+            sum * sum / (backlogged.len() as f64 * squares)
+        }
+    });
+    ProviderReport {
+        permits: p.permits.report(),
+        limits: limits_report(&p.limits),
+        wait_ms: p.waits.summary(),
+        responses: p
+            .responses
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), *v))
+            .collect(),
+        cooldowns: p.cooldowns,
+        tenants,
+        utilisation,
+        fairness,
+        backlogged: backlogged.len() as u64,
     }
 }
