@@ -176,7 +176,7 @@ tokens = {{ amount = 90000, period_ms = 60000 }}
 requests = {{ amount = 60, period_ms = 60000 }}
 
 [providers."openai:gpt-4o-mini"]
-requests = {{ amount = 60, period_ms = 60000, burst = 2 }}
+requests = {{ amount = 6, period_ms = 60000, burst = 2 }}
 policy = "reject"
 
 [providers."openai:gpt-4o-mini".tenants.a]
