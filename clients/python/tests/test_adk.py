@@ -516,6 +516,17 @@ async def fair_turns(sc: Sidecar, **gated: Any) -> None:
         assert client.count("refund") == 1
         assert texts(await run_all(runner, "a1", sid["a1"])) == ["ok"]
         assert inner.calls == 6
+        # The admin view: both ahead of their shares, b (past its share)
+        # about 120 s, a less; of the six calls granted, two were a's.
+        async with AsyncClient(sc.url, admin_token=ADMIN) as admin:
+            view = await admin.admin_provider("gemini", "fair")
+        rows = {t.name: t for t in view.tenants}
+        assert set(rows) == {"a", "b"}, view.tenants
+        assert (rows["a"].weight, rows["b"].weight) == (3, 1)
+        assert rows["a"].active and rows["b"].active
+        assert 100_000 < rows["b"].booked_ahead_ms <= 200_000, rows["b"]
+        assert 0 < rows["a"].booked_ahead_ms < rows["b"].booked_ahead_ms, rows["a"]
+        assert rows["a"].recent_share == pytest.approx(2 / 6), rows["a"]
 
 
 async def test_quota_gated_llm_sends_each_callers_tenant(meter_sidecar: Sidecar) -> None:

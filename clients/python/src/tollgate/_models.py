@@ -249,6 +249,31 @@ class Reloaded:
 
 
 @dataclass(frozen=True)
+class ProviderTenant:
+    """A tenant of a provider key in its admin view (docs/spec.md §5, *Fair
+    sharing*).
+
+    Attributes:
+        name: The tenant (``{others}``: unconfigured tenants past the key's
+            64; ``{none}``: permits naming none).
+        weight: Its configured weight, or ``None``.
+        share: Its configured ceiling (a fraction of the pool), or ``None``.
+        active: Whether it asked within the key's ``max_wait_ms``.
+        booked_ahead_ms: How far ahead of its weighted share it has booked,
+            ms at the current sharing (0: not ahead).
+        recent_share: A configured tenant's part of the permits granted on
+            that replica in the last minute, or ``None``.
+    """
+
+    name: str
+    weight: Optional[int]
+    share: Optional[float]
+    active: bool
+    booked_ahead_ms: int
+    recent_share: Optional[float]
+
+
+@dataclass(frozen=True)
 class ProviderView:
     """A provider key's admin view (``GET /admin/providers``).
 
@@ -260,6 +285,8 @@ class ProviderView:
         effective_permille: The current AIMD rate.
         exhausted: This replica's exhaustion (``until_ms``, ``remaining_ms``,
             ``reason``) or ``None``.
+        tenants: Its configured tenants and those its fair sharing holds, by
+            name.
     """
 
     provider: str
@@ -268,6 +295,7 @@ class ProviderView:
     cooldown_remaining_ms: int
     effective_permille: int
     exhausted: Optional[Mapping[str, Any]]
+    tenants: tuple[ProviderTenant, ...] = ()
 
 
 @dataclass(frozen=True)

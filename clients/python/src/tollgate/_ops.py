@@ -27,6 +27,7 @@ from ._models import (
     LeaseView,
     ProviderCleared,
     ProviderPermit,
+    ProviderTenant,
     ProviderView,
     Refusal,
     Released,
@@ -486,6 +487,17 @@ def _provider_view(b: Any) -> ProviderView:
         cooldown_remaining_ms=int(b.get("cooldown_remaining_ms", 0)),
         effective_permille=int(b["effective_permille"]),
         exhausted=b.get("exhausted"),
+        tenants=tuple(
+            ProviderTenant(
+                name=str(x["name"]),
+                weight=x.get("weight"),
+                share=x.get("share"),
+                active=bool(x.get("active", False)),
+                booked_ahead_ms=int(x.get("booked_ahead_ms", 0)),
+                recent_share=x.get("recent_share"),
+            )
+            for x in b.get("tenants", ())
+        ),
     )
 
 

@@ -1,5 +1,6 @@
 package dev.tollgate.client;
 
+import java.util.List;
 import java.util.Objects;
 import java.util.Optional;
 import java.util.OptionalLong;
@@ -13,6 +14,7 @@ import java.util.OptionalLong;
  * @param cooldownRemainingMs how long the cooldown still runs ({@code 0}: none)
  * @param effectivePermille the rate after AIMD, permille of the configured one
  * @param exhausted this replica's exhaustion hold, if any
+ * @param tenants its configured tenants and those its fair sharing holds, by name
  */
 public record ProviderView(
     String provider,
@@ -20,7 +22,8 @@ public record ProviderView(
     OptionalLong cooldownUntilMs,
     long cooldownRemainingMs,
     int effectivePermille,
-    Optional<Exhaustion> exhausted) {
+    Optional<Exhaustion> exhausted,
+    List<ProviderTenant> tenants) {
   /**
    * Checks the components.
    *
@@ -30,11 +33,13 @@ public record ProviderView(
    * @param cooldownRemainingMs how long the cooldown still runs ({@code 0}: none)
    * @param effectivePermille the rate after AIMD, permille of the configured one
    * @param exhausted this replica's exhaustion hold, if any
+   * @param tenants its configured tenants and those its fair sharing holds, by name
    */
   public ProviderView {
     Objects.requireNonNull(provider, "provider");
     Objects.requireNonNull(model, "model");
     Objects.requireNonNull(cooldownUntilMs, "cooldownUntilMs");
     Objects.requireNonNull(exhausted, "exhausted");
+    tenants = List.copyOf(tenants);
   }
 }

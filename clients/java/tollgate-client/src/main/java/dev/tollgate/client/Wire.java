@@ -6,6 +6,7 @@ import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Optional;
+import java.util.OptionalDouble;
 import java.util.OptionalInt;
 import java.util.OptionalLong;
 import java.util.function.Function;
@@ -143,7 +144,29 @@ final class Wire {
         optLong(b, "cooldown_until_ms"),
         longField(b, "cooldown_remaining_ms"),
         intField(b, "effective_permille"),
-        optObject(b, "exhausted", Wire::exhaustion));
+        optObject(b, "exhausted", Wire::exhaustion),
+        b.has("tenants") ? list(b, "tenants", Wire::providerTenant) : List.of());
+  }
+
+  static ProviderTenant providerTenant(JsonNode b) {
+    return new ProviderTenant(
+        stringField(b, "name"),
+        optInt(b, "weight"),
+        optDouble(b, "share"),
+        boolField(b, "active"),
+        longField(b, "booked_ahead_ms"),
+        optDouble(b, "recent_share"));
+  }
+
+  static OptionalDouble optDouble(JsonNode b, String name) {
+    JsonNode v = b.get(name);
+    if (v == null || v.isNull()) {
+      return OptionalDouble.empty();
+    }
+    if (!v.isNumber()) {
+      throw new BadAnswer("field " + name + " is not a number: " + v);
+    }
+    return OptionalDouble.of(v.doubleValue());
   }
 
   // Refusals and faults ------------------------------------------------------

@@ -13,6 +13,8 @@ import dev.tollgate.client.testing.Tokens;
 import java.util.List;
 import java.util.Map;
 import java.util.Optional;
+import java.util.OptionalDouble;
+import java.util.OptionalInt;
 import java.util.OptionalLong;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CompletionException;
@@ -104,6 +106,17 @@ abstract class ClientContract extends SidecarClass {
     assertEquals(throttled.cooldownUntilMs(), view.cooldownUntilMs());
     assertEquals(Optional.empty(), view.exhausted());
     assertTrue(admin.providers().stream().anyMatch(v -> v.provider().equals("gemini") && v.model().equals("flash")));
+    assertEquals(List.of(), view.tenants());
+    // A key shared fairly: each tenant's weight and place, in the view.
+    granted(ann.providerPermit("gemini", Permit.of("fair", 1).withTenant("a")));
+    granted(ann.providerPermit("gemini", Permit.of("fair", 1).withTenant("b")));
+    List<ProviderTenant> tenants = admin.provider("gemini", "fair").tenants();
+    assertEquals(List.of("a", "b"), tenants.stream().map(ProviderTenant::name).toList());
+    assertEquals(OptionalInt.of(3), tenants.get(0).weight());
+    assertEquals(OptionalDouble.empty(), tenants.get(0).share());
+    assertTrue(tenants.get(0).active() && tenants.get(1).active());
+    assertTrue(tenants.get(1).bookedAheadMs() > 0, tenants.toString());
+    assertEquals(OptionalDouble.of(0.5), tenants.get(0).recentShare());
     ProviderCleared cleared = admin.clearProvider("gemini", "flash");
     assertEquals(throttled.cooldownUntilMs(), cleared.cooldownUntilMs());
     assertEquals(OptionalLong.empty(), admin.provider("gemini", "flash").cooldownUntilMs());

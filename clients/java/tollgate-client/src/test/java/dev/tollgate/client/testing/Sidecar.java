@@ -97,6 +97,17 @@ public final class Sidecar implements AutoCloseable {
       [providers."openai:gpt-4o"]
       requests = { amount = 1, period_ms = 3600000, burst = 1000 }
       policy = "reject"
+
+      # Fair sharing: tenants a and b weighted 3:1.
+      [providers."gemini:fair"]
+      requests = { amount = 1, period_ms = 3600000, burst = 1000 }
+      policy = "reject"
+
+      [providers."gemini:fair".tenants.a]
+      weight = 3
+
+      [providers."gemini:fair".tenants.b]
+      weight = 1
       """;
 
   private final Process process;
