@@ -440,6 +440,10 @@ pub struct CooldownCheck<'a> {
     pub key: &'a str,
     /// Longest acceptable wait for the cooldown to pass, ms.
     pub max_wait_ms: u64,
+    /// The longest the key's cooldown may run from now, ms: a stored end
+    /// beyond it counts as ending then (see
+    /// [`extend_cooldown`](Backend::extend_cooldown)).
+    pub max_ms: u64,
 }
 
 /// The answer to a multi-bucket take.
@@ -643,7 +647,8 @@ pub trait Store: Send + Sync + 'static {
         /// A single take: [`TakeRequest`].
         fn take_one(req: TakeRequest<'a>) -> TakeOutcome = req;
         /// [`ExtendCooldown`].
-        fn extend_cooldown(key: &'a str, until_ms: u64) -> u64 = ExtendCooldown { key, until_ms };
+        fn extend_cooldown(key: &'a str, for_ms: u64, max_ms: u64) -> u64
+            = ExtendCooldown { key, for_ms, max_ms };
         /// [`Aimd`].
         fn aimd(key: &'a str, params: AimdParams, throttled: bool) -> u32
             = Aimd { key, params, throttled };
@@ -765,15 +770,18 @@ pub trait Backend: Send + Sync + 'static {
         req: TakeRequest<'_>,
     ) -> impl Future<Output = Result<TakeOutcome, StoreError>> + Send;
 
-    /// Set a cooldown to `max(existing, until_ms)`; answers the cooldown's
-    /// end after the change (a cooldown that has passed counts as 0). Ends
-    /// past 2^53 ms are taken as 2^53. An `until_ms` not after now changes
-    /// nothing; `until_ms` 0 answers the live cooldown's end, 0 if there is
-    /// none: the read of a cooldown.
+    /// Extend a cooldown to end at least `for_ms` after now, now read on
+    /// the store's clock (so a replica's clock skew moves no cooldown):
+    /// its end becomes `max(existing, now + for_ms)`, where an existing end
+    /// beyond `now + max_ms` counts as `now + max_ms` (and `for_ms` is
+    /// capped at `max_ms` too). Answers the cooldown's end after the change
+    /// on the store's clock, 0 if none runs; `for_ms` 0 is the read of a
+    /// cooldown.
     fn extend_cooldown(
         &self,
         key: &str,
-        until_ms: u64,
+        for_ms: u64,
+        max_ms: u64,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// The AIMD state of a provider key (SPEC §5). With `throttled`, a

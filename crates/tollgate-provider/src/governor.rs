@@ -306,6 +306,7 @@ impl<S: Store> ProviderGovernor<S> {
         let cooldown = CooldownCheck {
             key: &p.keys.cooldown,
             max_wait_ms,
+            max_ms: p.max_cooldown_ms,
         };
         // Fair sharing (SPEC §5): the pool's requests rate as effective now
         // paces the key's virtual clock; the pool's requests bucket is the
@@ -404,8 +405,11 @@ impl<S: Store> ProviderGovernor<S> {
     }
 
     async fn status_of(&self, p: &Provider) -> Result<ProviderStatus, ProviderError> {
-        // An end of 0 changes nothing and answers the live end: a read.
-        let until = self.store.extend_cooldown(&p.keys.cooldown, 0).await?;
+        // Extending by 0 changes nothing and answers the live end: a read.
+        let until = self
+            .store
+            .extend_cooldown(&p.keys.cooldown, 0, p.max_cooldown_ms)
+            .await?;
         let effective_permille = self.store.aimd(&p.keys.aimd, p.aimd, false).await?;
         let now = self.clock.now_ms();
         let exhausted = self
@@ -592,9 +596,11 @@ impl<S: Store> ProviderGovernor<S> {
         match &feedback {
             Feedback::Throttled { retry_after_ms, .. } => {
                 if let Some(hint) = retry_after_ms.filter(|h| *h > 0) {
+                    // The hint as a duration: the store ends it on its own
+                    // clock, so this replica's skew moves nothing.
                     let until = self
                         .store
-                        .extend_cooldown(&p.keys.cooldown, now.saturating_add(hint))
+                        .extend_cooldown(&p.keys.cooldown, hint, p.max_cooldown_ms)
                         .await?;
                     out.cooldown_until_ms = Some(until);
                 }

@@ -89,6 +89,7 @@ async fn permit(store: &RedisStore, tenant: usize, fair: bool) -> bool {
     let cooldown = Some(CooldownCheck {
         key: "{b:m}:cooldown",
         max_wait_ms: 4_000,
+        max_ms: 300_000,
     });
     let r = if fair {
         let takes = [take("{b:m}:rpm")];

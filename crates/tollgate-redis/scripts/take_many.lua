@@ -9,7 +9,9 @@
 --   cooldown (0/1), cooldown max wait ms; then per bucket i, six from byte
 --   33 + 48*(i-1): amount, period_ms, capacity scaled, cost, max wait ms,
 --   exceeds (0/1)
---   exceeds: 1 exceeds at its max wait, 2 only without a wait, 0 fits
+--   exceeds: 1 exceeds at its max wait, 2 only without a wait, 0 fits;
+--   then, with a cooldown, its max ms (byte 33 + 48n): a stored end past
+--   now + max counts as now + max
 -- With ARGV[2] (take_many_fair: fair sharing, SPEC §5, core's fair.rs
 -- restated): ARGV[2] packs doubles amount, period_ms, capacity (the pool's
 -- requests rate as effective now), window_ms, the weights' version (a hash
@@ -237,6 +239,8 @@ if has_cd == 1 then
   local untl = tonumber(redis.call('GET', KEYS[n + 1])) or 0
   local remaining = untl - now
   if remaining < 0 then remaining = 0 end
+  local cd_max = struct.unpack('<d', ARGV[1], 33 + 48 * n)
+  if remaining > cd_max then remaining = cd_max end
   if remaining > cd_wait then
     local h = remaining - cd_wait
     if not refused_h or h > refused_h then refused_i, refused_h = 0, h end

@@ -103,6 +103,8 @@ const CLAIMED: [&str; 4] = ["c0", "c1", "c:{2}%", "c3"];
 const HOLDERS: [&str; 3] = ["h0", "h1", "h2"];
 const BUCKETS: [&str; 2] = ["{p}:a", "{p}:b"];
 const COOLDOWN: &str = "{p}:cd";
+/// The cooldown ceiling permits read it under (extensions draw theirs).
+const COOLDOWN_MAX_MS: u64 = 60_000;
 /// A provider key's fair-sharing state, and the tenants permits name.
 const FAIR: &str = "{p}:fair";
 /// (The last is held under `{others}`: a control character.)
@@ -171,13 +173,11 @@ enum Rid {
     },
 }
 
-/// The end of a cooldown.
+/// A cooldown's extension: how long from now, and the key's ceiling.
 #[derive(Debug, Clone, Copy)]
-enum Until {
-    /// `now + ms` (negative: in the past).
-    Rel(i64),
-    Zero,
-    Max,
+struct Until {
+    for_ms: u64,
+    max_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -455,11 +455,15 @@ fn fence_offset() -> impl Strategy<Value = i8> {
 }
 
 fn until() -> impl Strategy<Value = Until> {
-    prop_oneof![
-        8 => (-10_000i64..=200_000).prop_map(Until::Rel),
-        1 => Just(Until::Zero),
-        1 => Just(Until::Max),
-    ]
+    (
+        prop_oneof![
+            8 => 0u64..=200_000,
+            1 => Just(0u64),
+            1 => Just(u64::MAX),
+        ],
+        prop_oneof![Just(10_000u64), Just(COOLDOWN_MAX_MS), Just(86_400_000)],
+    )
+        .prop_map(|(for_ms, max_ms)| Until { for_ms, max_ms })
 }
 
 fn take_op() -> impl Strategy<Value = TakeOp> {
@@ -1227,18 +1231,10 @@ impl Run<'_> {
                 );
                 let _ = self.same(what, m, r)?;
             }
-            Op::ExtendCooldown(until) => {
-                let until = match until {
-                    Until::Rel(ms) => now.saturating_add_signed(ms),
-                    Until::Zero => 0,
-                    // Not past 2^53: Redis keeps the end as a Lua number and
-                    // clamps a later one to 2^53, answering 2^53 where memory
-                    // answers the value given (and later retry hints differ).
-                    Until::Max => 1 << 53,
-                };
-                let m = self.mem.extend_cooldown(COOLDOWN, until).await;
-                let r = self.redis.extend_cooldown(COOLDOWN, until).await;
-                self.same(format!("extend_cooldown({until})"), m, r)?;
+            Op::ExtendCooldown(Until { for_ms, max_ms }) => {
+                let m = self.mem.extend_cooldown(COOLDOWN, for_ms, max_ms).await;
+                let r = self.redis.extend_cooldown(COOLDOWN, for_ms, max_ms).await;
+                self.same(format!("extend_cooldown({for_ms}, {max_ms})"), m, r)?;
             }
             Op::Aimd { throttled } => {
                 let p = AimdParams::default();
@@ -1606,6 +1602,7 @@ fn bucket_takes(
     let cooldown = cooldown.map(|w| CooldownCheck {
         key: COOLDOWN,
         max_wait_ms: w.resolve(10_000, u64::MAX),
+        max_ms: COOLDOWN_MAX_MS,
     });
     (takes, cooldown)
 }

@@ -252,15 +252,20 @@ async fn fail_open_decides_locally_at_the_scaled_rate() {
     // So does an operator's clear of a provider key: cleared only here, the
     // fleet's cooldown would stay while the operator was told it was gone.
     let (cd, aimd) = ("{p:m}:cooldown", "{p:m}:aimd");
-    let far = tollgate_testkit::T0 + 10_000_000;
-    assert_eq!(store.extend_cooldown(cd, far).await.unwrap(), far, "local");
+    let day = 86_400_000;
+    let far = tollgate_core::Clock::now_ms(&clock) + 10_000_000;
+    assert_eq!(
+        store.extend_cooldown(cd, 10_000_000, day).await.unwrap(),
+        far,
+        "local"
+    );
     let e = store
         .clear_provider(cd, aimd, AimdParams::default())
         .await
         .expect_err("fails closed");
     assert!(e.is_transient(), "{e}");
     assert_eq!(
-        store.extend_cooldown(cd, 0).await.unwrap(),
+        store.extend_cooldown(cd, 0, day).await.unwrap(),
         far,
         "nothing cleared"
     );
@@ -297,7 +302,7 @@ async fn fail_open_decides_locally_at_the_scaled_rate() {
     assert_eq!(cleared.cooldown_until_ms, None, "Redis restarted empty");
     server.stop();
     assert_eq!(
-        store.extend_cooldown(cd, 0).await.unwrap(),
+        store.extend_cooldown(cd, 0, day).await.unwrap(),
         0,
         "local, cleared"
     );

@@ -71,6 +71,7 @@ macro_rules! for_each_scenario {
             abandoned_wait_is_refunded,
             take_many_all_or_nothing,
             cooldown,
+            cooldown_is_a_duration_capped_when_read,
             aimd_halves_once_and_recovers,
             clear_provider,
             provider_governor_example,

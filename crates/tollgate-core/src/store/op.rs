@@ -140,14 +140,17 @@ pub struct FairCheck<'a> {
     pub take: crate::fair::FairTake<'a>,
 }
 
-/// Sets a cooldown to `max(existing, until_ms)` (see
-/// [`Backend::extend_cooldown`]).
+/// Extends a cooldown to at least `for_ms` from now on the store's clock
+/// (see [`Backend::extend_cooldown`]).
 #[derive(Debug, Clone, Copy)]
 pub struct ExtendCooldown<'a> {
     /// The cooldown's key.
     pub key: &'a str,
-    /// Its new end, ms (0: a read).
-    pub until_ms: u64,
+    /// How long it runs from now at least, ms (0: a read).
+    pub for_ms: u64,
+    /// The longest a cooldown of this key may run from now, ms: a stored
+    /// one reaching further counts as ending then.
+    pub max_ms: u64,
 }
 
 /// Reads or records a 429 in a provider key's AIMD state (see
@@ -468,7 +471,7 @@ op!(ReadUser<'_> => UserState, "user_state", Fallback,
     });
 });
 op!(ExtendCooldown<'_> => u64, "extend_cooldown", Fallback,
-    |b, r| b.extend_cooldown(r.key, r.until_ms));
+    |b, r| b.extend_cooldown(r.key, r.for_ms, r.max_ms));
 op!(Aimd<'_> => u32, "aimd", Fallback,
     |b, r| b.aimd(r.key, r.params, r.throttled));
 op!(ReadFair<'_> => Option<crate::fair::FairState>, "read_fair", Fallback, |b, r| b.read_fair(r.key));

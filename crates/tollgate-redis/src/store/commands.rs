@@ -275,11 +275,18 @@ impl Backend for RedisStore {
         Ok(TakeOutcome::new(take, &req.spec, level))
     }
 
-    async fn extend_cooldown(&self, key: &str, until_ms: u64) -> Result<u64, StoreError> {
+    async fn extend_cooldown(
+        &self,
+        key: &str,
+        for_ms: u64,
+        max_ms: u64,
+    ) -> Result<u64, StoreError> {
         let mut inv = self.inner.scripts.extend_cooldown.prepare_invoke();
+        // Durations within 2^50 ms keep now + them exact in a double.
         inv.key(self.inner.keys.named(key))
             .arg(self.now_arg())
-            .arg(lua_count(until_ms));
+            .arg(for_ms.min(1 << 50))
+            .arg(max_ms.min(1 << 50));
         let r: i64 = self.run("extend_cooldown", &inv).await?;
         Ok(u(r))
     }

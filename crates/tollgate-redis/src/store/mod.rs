@@ -608,6 +608,9 @@ impl RedisStore {
                 .push(max_wait)
                 .push(exceeds);
         }
+        if let Some(c) = cooldown {
+            args.push(c.max_ms.min(1 << 50));
+        }
         inv.arg(args.0);
         if let Some(f) = fair {
             let t = &f.take;

@@ -48,7 +48,10 @@ pub use leases::{
     both_limits_fail, idempotent_admission, reclaimed_leases_are_counted, release_and_renew_by_id,
     renew_never_shortens, run_records_are_bounded,
 };
-pub use provider_state::{aimd_halves_once_and_recovers, clear_provider, cooldown};
+pub use provider_state::{
+    aimd_halves_once_and_recovers, clear_provider, cooldown,
+    cooldown_is_a_duration_capped_when_read,
+};
 pub use providers::{
     provider_aimd_under_a_burst_of_429s, provider_bad_hint_is_clamped_and_cleared,
     provider_cooldown_is_shared, provider_governor_example, provider_tenant_shares_isolate,

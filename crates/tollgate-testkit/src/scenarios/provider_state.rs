@@ -37,6 +37,9 @@ pub async fn aimd_halves_once_and_recovers<S: Store + Clone>(store: S, clock: Fa
     assert_eq!(s.aimd(k, p, false).await.unwrap(), 1_000);
 }
 
+/// The longest cooldown the scenarios allow (the config's ceiling: a day).
+const MAX: u64 = 86_400_000;
+
 /// A cooldown only grows; permits wait it out (block) or are refused with
 /// the cooldown named, taking nothing.
 pub async fn cooldown<S: Store + Clone>(store: S, clock: FakeClock) {
@@ -44,13 +47,13 @@ pub async fn cooldown<S: Store + Clone>(store: S, clock: FakeClock) {
     let now = clock.now_ms();
     let spec = BucketSpec::new(10, 1_000, 60).unwrap();
     assert_eq!(
-        s.extend_cooldown("{p}:cd", now + 5_000).await.unwrap(),
+        s.extend_cooldown("{p}:cd", 5_000, MAX).await.unwrap(),
         now + 5_000
     );
     assert_eq!(
-        s.extend_cooldown("{p}:cd", now + 1_000).await.unwrap(),
+        s.extend_cooldown("{p}:cd", 1_000, MAX).await.unwrap(),
         now + 5_000,
-        "until = max(existing, new)"
+        "until = max(existing, now + for)"
     );
     let rpm = |max_wait_ms| BucketTake {
         key: "{p}:rpm",
@@ -62,6 +65,7 @@ pub async fn cooldown<S: Store + Clone>(store: S, clock: FakeClock) {
         Some(CooldownCheck {
             key: "{p}:cd",
             max_wait_ms,
+            max_ms: MAX,
         })
     };
     assert_eq!(
@@ -95,21 +99,24 @@ pub async fn clear_provider<S: Store + Clone>(store: S, clock: FakeClock) {
     let p = AimdParams::default();
     let (cd, aimd) = ("{prov:m}:cooldown", "{prov:m}:aimd");
     let now = clock.now_ms();
-    assert_eq!(s.extend_cooldown(cd, 0).await.unwrap(), 0, "none: reads 0");
     assert_eq!(
-        s.extend_cooldown(cd, now + 5_000).await.unwrap(),
+        s.extend_cooldown(cd, 0, MAX).await.unwrap(),
+        0,
+        "none: reads 0"
+    );
+    assert_eq!(
+        s.extend_cooldown(cd, 5_000, MAX).await.unwrap(),
         now + 5_000
     );
     assert_eq!(
-        s.extend_cooldown(cd, 0).await.unwrap(),
+        s.extend_cooldown(cd, 0, MAX).await.unwrap(),
         now + 5_000,
-        "an end of 0 reads the cooldown"
+        "extending by 0 reads the cooldown"
     );
-    assert_eq!(s.extend_cooldown(cd, now).await.unwrap(), now + 5_000);
     assert_eq!(s.aimd(aimd, p, true).await.unwrap(), 500);
     // Another provider key, and a bucket of this one.
     let other = "{prov:other}:cooldown";
-    s.extend_cooldown(other, now + 9_000).await.unwrap();
+    s.extend_cooldown(other, 9_000, MAX).await.unwrap();
     let spec = BucketSpec::new(1, 1_000, 10).unwrap();
     let rpm = |cost| BucketTake {
         key: "{prov:m}:rpm",
@@ -121,6 +128,7 @@ pub async fn clear_provider<S: Store + Clone>(store: S, clock: FakeClock) {
         Some(CooldownCheck {
             key: cd,
             max_wait_ms,
+            max_ms: MAX,
         })
     };
     assert_eq!(
@@ -135,9 +143,9 @@ pub async fn clear_provider<S: Store + Clone>(store: S, clock: FakeClock) {
             effective_permille: 500
         }
     );
-    assert_eq!(s.extend_cooldown(cd, 0).await.unwrap(), 0, "cleared");
+    assert_eq!(s.extend_cooldown(cd, 0, MAX).await.unwrap(), 0, "cleared");
     assert_eq!(s.aimd(aimd, p, false).await.unwrap(), 1_000, "full rate");
-    assert_eq!(s.extend_cooldown(other, 0).await.unwrap(), now + 9_000);
+    assert_eq!(s.extend_cooldown(other, 0, MAX).await.unwrap(), now + 9_000);
     assert_eq!(
         s.take_many(&[rpm(10)], cooldown(0)).await.unwrap(),
         MultiTake::Refused {
@@ -171,8 +179,7 @@ pub async fn clear_provider<S: Store + Clone>(store: S, clock: FakeClock) {
         "nothing left to clear"
     );
     // A cooldown that has passed is none.
-    let now = clock.now_ms();
-    s.extend_cooldown(cd, now + 100).await.unwrap();
+    s.extend_cooldown(cd, 100, MAX).await.unwrap();
     clock.advance(100);
     assert_eq!(
         s.clear_provider(cd, aimd, p)
@@ -180,5 +187,63 @@ pub async fn clear_provider<S: Store + Clone>(store: S, clock: FakeClock) {
             .unwrap()
             .cooldown_until_ms,
         None
+    );
+}
+
+/// A cooldown's length is the store's business (SPEC §5): it is set as a
+/// duration from the store's own now, and an end stored further than the
+/// key's ceiling (a ceiling lowered by a reload, or an end written before
+/// this rule) counts as ending at the ceiling, for reads and for permits.
+pub async fn cooldown_is_a_duration_capped_when_read<S: Store + Clone>(store: S, clock: FakeClock) {
+    let s = &store;
+    let now = clock.now_ms();
+    let cd = "{cap:m}:cd";
+    assert_eq!(
+        s.extend_cooldown(cd, 60_000, MAX).await.unwrap(),
+        now + 60_000
+    );
+    // Read under a ceiling of 10 s: it ends at the ceiling (and stays so).
+    assert_eq!(
+        s.extend_cooldown(cd, 0, 10_000).await.unwrap(),
+        now + 10_000
+    );
+    assert_eq!(s.extend_cooldown(cd, 0, MAX).await.unwrap(), now + 10_000);
+    // A hint longer than the ceiling is the ceiling.
+    assert_eq!(
+        s.extend_cooldown(cd, 3_600_000, 20_000).await.unwrap(),
+        now + 20_000
+    );
+    // A permit waits at most the ceiling for a cooldown stored longer.
+    assert_eq!(
+        s.extend_cooldown(cd, 50_000, MAX).await.unwrap(),
+        now + 50_000
+    );
+    let spec = BucketSpec::new(10, 1_000, 60).unwrap();
+    let rpm = BucketTake {
+        key: "{cap:m}:rpm",
+        spec,
+        cost: 1,
+        max_wait_ms: 0,
+    };
+    let check = |max_ms| {
+        Some(CooldownCheck {
+            key: cd,
+            max_wait_ms: 0,
+            max_ms,
+        })
+    };
+    assert_eq!(
+        s.take_many(&[rpm], check(5_000)).await.unwrap(),
+        MultiTake::Refused {
+            index: None,
+            retry_after_ms: 5_000
+        }
+    );
+    assert_eq!(
+        s.take_many(&[rpm], check(MAX)).await.unwrap(),
+        MultiTake::Refused {
+            index: None,
+            retry_after_ms: 50_000
+        }
     );
 }

@@ -345,9 +345,14 @@ impl super::Backend for MemoryStore {
         self.room("take_one", || self.take_one_now(req))
     }
 
-    async fn extend_cooldown(&self, key: &str, until_ms: u64) -> Result<u64, StoreError> {
+    async fn extend_cooldown(
+        &self,
+        key: &str,
+        for_ms: u64,
+        max_ms: u64,
+    ) -> Result<u64, StoreError> {
         self.room("extend_cooldown", || {
-            self.extend_cooldown_now(key, until_ms)
+            self.extend_cooldown_now(key, for_ms, max_ms)
         })
     }
 

@@ -160,7 +160,7 @@ impl MemoryStore {
         let cooldown = match cooldown {
             Some(c) => Some(Cooldown {
                 until_ms: locked.with(takes.len(), now, |e| match *e {
-                    KeyEntry::Cooldown(u) => u,
+                    KeyEntry::Cooldown(u) => u.min(now.saturating_add(c.max_ms)),
                     _ => 0,
                 })?,
                 max_wait_ms: c.max_wait_ms,
@@ -221,7 +221,7 @@ impl MemoryStore {
         let cooldown = match cooldown {
             Some(c) => Some(Cooldown {
                 until_ms: locked.with(takes.len(), now, |e| match *e {
-                    KeyEntry::Cooldown(u) => u,
+                    KeyEntry::Cooldown(u) => u.min(now.saturating_add(c.max_ms)),
                     _ => 0,
                 })?,
                 max_wait_ms: if immediate { 0 } else { c.max_wait_ms },
@@ -256,21 +256,29 @@ impl MemoryStore {
         }
     }
 
-    pub(super) fn extend_cooldown_now(&self, key: &str, until_ms: u64) -> Result<u64, Full> {
+    pub(super) fn extend_cooldown_now(
+        &self,
+        key: &str,
+        for_ms: u64,
+        max_ms: u64,
+    ) -> Result<u64, Full> {
         let now = self.now();
+        let cap = now.saturating_add(max_ms).min(MAX_SCALED as u64);
         self.inner.keys.with(key, now, |e| {
-            // As the Redis script: a cooldown that has passed counts as none.
+            // As the Redis script: a cooldown that has passed counts as
+            // none, one past the cap as ending at the cap.
             let current = match *e {
-                KeyEntry::Cooldown(u) if u > now => u,
+                KeyEntry::Cooldown(u) if u > now => u.min(cap),
                 _ => 0,
             };
-            let until = current.max(until_ms.min(MAX_SCALED as u64));
-            *e = if until > now {
-                KeyEntry::Cooldown(until)
+            let until = current.max(now.saturating_add(for_ms.min(max_ms)).min(cap));
+            if until > now {
+                *e = KeyEntry::Cooldown(until);
+                until
             } else {
-                KeyEntry::Empty
-            };
-            until
+                *e = KeyEntry::Empty;
+                0
+            }
         })
     }
 
