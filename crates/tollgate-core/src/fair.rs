@@ -193,14 +193,23 @@ fn advance(state: &mut FairState, req: &FairTake<'_>, now: u64) {
     }
 }
 
-/// Decides `req`'s gate at `now` (SPEC §5, *Fair sharing*) from `state`
-/// (the saved state, or the default for none).
-pub fn decide(state: &FairState, req: &FairTake<'_>, now: u64) -> FairDecision {
+/// `state` at `now`, and the time from which a tenant seen is active: the
+/// clock advanced, and the tenants neither active nor ahead of it
+/// forgotten.
+fn settled(state: &FairState, req: &FairTake<'_>, now: u64) -> (FairState, u64) {
     let mut s = state.clone();
     advance(&mut s, req, now);
     let since = now.saturating_sub(req.window_ms);
     let v = s.v;
     s.tenants.retain(|_, e| e.seen_ms >= since || e.finish > v);
+    (s, since)
+}
+
+/// Decides `req`'s gate at `now` (SPEC §5, *Fair sharing*) from `state`
+/// (the saved state, or the default for none).
+pub fn decide(state: &FairState, req: &FairTake<'_>, now: u64) -> FairDecision {
+    let (s, since) = settled(state, req, now);
+    let v = s.v;
     let tenant = held_name(req.tenant);
     let entry = if req.configured(tenant)
         || s.tenants.contains_key(tenant)
@@ -303,11 +312,8 @@ pub struct TenantView {
 /// The tenants `state` holds at `now` (the clock advanced as a permit
 /// would, nothing saved), by name.
 pub fn view(state: &FairState, req: &FairTake<'_>, now: u64) -> Vec<TenantView> {
-    let mut s = state.clone();
-    advance(&mut s, req, now);
-    let since = now.saturating_sub(req.window_ms);
+    let (s, since) = settled(state, req, now);
     let v = s.v;
-    s.tenants.retain(|_, e| e.seen_ms >= since || e.finish > v);
     let ahead: f64 = s
         .tenants
         .iter()

@@ -1540,6 +1540,23 @@ async fn run_case(case: &Case) -> Result<(), TestCaseError> {
     run.ttl_floor(&all).await
 }
 
+/// A memory store and a Redis store (a key prefix of its own), each on a
+/// fake clock of its own at `T0`.
+async fn side_by_side() -> (MemoryStore, FakeClock, RedisStore, FakeClock) {
+    let mem_clock = FakeClock::new(T0);
+    let mem = MemoryStore::new(mem_clock.clone());
+    let clock = FakeClock::new(T0);
+    let redis = RedisStore::connect(
+        RedisConfig::standalone(shared_url())
+            .with_key_prefix(unique_prefix())
+            .with_op_timeout(Duration::from_secs(2)),
+    )
+    .await
+    .expect("redis")
+    .with_clock_override(clock.clone());
+    (mem, mem_clock, redis, clock)
+}
+
 /// Fair sharing's loads (SPEC §5: 3:1 backlogged, a light tenant beside a
 /// heavy one, three tenants, a tenant back from idle) through the governor
 /// on the memory store and on Redis, side by side on one fake clock each:
@@ -1561,17 +1578,7 @@ fn fair_loads_answer_as_memory() {
     ];
     runtime().block_on(async {
         for offers in &loads {
-            let mem_clock = FakeClock::new(T0);
-            let mem = MemoryStore::new(mem_clock.clone());
-            let clock = FakeClock::new(T0);
-            let redis = RedisStore::connect(
-                RedisConfig::standalone(shared_url())
-                    .with_key_prefix(unique_prefix())
-                    .with_op_timeout(Duration::from_secs(2)),
-            )
-            .await
-            .expect("redis")
-            .with_clock_override(clock.clone());
+            let (mem, mem_clock, redis, clock) = side_by_side().await;
             let m = Load::run(mem, &mem_clock, offers, Sharing::Weights, 30_000).await;
             let r = Load::run(redis, &clock, offers, Sharing::Weights, 30_000).await;
             assert_eq!(m.tenants, r.tenants, "{offers:?}");
@@ -1687,17 +1694,7 @@ fn fair_run() -> impl Strategy<Value = FairRun> {
 const FAIR_NAMES: [&str; 5] = ["a", "b", "c", "{none}", "d\u{7f}"];
 
 async fn fair_run_case(run: &FairRun) -> Result<(), TestCaseError> {
-    let mem_clock = FakeClock::new(T0);
-    let mem = MemoryStore::new(mem_clock.clone());
-    let clock = FakeClock::new(T0);
-    let redis = RedisStore::connect(
-        RedisConfig::standalone(shared_url())
-            .with_key_prefix(unique_prefix())
-            .with_op_timeout(Duration::from_secs(2)),
-    )
-    .await
-    .expect("redis")
-    .with_clock_override(clock.clone());
+    let (mem, mem_clock, redis, clock) = side_by_side().await;
     let configured: Vec<(&str, u32)> = FAIR_NAMES
         .iter()
         .zip(run.weights)

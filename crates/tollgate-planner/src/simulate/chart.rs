@@ -230,108 +230,73 @@ impl ChartRecorder {
             let root = root
                 .titled(title, ("sans-serif", 22))
                 .map_err(|e| e.to_string())?;
-            let panel = if self.tenants.is_empty() {
+            let panel_h = if self.tenants.is_empty() {
                 size.1 as i32 / 2 - 20
             } else {
                 size.1 as i32 / 3 - 14
             };
-            let (top, rest) = root.split_vertically(panel);
+            let (top, rest) = root.split_vertically(panel_h);
             let (middle, bottom) = if self.tenants.is_empty() {
                 (None, rest)
             } else {
-                let (m, b) = rest.split_vertically(panel);
+                let (m, b) = rest.split_vertically(panel_h);
                 (Some(m), b)
             };
 
-            let mut chart = ChartBuilder::on(&top)
-                .caption(
-                    format!(
-                        "Decisions per second by outcome ({} s bins)",
-                        self.bin_ms / 1_000
-                    ),
-                    ("sans-serif", 18),
-                )
-                .margin(12)
-                .x_label_area_size(40)
-                .y_label_area_size(70)
-                .build_cartesian_2d(0.0..x_max, 0.0..(rate_max * 1.1).max(1.0))
-                .map_err(|e| e.to_string())?;
-            chart
-                .configure_mesh()
-                .x_desc(format!("time ({unit})"))
-                .y_desc("decisions/s")
-                .y_label_formatter(&|v| format_number(*v))
-                .draw()
-                .map_err(|e| e.to_string())?;
-            for (i, (_, name, colour)) in OUTCOMES.iter().enumerate() {
-                let colour = *colour;
-                let points = self.decisions.iter().enumerate().map(|(b, counts)| {
-                    let mid = (b as f64 + 0.5) * self.bin_ms as f64 / unit_ms;
-                    (mid, counts[i] as f64 / covered_s(b))
+            let x = (x_max, format!("time ({unit})"));
+            let mid = |b: usize| (b as f64 + 0.5) * self.bin_ms as f64 / unit_ms;
+            let outcomes = OUTCOMES
+                .iter()
+                .enumerate()
+                .map(|(i, (_, name, colour))| Line {
+                    label: (*name).to_owned(),
+                    colour: *colour,
+                    points: self
+                        .decisions
+                        .iter()
+                        .enumerate()
+                        .map(|(b, counts)| (mid(b), counts[i] as f64 / covered_s(b)))
+                        .collect(),
                 });
-                chart
-                    .draw_series(LineSeries::new(points, colour.stroke_width(2)))
-                    .map_err(|e| e.to_string())?
-                    .label(*name)
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 18, y)], colour.stroke_width(2))
-                    });
-            }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .draw()
-                .map_err(|e| e.to_string())?;
+            panel(
+                &top,
+                &format!(
+                    "Decisions per second by outcome ({} s bins)",
+                    self.bin_ms / 1_000
+                ),
+                &x,
+                (0.0, (rate_max * 1.1).max(1.0), "decisions/s"),
+                SeriesLabelPosition::UpperRight,
+                outcomes.collect(),
+            )?;
 
             if let Some(middle) = middle {
-                let tenant_max = self
+                let lines: Vec<Line> = self
                     .tenants
                     .iter()
-                    .flat_map(|(_, bins)| {
-                        bins.iter()
+                    .zip(TENANT_COLOURS)
+                    .map(|((label, bins), colour)| Line {
+                        label: label.clone(),
+                        colour,
+                        points: bins
+                            .iter()
                             .enumerate()
-                            .map(|(b, &c)| c as f64 / covered_s(b))
+                            .map(|(b, &c)| (mid(b), c as f64 / covered_s(b)))
+                            .collect(),
                     })
+                    .collect();
+                let top_rate = lines
+                    .iter()
+                    .flat_map(|l| l.points.iter().map(|p| p.1))
                     .fold(0.0f64, f64::max);
-                let mut chart = ChartBuilder::on(&middle)
-                    .caption(
-                        "Provider permits per second by tenant (by start)",
-                        ("sans-serif", 18),
-                    )
-                    .margin(12)
-                    .x_label_area_size(40)
-                    .y_label_area_size(70)
-                    .build_cartesian_2d(0.0..x_max, 0.0..(tenant_max * 1.1).max(1.0))
-                    .map_err(|e| e.to_string())?;
-                chart
-                    .configure_mesh()
-                    .x_desc(format!("time ({unit})"))
-                    .y_desc("permits/s")
-                    .y_label_formatter(&|v| format_number(*v))
-                    .draw()
-                    .map_err(|e| e.to_string())?;
-                for ((label, bins), colour) in self.tenants.iter().zip(TENANT_COLOURS) {
-                    let points = bins.iter().enumerate().map(|(b, &c)| {
-                        let mid = (b as f64 + 0.5) * self.bin_ms as f64 / unit_ms;
-                        (mid, c as f64 / covered_s(b))
-                    });
-                    chart
-                        .draw_series(LineSeries::new(points, colour.stroke_width(2)))
-                        .map_err(|e| e.to_string())?
-                        .label(label.as_str())
-                        .legend(move |(x, y)| {
-                            PathElement::new(vec![(x, y), (x + 18, y)], colour.stroke_width(2))
-                        });
-                }
-                chart
-                    .configure_series_labels()
-                    .position(SeriesLabelPosition::UpperRight)
-                    .background_style(WHITE.mix(0.85))
-                    .border_style(BLACK)
-                    .draw()
-                    .map_err(|e| e.to_string())?;
+                panel(
+                    &middle,
+                    "Provider permits per second by tenant (by start)",
+                    &x,
+                    (0.0, (top_rate * 1.1).max(1.0), "permits/s"),
+                    SeriesLabelPosition::UpperRight,
+                    lines,
+                )?;
             }
 
             let low = self
@@ -347,49 +312,90 @@ impl ChartRecorder {
                 .map(|u| u.tokens.capacity() as f64)
                 .fold(1.0f64, f64::max);
             let pad = (high - low) * 0.05;
-            let mut chart = ChartBuilder::on(&bottom)
-                .caption(
-                    "Token bucket level of the users hit hardest (lowest in each bin)",
-                    ("sans-serif", 18),
-                )
-                .margin(12)
-                .x_label_area_size(40)
-                .y_label_area_size(70)
-                .build_cartesian_2d(0.0..x_max, (low - pad)..(high + pad))
-                .map_err(|e| e.to_string())?;
-            chart
-                .configure_mesh()
-                .x_desc(format!("time ({unit})"))
-                .y_desc("tokens available")
-                .y_label_formatter(&|v| format_number(*v))
-                .draw()
-                .map_err(|e| e.to_string())?;
-            for (u, colour) in self.users.iter().zip(USER_COLOURS) {
-                let points = u.levels.iter().enumerate().map(|(b, &level)| {
-                    let end = (b as f64 + 1.0) * self.bin_ms as f64 / unit_ms;
-                    (end, level as f64)
-                });
-                chart
-                    .draw_series(LineSeries::new(points, colour.stroke_width(2)))
-                    .map_err(|e| e.to_string())?
-                    .label(format!("{} ({})", u.user, u.plan))
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 18, y)], colour.stroke_width(2))
-                    });
-            }
-            if !self.users.is_empty() {
-                chart
-                    .configure_series_labels()
-                    .position(SeriesLabelPosition::LowerRight)
-                    .background_style(WHITE.mix(0.85))
-                    .border_style(BLACK)
-                    .draw()
-                    .map_err(|e| e.to_string())?;
-            }
+            let users = self.users.iter().zip(USER_COLOURS).map(|(u, colour)| Line {
+                label: format!("{} ({})", u.user, u.plan),
+                colour,
+                points: u
+                    .levels
+                    .iter()
+                    .enumerate()
+                    .map(|(b, &level)| {
+                        (
+                            (b as f64 + 1.0) * self.bin_ms as f64 / unit_ms,
+                            level as f64,
+                        )
+                    })
+                    .collect(),
+            });
+            panel(
+                &bottom,
+                "Token bucket level of the users hit hardest (lowest in each bin)",
+                &x,
+                (low - pad, high + pad, "tokens available"),
+                SeriesLabelPosition::LowerRight,
+                users.collect(),
+            )?;
             root.present().map_err(|e| e.to_string())?;
         }
         Ok(svg)
     }
+}
+
+/// One line of a panel.
+struct Line {
+    label: String,
+    colour: RGBColor,
+    points: Vec<(f64, f64)>,
+}
+
+type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+
+/// Draws one panel: `caption`, time on x (`x`: its end and label), `y` (its
+/// low, high and label), and `lines` with a legend at `legend` (none
+/// without lines).
+fn panel(
+    area: &Area<'_>,
+    caption: &str,
+    x: &(f64, String),
+    y: (f64, f64, &str),
+    legend: SeriesLabelPosition,
+    lines: Vec<Line>,
+) -> Result<(), String> {
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..x.0, y.0..y.1)
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .x_desc(x.1.as_str())
+        .y_desc(y.2)
+        .y_label_formatter(&|v| format_number(*v))
+        .draw()
+        .map_err(|e| e.to_string())?;
+    let any = !lines.is_empty();
+    for line in lines {
+        let colour = line.colour;
+        chart
+            .draw_series(LineSeries::new(line.points, colour.stroke_width(2)))
+            .map_err(|e| e.to_string())?
+            .label(line.label)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], colour.stroke_width(2))
+            });
+    }
+    if any {
+        chart
+            .configure_series_labels()
+            .position(legend)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
