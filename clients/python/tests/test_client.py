@@ -342,6 +342,14 @@ def test_retries_are_bounded_and_only_for_503(flaky) -> None:
         with pytest.raises(StoreUnavailable):
             c.settle("1.r", 5)
     assert len(H.seen) == 1
+    # A top-up is retried with its request id, which the sidecar grants once.
+    H.seen.clear()
+    H.script = [UNAVAILABLE, (200, {}, {"budgets": []})]
+    with Client(url, token="t", admin_token="a", retry=RetryPolicy(base_ms=1)) as c:
+        assert c.admin_budget_top_up("u", "daily", tokens=5) == ()
+    assert len(H.seen) == 2
+    ids = {json.loads(b)["request_id"] for (_, _, b) in H.seen}
+    assert len(ids) == 1 and ids != {None}, ids
     # A permit is never retried (it is a take without a request id).
     H.seen.clear()
     H.script = [UNAVAILABLE, GRANT]
@@ -449,8 +457,10 @@ def test_budgets_refuse_and_the_admin_tops_up_and_resets(
             # 600 tokens at the higher price, $10 per million: 6,000 µ.
             assert (monthly.unit, monthly.currency, monthly.limit, monthly.spent) == (
                 "micros", "USD", 50_000_000, 6_000)
-            after = c.admin_budget_top_up("bud", "daily", tokens=500)
-            assert after[0].granted == 500 and after[0].spent == 600
+            # Repeated with its request id (a lost answer): granted once.
+            for _ in range(2):
+                after = c.admin_budget_top_up("bud", "daily", tokens=500, request_id="grant-1")
+                assert after[0].granted == 500 and after[0].spent == 600
             assert isinstance(c.reserve("r", 600, model="openai:gpt-4o"), tollgate.Reservation)
             with pytest.raises(tollgate.InvalidRequest) as e:
                 c.admin_budget_top_up("bud", "daily", cost="1.00")

@@ -567,7 +567,7 @@ impl<S: Store> Limiter<S> {
         &self,
         user: impl IntoId<'u>,
         period: crate::calendar::Period,
-        adjust: BudgetAdjust,
+        adjust: BudgetAdjust<'_>,
     ) -> Result<Vec<BudgetStatus>, LimiterError> {
         self.user(user)?.adjust_budget(period, adjust).await
     }
@@ -1070,12 +1070,17 @@ impl<'l, 'u, S: Store> ForUser<'l, 'u, S> {
     /// # Errors
     ///
     /// As [`budgets`](Self::budgets); [`LimiterError::InvalidRequest`]
-    /// (field `window`) when the user's plan has no such budget, or
-    /// (field `amount`) a top-up of 0 or past 2^53.
+    /// (field `window`) when the user's plan has no such budget, (field
+    /// `amount`) a top-up of 0 or past 2^53, or (field `request_id`) a
+    /// top-up's request id that breaks the id rule ([`crate::id`]).
+    ///
+    /// A top-up with a request id the store applied within
+    /// [`TOP_UP_ID_RETENTION_MS`](crate::spend::TOP_UP_ID_RETENTION_MS)
+    /// is not applied again: the budgets are answered as they are.
     pub async fn adjust_budget(
         &self,
         period: crate::calendar::Period,
-        adjust: BudgetAdjust,
+        adjust: BudgetAdjust<'_>,
     ) -> Result<Vec<BudgetStatus>, LimiterError> {
         let checks = self.budget_checks();
         if !checks.iter().any(|c| c.period == period) {
@@ -1087,13 +1092,17 @@ impl<'l, 'u, S: Store> ForUser<'l, 'u, S> {
                 ),
             ));
         }
-        if let BudgetAdjust::TopUp(n) = adjust
-            && !(1..=crate::spend::MAX_AMOUNT).contains(&n)
-        {
-            return Err(LimiterError::invalid(
-                "amount",
-                format!("must be more than 0 and at most 2^53 (got {n})"),
-            ));
+        if let BudgetAdjust::TopUp { amount, request_id } = adjust {
+            if !(1..=crate::spend::MAX_AMOUNT).contains(&amount) {
+                return Err(LimiterError::invalid(
+                    "amount",
+                    format!("must be more than 0 and at most 2^53 (got {amount})"),
+                ));
+            }
+            if let Some(id) = request_id {
+                crate::id::check_id(id)
+                    .map_err(|e| LimiterError::invalid("request_id", e.to_string()))?;
+            }
         }
         let spent = self
             .limiter

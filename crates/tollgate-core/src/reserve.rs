@@ -13,7 +13,7 @@
 
 use crate::bucket::{self, BucketSpec, BucketState, EXPIRY_GRACE_MS, MAX_SCALED, Take};
 use crate::decision::{Denial, Limit};
-use crate::spend::{Charged, Crossed, Spend};
+use crate::spend::{Charged, Crossed, Spend, TopUpIds};
 use crate::store::MAX_TRACKED_RUNS;
 use crate::store::{
     RESERVATION_RETENTION_MS, ReservationId, ReserveOutcome, ReserveRequest, SettleOutcome,
@@ -43,6 +43,8 @@ pub struct CallState {
     /// Spend per budget window, for a user whose plan has
     /// budgets.
     pub spend: Option<Box<Spend>>,
+    /// The request ids of the user's recent budget top-ups.
+    pub top_ups: Option<Box<TopUpIds>>,
 }
 
 /// An open reservation of a run.
@@ -144,6 +146,7 @@ impl CallState {
                     .as_ref()
                     .map_or(0, |s| s.expires_at().saturating_add(EXPIRY_GRACE_MS)),
             )
+            .max(self.top_ups.as_ref().map_or(0, |t| t.expires_at()))
     }
 
     /// The spend state, made on first use.

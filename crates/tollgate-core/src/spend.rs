@@ -134,12 +134,65 @@ pub fn threshold(limit: u64, percent: u8) -> u64 {
 /// An operator's change to one budget's current window (the admin
 /// endpoints).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BudgetAdjust {
+pub enum BudgetAdjust<'a> {
     /// Start the window afresh: nothing spent, no top-up, no threshold
     /// crossed.
     Reset,
-    /// Raise the window's limit by this much, for this window only.
-    TopUp(u64),
+    /// Raise the window's limit by `amount`, for this window only.
+    TopUp {
+        /// How much more the window may spend (tokens or micro-units).
+        amount: u64,
+        /// The top-up's id: a top-up whose id the store applied within
+        /// [`TOP_UP_ID_RETENTION_MS`] is not applied again (a retry after
+        /// a lost answer grants once). `None`: applied every time.
+        request_id: Option<&'a str>,
+    },
+}
+
+/// How long a store remembers a top-up's request id, ms (a day).
+pub const TOP_UP_ID_RETENTION_MS: u64 = 86_400_000;
+
+/// How many top-up request ids a store remembers per user: past it the
+/// oldest is forgotten first.
+pub const MAX_TOP_UP_IDS: usize = 256;
+
+/// The request ids of a user's recent top-ups, each with when it was
+/// applied (the store's clock): at most [`MAX_TOP_UP_IDS`], none older
+/// than [`TOP_UP_ID_RETENTION_MS`]. The Redis store keeps the same in a
+/// sorted set scored by that time (scripts/budget_spent.lua), and forgets
+/// in the same order: the least time first, of equal times the least id.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TopUpIds {
+    ids: Vec<(u64, Box<str>)>,
+}
+
+impl TopUpIds {
+    /// Records `id` as applied at `now` unless it already is (within
+    /// [`TOP_UP_ID_RETENTION_MS`]): `true` if it is new, so the top-up is
+    /// to be applied.
+    pub fn first(&mut self, id: &str, now: u64) -> bool {
+        self.ids
+            .retain(|(at, _)| at.saturating_add(TOP_UP_ID_RETENTION_MS) > now);
+        if self.ids.iter().any(|(_, i)| &**i == id) {
+            return false;
+        }
+        self.ids.push((now, id.into()));
+        if self.ids.len() > MAX_TOP_UP_IDS
+            && let Some(oldest) = (0..self.ids.len()).min_by(|a, b| self.ids[*a].cmp(&self.ids[*b]))
+        {
+            self.ids.swap_remove(oldest);
+        }
+        true
+    }
+
+    /// When the last id is forgotten (0: none held).
+    pub fn expires_at(&self) -> u64 {
+        self.ids
+            .iter()
+            .map(|(at, _)| at.saturating_add(TOP_UP_ID_RETENTION_MS))
+            .max()
+            .unwrap_or(0)
+    }
 }
 
 /// What a reservation charged one budget.
@@ -309,7 +362,9 @@ impl Spend {
 
     /// Applies an operator's `adjust` to `check`'s window at `now`, and
     /// answers that window after it.
-    pub fn adjust(&mut self, check: &BudgetCheck, now: u64, adjust: BudgetAdjust) -> SpentNow {
+    /// A top-up's request id is not looked at here: the store checks it
+    /// first ([`TopUpIds::first`]).
+    pub fn adjust(&mut self, check: &BudgetCheck, now: u64, adjust: BudgetAdjust<'_>) -> SpentNow {
         let w = check.window(now);
         let held = self.slot(check.period, check.unit, w).copied();
         let fresh = |epoch| Spent {
@@ -325,9 +380,9 @@ impl Spend {
             // moves this window's spend.
             (BudgetAdjust::Reset, Some(s)) => fresh(s.epoch + 1),
             (BudgetAdjust::Reset, None) => fresh(1),
-            (BudgetAdjust::TopUp(more), held) => {
+            (BudgetAdjust::TopUp { amount, .. }, held) => {
                 let mut s = held.unwrap_or(fresh(0));
-                s.granted = s.granted.saturating_add(more).min(MAX_AMOUNT);
+                s.granted = s.granted.saturating_add(amount).min(MAX_AMOUNT);
                 s
             }
         });

@@ -685,7 +685,7 @@ pub trait Store: Send + Sync + 'static {
         fn budget_spent(
             user: &'a str,
             checks: &'a [BudgetCheck],
-            adjust: Option<(Period, BudgetAdjust)>,
+            adjust: Option<(Period, BudgetAdjust<'a>)>,
         ) -> Vec<SpentNow>
             = BudgetSpent { user, checks, adjust };
         /// [`TopUsers`].
@@ -911,7 +911,7 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         user: &str,
         checks: &[BudgetCheck],
-        adjust: Option<(Period, BudgetAdjust)>,
+        adjust: Option<(Period, BudgetAdjust<'_>)>,
     ) -> impl Future<Output = Result<Vec<SpentNow>, StoreError>> + Send;
 
     /// The `n` users with the most tokens charged over the last minute.

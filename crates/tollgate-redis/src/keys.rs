@@ -78,6 +78,12 @@ impl Keys {
         self.user("bud", user)
     }
 
+    /// The request ids of a user's recent budget top-ups: a sorted set,
+    /// each id scored by when it was applied (scripts/budget_spent.lua).
+    pub(crate) fn top_ups(&self, user: &str) -> String {
+        self.user("topup", user)
+    }
+
     /// The run lease set of a user.
     pub(crate) fn leases(&self, user: &str) -> String {
         self.user("lease", user)

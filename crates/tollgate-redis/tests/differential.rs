@@ -94,6 +94,12 @@ use tollgate_testkit::T0;
 use tollgate_testkit::redis::{shared_url, unique_prefix};
 
 const USERS: [&str; 3] = ["u0", "u1", "u:{2}%"];
+
+/// A top-up's amount and the index of its request id in `TOP_UP_IDS`.
+type TopUpArgs = (Qty, Option<usize>);
+
+/// Top-up request ids: a repeat of one within a day grants nothing.
+const TOP_UP_IDS: [&str; 3] = ["top-1", "top-2", "top:{3} é"];
 const INVOCATIONS: [&str; 4] = ["i0", "i1", "i.2", "r:{3}"];
 /// Two plain session names and two grouped ones (group `g:{%`,
 /// `tollgate_core::store::grouped`), each the other's log in grouped writes.
@@ -256,11 +262,12 @@ enum Op {
     /// Clears the cooldown and the AIMD state together.
     ClearProvider,
     /// A user's budgets read, after an operator's reset or top-up of the
-    /// `period`-th (modulo their number) with `adjust`.
+    /// `period`-th (modulo their number) with `adjust` (a top-up: its
+    /// amount and the index of its request id in `TOP_UP_IDS`, if any).
     BudgetSpent {
         user: usize,
         budget: BudgetUse,
-        adjust: Option<(usize, Option<Qty>)>,
+        adjust: Option<(usize, Option<TopUpArgs>)>,
     },
     /// Counts a session against its user's cap.
     ClaimSession {
@@ -482,6 +489,8 @@ fn op() -> impl Strategy<Value = Op> {
         14 => (0u64..=5_000).prop_map(Op::Advance),
         1 => (60_000u64..=700_000).prop_map(Op::Advance),
         1 => (700_000u64..=4_000_000).prop_map(Op::Advance),
+        // About a day: top-up ids are forgotten after one.
+        1 => (86_300_000u64..=86_500_000).prop_map(Op::Advance),
         1 => (1u64..=5_000).prop_map(Op::StepBack),
         10 => (user(), invocation(), budget_use())
             .prop_map(|(user, invocation, budget)| Op::Admit { user, invocation, budget }),
@@ -605,7 +614,14 @@ fn op() -> impl Strategy<Value = Op> {
             budget_use().prop_filter_map("named budgets", |b| b),
             prop_oneof![
                 2 => Just(None),
-                1 => (0usize..3, prop_oneof![1 => Just(None), 3 => qty().prop_map(Some)]).prop_map(Some),
+                1 => (
+                    0usize..3,
+                    prop_oneof![
+                        1 => Just(None),
+                        3 => (qty(), proptest::option::of(0..TOP_UP_IDS.len())).prop_map(Some),
+                    ],
+                )
+                    .prop_map(Some),
             ],
         )
             .prop_map(|(user, budget, adjust)| Op::BudgetSpent { user, budget, adjust }),
@@ -1428,7 +1444,10 @@ impl Run<'_> {
                         c.period,
                         match top_up {
                             None => BudgetAdjust::Reset,
-                            Some(q) => BudgetAdjust::TopUp(q.resolve(2 * c.limit, 1 << 53)),
+                            Some((q, id)) => BudgetAdjust::TopUp {
+                                amount: q.resolve(2 * c.limit, 1 << 53),
+                                request_id: id.map(|i| TOP_UP_IDS[i]),
+                            },
                         },
                     ))
                 });
@@ -1795,4 +1814,130 @@ fn refused_take_of_a_missing_key_named_twice() {
     if let Err(e) = runtime().block_on(run_case(&case)) {
         panic!("{e}");
     }
+}
+
+/// One step of a run of budget top-ups: the clock moves `advance`, then
+/// `user` tops up its daily budget by `amount` under request id `id`
+/// (an index of `TOP_UP_IDS`; `None`: no id).
+#[derive(Debug, Clone)]
+struct TopUpStep {
+    advance: u64,
+    user: usize,
+    id: Option<usize>,
+    amount: u64,
+}
+
+fn top_up_run() -> impl Strategy<Value = Vec<TopUpStep>> {
+    let step = (
+        prop_oneof![
+            8 => 0u64..=5_000,
+            // Around the day an id is remembered.
+            2 => 86_399_990u64..=86_400_010,
+        ],
+        0..2usize,
+        proptest::option::weighted(0.9, 0..TOP_UP_IDS.len()),
+        1u64..=1_000,
+    )
+        .prop_map(|(advance, user, id, amount)| TopUpStep {
+            advance,
+            user,
+            id,
+            amount,
+        });
+    prop::collection::vec(step, 1..40)
+}
+
+/// A daily token budget of 10,000 around `now`.
+fn daily_check(now: u64) -> [BudgetCheck; 1] {
+    const DAY: u64 = 86_400_000;
+    let start = now - now % DAY;
+    [BudgetCheck {
+        period: Period::Daily,
+        unit: BudgetUnit::Tokens,
+        limit: 10_000,
+        current: Window {
+            start_ms: start,
+            end_ms: start + DAY,
+        },
+        next: Window {
+            start_ms: start + DAY,
+            end_ms: start + 2 * DAY,
+        },
+        fallback: false,
+    }]
+}
+
+async fn top_up_run_case(run: &[TopUpStep]) -> Result<(), TestCaseError> {
+    let (mem, mem_clock, redis, clock) = side_by_side().await;
+    for (i, s) in run.iter().enumerate() {
+        mem_clock.advance(s.advance);
+        clock.advance(s.advance);
+        let checks = daily_check(mem_clock.now_ms());
+        let adjust = Some((
+            Period::Daily,
+            BudgetAdjust::TopUp {
+                amount: s.amount,
+                request_id: s.id.map(|i| TOP_UP_IDS[i]),
+            },
+        ));
+        let u = USERS[s.user];
+        let m = mem.budget_spent(u, &checks, adjust).await;
+        let r = redis.budget_spent(u, &checks, adjust).await;
+        prop_assert_eq!(format!("{m:?}"), format!("{r:?}"), "step {}: {:?}", i, s);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: config().cases / 8, ..config() })]
+
+    /// Runs of top-ups, with and without request ids, some a day apart:
+    /// each answers the same in memory and in Redis (a repeat within the
+    /// day grants nothing, one after it grants again).
+    #[test]
+    fn top_ups_answer_as_memory(run in top_up_run()) {
+        runtime().block_on(top_up_run_case(&run))?;
+    }
+}
+
+/// More top-ups with ids than a store remembers, many at one instant:
+/// memory and Redis forget the same ones (the least time, then the least
+/// id), so the same repeats grant again.
+#[test]
+fn top_up_ids_are_forgotten_alike() {
+    runtime().block_on(async {
+        let (mem, mem_clock, redis, clock) = side_by_side().await;
+        let ids: Vec<String> = (0..300)
+            .map(|i| format!("id-{:03}", (i * 7) % 300))
+            .collect();
+        let mut answers = Vec::new();
+        for round in 0..2 {
+            for (n, id) in ids.iter().enumerate() {
+                if n % 100 == 0 {
+                    mem_clock.advance(1);
+                    clock.advance(1);
+                }
+                let checks = daily_check(mem_clock.now_ms());
+                let adjust = Some((
+                    Period::Daily,
+                    BudgetAdjust::TopUp {
+                        amount: 1,
+                        request_id: Some(id),
+                    },
+                ));
+                let m = mem.budget_spent("u0", &checks, adjust).await.expect("mem");
+                let r = redis
+                    .budget_spent("u0", &checks, adjust)
+                    .await
+                    .expect("redis");
+                assert_eq!(m, r, "round {round}, {id}");
+                answers.push(m[0].granted);
+            }
+        }
+        // The first round grants each of the 300; of the second, those
+        // forgotten (pushed out by later ones) grant again, not all.
+        assert_eq!(answers[299], 300);
+        let last = *answers.last().expect("answers");
+        assert!(last > 300 && last < 600, "{last}");
+    });
 }

@@ -767,22 +767,31 @@ async fn budget_alerts_top_ups_resets_and_shadow_mode() {
             (r.status(), r.json::<Value>().await.unwrap())
         }
     };
-    let (st, v) = top_up(json!({"tokens": 500})).await;
-    assert_eq!(st, StatusCode::OK, "{v}");
-    assert_eq!(v["budgets"][0]["granted"], 500);
-    assert_eq!(v["budgets"][0]["spent"], 10_000);
+    // Sent twice with one request id (a retry after a lost answer): one
+    // grant, both answers the budgets after it.
+    for _ in 0..2 {
+        let (st, v) = top_up(json!({"tokens": 500, "request_id": "grant-1"})).await;
+        assert_eq!(st, StatusCode::OK, "{v}");
+        assert_eq!(v["budgets"][0]["granted"], 500);
+        assert_eq!(v["budgets"][0]["spent"], 10_000);
+    }
     assert_eq!(
         s.reserve("cid", "r1", 501).await.0,
         StatusCode::TOO_MANY_REQUESTS
     );
     assert_eq!(s.reserve("cid", "r1", 500).await.0, StatusCode::OK);
-    assert_eq!(logs.lines("admin: budget window topped up").len(), 1);
+    let logged = logs.lines("admin: budget window topped up");
+    assert_eq!(logged.len(), 2, "{logged:?}");
+    assert!(logged[0].contains("grant-1"), "{logged:?}");
     // Wrong shapes and windows are the client's mistake.
     for (body, field) in [
         (json!({"cost": "1.00"}), "tokens"),
         (json!({"tokens": 0}), "amount"),
         (json!({"tokens": 1, "cost": "1"}), "tokens"),
         (json!({"tokenz": 1}), "body"),
+        (json!({"tokens": 1, "request_id": ""}), "request_id"),
+        (json!({"tokens": 1, "request_id": "a\nb"}), "request_id"),
+        (json!({"tokens": 1, "request_id": 7}), "body"),
     ] {
         let (st, v) = top_up(body.clone()).await;
         assert_eq!(st, StatusCode::BAD_REQUEST, "{body}: {v}");

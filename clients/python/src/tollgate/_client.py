@@ -246,12 +246,26 @@ class _Operations:
         return self._run(_ops.admin_budget_reset(user, window), None)
 
     def admin_budget_top_up(
-        self, user: str, window: str, *, tokens: Optional[int] = None, cost: Optional[str] = None
+        self,
+        user: str,
+        window: str,
+        *,
+        tokens: Optional[int] = None,
+        cost: Optional[str] = None,
+        request_id: Optional[str] = None,
     ) -> Any:
         """Grants a user's current ``window`` of that budget ``tokens`` (a
         token budget) or ``cost`` (a decimal string, a cost budget) more:
-        the user's budgets after it, a tuple of :class:`tollgate.BudgetView`."""
-        return self._run(_ops.admin_budget_top_up(user, window, tokens=tokens, cost=cost), None)
+        the user's budgets after it, a tuple of :class:`tollgate.BudgetView`.
+
+        The top-up carries ``request_id`` (a new UUID unless given): the
+        sidecar grants one id once within a day, so the client retries a
+        503 with it, and a caller that lost the answer may repeat the call
+        with the same id."""
+        return self._run(
+            _ops.admin_budget_top_up(user, window, tokens=tokens, cost=cost, request_id=request_id),
+            None,
+        )
 
     def admin_release_lease(self, user: str, invocation_id: str) -> Any:
         """Releases a user's run lease: :class:`tollgate.Released`."""

@@ -60,8 +60,8 @@ class Call:
         parse: Turns a 200 body into the result.
         body: The JSON body, if any.
         params: The query, if any.
-        retry_safe: A retry cannot take twice (every operation but a reserve
-            without a request id, which the clients never send).
+        retry_safe: Retried after a 503: a retry cannot take or grant
+            twice (reserves and top-ups carry request ids).
         admin: Sent with the admin token to the admin URL.
         extra_timeout_s: Time the sidecar may hold the request on purpose
             (a ``wait=true`` reservation or permit), added to the timeout.
@@ -408,10 +408,16 @@ def admin_budget_reset(user: str, window: str) -> Call:
 
 
 def admin_budget_top_up(
-    user: str, window: str, *, tokens: Optional[int] = None, cost: Optional[str] = None
+    user: str,
+    window: str,
+    *,
+    tokens: Optional[int] = None,
+    cost: Optional[str] = None,
+    request_id: Optional[str] = None,
 ) -> Call:
-    """``POST /admin/users/{user}/budgets/{window}/top_up``."""
-    body: dict[str, Any] = {}
+    """``POST /admin/users/{user}/budgets/{window}/top_up``, with a request
+    id (a new UUID unless given) so its retries grant once."""
+    body: dict[str, Any] = {"request_id": request_id or str(uuid.uuid4())}
     if tokens is not None:
         body["tokens"] = tokens
     if cost is not None:
@@ -422,8 +428,7 @@ def admin_budget_top_up(
         f"/admin/users/{_seg(user)}/budgets/{_seg(window)}/top_up",
         _budgets,
         body=body,
-        # A top-up adds: a retry of one that was applied would grant twice.
-        retry_safe=False,
+        # The sidecar applies one request id once (within a day).
         admin=True,
     )
 

@@ -398,3 +398,38 @@ fn crossings_name_their_period_and_threshold() {
     assert_eq!(got, [(Period::Daily, 100), (Period::Monthly, 80)]);
     assert!(Crossed::NONE.is_empty() && Crossed::NONE.iter(&[80]).next().is_none());
 }
+
+#[test]
+fn top_up_ids_are_first_once_within_a_day() {
+    let mut ids = TopUpIds::default();
+    assert!(ids.first("a", D0));
+    assert!(!ids.first("a", D0 + 1), "a repeat is not applied");
+    assert!(ids.first("b", D0 + 2));
+    assert_eq!(ids.expires_at(), D0 + 2 + TOP_UP_ID_RETENTION_MS);
+    assert!(
+        !ids.first("a", D0 + TOP_UP_ID_RETENTION_MS - 1),
+        "remembered for the whole retention"
+    );
+    assert!(
+        ids.first("a", D0 + TOP_UP_ID_RETENTION_MS),
+        "forgotten once it passed"
+    );
+    assert!(!ids.first("b", D0 + TOP_UP_ID_RETENTION_MS));
+}
+
+#[test]
+fn top_up_ids_forget_the_least_time_then_the_least_id() {
+    let mut ids = TopUpIds::default();
+    // Two at the first instant: "z" then "m"; the rest later.
+    assert!(ids.first("z", D0));
+    assert!(ids.first("m", D0));
+    for i in 2..MAX_TOP_UP_IDS {
+        assert!(ids.first(&format!("k{i}"), D0 + 1));
+    }
+    // One more: "m" (least id of the least time) goes, "z" stays.
+    assert!(ids.first("new", D0 + 2));
+    // m's return pushes out "z", now the oldest.
+    assert!(ids.first("m", D0 + 3), "m was forgotten");
+    assert!(ids.first("z", D0 + 4), "z was forgotten");
+    assert!(!ids.first("new", D0 + 5), "newer ids are kept");
+}

@@ -273,7 +273,7 @@ pub struct BudgetSpent<'a> {
     /// The budgets read.
     pub checks: &'a [BudgetCheck],
     /// An operator's change applied first.
-    pub adjust: Option<(Period, BudgetAdjust)>,
+    pub adjust: Option<(Period, BudgetAdjust<'a>)>,
 }
 
 /// The `n` users with the most tokens charged over the last minute.

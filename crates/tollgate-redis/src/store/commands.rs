@@ -480,7 +480,7 @@ impl Backend for RedisStore {
         &self,
         user: &str,
         checks: &[BudgetCheck],
-        adjust: Option<(Period, BudgetAdjust)>,
+        adjust: Option<(Period, BudgetAdjust<'_>)>,
     ) -> Result<Vec<SpentNow>, StoreError> {
         if checks.is_empty() {
             return Ok(Vec::new());
@@ -491,17 +491,24 @@ impl Backend for RedisStore {
             args.check(c, false);
         }
         let at = adjust.and_then(|(p, a)| Some((checks.iter().position(|c| c.period == p)?, a)));
+        let mut id = "";
         match at {
             None => args.push(0).push(0).push(0),
             Some((i, BudgetAdjust::Reset)) => args.push(1).push(i as u64).push(0),
-            Some((i, BudgetAdjust::TopUp(n))) => {
-                args.push(2).push(i as u64).push(n.min(spend::MAX_AMOUNT))
+            Some((i, BudgetAdjust::TopUp { amount, request_id })) => {
+                id = request_id.unwrap_or("");
+                args.push(2)
+                    .push(i as u64)
+                    .push(amount.min(spend::MAX_AMOUNT))
             }
         };
+        let k = &self.inner.keys;
         let mut inv = self.inner.scripts.budget_spent.prepare_invoke();
-        inv.key(self.inner.keys.spend(user))
+        inv.key(k.spend(user))
+            .key(k.top_ups(user))
             .arg(self.now_arg())
-            .arg(args.0);
+            .arg(args.0)
+            .arg(id);
         let r: Vec<u8> = self.run("budget_spent", &inv).await?;
         if r.len() != 16 * checks.len() {
             return Err(bad_reply("budget_spent", format!("{r:?}")));

@@ -199,6 +199,10 @@ struct TopUp {
     /// For a cost budget: a decimal string in the config's currency.
     #[serde(default)]
     cost: Option<String>,
+    /// The top-up's id: a repeat of one applied within a day is not
+    /// applied again.
+    #[serde(default)]
+    request_id: Option<String>,
 }
 
 /// `POST /admin/users/{id}/budgets/{window}/top_up` with `{"tokens": N}`
@@ -243,8 +247,11 @@ async fn budget_top_up<S: Store + Clone>(
         // No such budget: the limiter names it.
         (None, ..) => 0,
     };
-    let after = u.adjust_budget(period, BudgetAdjust::TopUp(amount)).await?;
-    tracing::info!(user = %id, window = %period, amount, "admin: budget window topped up");
+    let request_id = body.request_id.as_deref();
+    let after = u
+        .adjust_budget(period, BudgetAdjust::TopUp { amount, request_id })
+        .await?;
+    tracing::info!(user = %id, window = %period, amount, request_id, "admin: budget window topped up");
     Ok(Json(
         serde_json::json!({ "budgets": budget_views(&app, after) }),
     ))

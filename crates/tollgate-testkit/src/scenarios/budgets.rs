@@ -392,10 +392,24 @@ pub async fn budgets_top_up_reset_and_alerts<S: Store + Clone>(store: S, clock: 
     );
     // A top-up of 5,000 tokens for today: the limit is 15,000, so 5,000
     // fits, and 100 % of the raised limit is crossed when it is reached.
-    assert_eq!(
-        read(Some((Period::Daily, BudgetAdjust::TopUp(5_000)))).await,
-        spent_granted(&[(10_000, 5_000), (66_000, 0)])
-    );
+    // Its repeat (a retry after a lost answer, same request id) grants
+    // nothing more.
+    let top_up = |request_id| {
+        Some((
+            Period::Daily,
+            BudgetAdjust::TopUp {
+                amount: 5_000,
+                request_id,
+            },
+        ))
+    };
+    for _ in 0..2 {
+        assert_eq!(
+            read(top_up(Some("top-up-1"))).await,
+            spent_granted(&[(10_000, 5_000), (66_000, 0)]),
+            "a top-up's repeat grants once"
+        );
+    }
     assert_eq!(
         admit(&store, now, "t2").await,
         None,

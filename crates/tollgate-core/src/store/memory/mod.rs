@@ -456,7 +456,7 @@ impl super::Backend for MemoryStore {
         &self,
         user: &str,
         checks: &[BudgetCheck],
-        adjust: Option<(Period, BudgetAdjust)>,
+        adjust: Option<(Period, BudgetAdjust<'_>)>,
     ) -> Result<Vec<SpentNow>, StoreError> {
         let now = self.now();
         let read = |spend: Option<&Spend>| -> Vec<SpentNow> {

@@ -284,11 +284,24 @@ impl MemoryStore {
         user: &str,
         check: &BudgetCheck,
         now: u64,
-        adjust: BudgetAdjust,
+        adjust: BudgetAdjust<'_>,
         read: impl Fn(Option<&Spend>) -> R,
     ) -> Result<R, Full> {
         self.inner.users.with(user, now, |u| {
-            let _ = u.calls().spend().adjust(check, now, adjust);
+            let calls = u.calls();
+            let apply = match adjust {
+                BudgetAdjust::TopUp {
+                    request_id: Some(id),
+                    ..
+                } => calls
+                    .top_ups
+                    .get_or_insert_with(Box::default)
+                    .first(id, now),
+                _ => true,
+            };
+            if apply {
+                let _ = calls.spend().adjust(check, now, adjust);
+            }
             read(u.spend())
         })
     }

@@ -94,8 +94,8 @@ public final class AdminClient {
   }
 
   /**
-   * Raises a token budget's current window by {@code tokens} until it ends (logged). Never
-   * retried: a repeat of one that was applied would grant twice.
+   * Raises a token budget's current window by {@code tokens} until it ends (logged), under a new
+   * request id: see {@link #topUpTokens(String, String, long, String)}.
    *
    * @param user the user id
    * @param window {@code daily}, {@code weekly} or {@code monthly}
@@ -103,12 +103,28 @@ public final class AdminClient {
    * @return the user's budgets after it
    */
   public CompletableFuture<List<BudgetView>> topUpTokens(String user, String window, long tokens) {
-    return send(Ops.adminBudgetTopUp(user, window, Ops.tokens(tokens)));
+    return topUpTokens(user, window, tokens, null);
+  }
+
+  /**
+   * Raises a token budget's current window by {@code tokens} until it ends (logged). The sidecar
+   * grants one request id once within a day, so a 503 is retried with it, and a caller that lost
+   * the answer may repeat the call with the same id.
+   *
+   * @param user the user id
+   * @param window {@code daily}, {@code weekly} or {@code monthly}
+   * @param tokens the tokens to grant, 1 to 2^53
+   * @param requestId the top-up's id; null: a new UUID
+   * @return the user's budgets after it
+   */
+  public CompletableFuture<List<BudgetView>> topUpTokens(
+      String user, String window, long tokens, String requestId) {
+    return send(Ops.adminBudgetTopUp(user, window, Ops.tokens(tokens), requestId));
   }
 
   /**
    * Raises a cost budget's current window by {@code cost} of the config's currency until it ends
-   * (logged). Never retried.
+   * (logged), under a new request id: see {@link #topUpCost(String, String, String, String)}.
    *
    * @param user the user id
    * @param window {@code daily}, {@code weekly} or {@code monthly}
@@ -116,7 +132,23 @@ public final class AdminClient {
    * @return the user's budgets after it
    */
   public CompletableFuture<List<BudgetView>> topUpCost(String user, String window, String cost) {
-    return send(Ops.adminBudgetTopUp(user, window, Ops.cost(cost)));
+    return topUpCost(user, window, cost, null);
+  }
+
+  /**
+   * Raises a cost budget's current window by {@code cost} of the config's currency until it ends
+   * (logged), granted once per request id within a day (see {@link #topUpTokens(String, String,
+   * long, String)}).
+   *
+   * @param user the user id
+   * @param window {@code daily}, {@code weekly} or {@code monthly}
+   * @param cost a decimal amount, e.g. {@code "5.00"}
+   * @param requestId the top-up's id; null: a new UUID
+   * @return the user's budgets after it
+   */
+  public CompletableFuture<List<BudgetView>> topUpCost(
+      String user, String window, String cost, String requestId) {
+    return send(Ops.adminBudgetTopUp(user, window, Ops.cost(cost), requestId));
   }
 
   /**
@@ -252,6 +284,32 @@ public final class AdminClient {
      */
     public List<BudgetView> topUpCost(String user, String window, String cost) {
       return Await.result(async.topUpCost(user, window, cost));
+    }
+
+    /**
+     * See {@link AdminClient#topUpTokens(String, String, long, String)}.
+     *
+     * @param user the user id
+     * @param window the window
+     * @param tokens the tokens to grant
+     * @param requestId the top-up's id; null: a new UUID
+     * @return the user's budgets after it
+     */
+    public List<BudgetView> topUpTokens(String user, String window, long tokens, String requestId) {
+      return Await.result(async.topUpTokens(user, window, tokens, requestId));
+    }
+
+    /**
+     * See {@link AdminClient#topUpCost(String, String, String, String)}.
+     *
+     * @param user the user id
+     * @param window the window
+     * @param cost a decimal amount
+     * @param requestId the top-up's id; null: a new UUID
+     * @return the user's budgets after it
+     */
+    public List<BudgetView> topUpCost(String user, String window, String cost, String requestId) {
+      return Await.result(async.topUpCost(user, window, cost, requestId));
     }
 
     /**

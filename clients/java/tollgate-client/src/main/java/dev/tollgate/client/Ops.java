@@ -315,17 +315,23 @@ final class Ops {
         b -> Wire.list(b, "budgets", Wire::budget));
   }
 
-  /** A top-up adds: never retried, a repeat of one that was applied would grant twice. */
-  static Call<List<BudgetView>> adminBudgetTopUp(String user, String window, ObjectNode amount) {
+  /**
+   * A top-up carries its request id (a new UUID if {@code requestId} is null), which the sidecar
+   * grants once within a day: retried like a reserve.
+   */
+  static Call<List<BudgetView>> adminBudgetTopUp(
+      String user, String window, ObjectNode amount, String requestId) {
+    amount.put(
+        "request_id",
+        requestId == null ? UUID.randomUUID().toString() : Checks.id(requestId, "requestId"));
     return Call.plain(
-            "admin_budget_top_up",
-            "POST",
-            userPath(user) + "/budgets/" + encode(Checks.id(window, "window")) + "/top_up",
-            Map.of(),
-            amount,
-            true,
-            b -> Wire.list(b, "budgets", Wire::budget))
-        .notRetried();
+        "admin_budget_top_up",
+        "POST",
+        userPath(user) + "/budgets/" + encode(Checks.id(window, "window")) + "/top_up",
+        Map.of(),
+        amount,
+        true,
+        b -> Wire.list(b, "budgets", Wire::budget));
   }
 
   static ObjectNode tokens(long tokens) {

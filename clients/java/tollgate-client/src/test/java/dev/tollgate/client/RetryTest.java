@@ -24,7 +24,7 @@ import org.junit.jupiter.api.TestInstance;
  * Retries through a {@link FaultProxy} in front of a real sidecar: only 503 and 429 {@code
  * overloaded} are retried, bounded, with the sidecar's hint honoured and never one above the
  * policy's maximum; a reserve whose answer was lost is retried under its request id and charged
- * once; permits, feedback and top-ups are never retried.
+ * once, and so is a top-up; permits, feedback and reloads are never retried.
  */
 @TestInstance(TestInstance.Lifecycle.PER_CLASS)
 class RetryTest {
@@ -98,6 +98,28 @@ class RetryTest {
   }
 
   @Test
+  void aTopUpWhoseAnswerWasLostGrantsOnce() {
+    TollgateClient c = client(Sidecar.fastRetries(2));
+    AdminClient.Blocking admin = c.blocking().admin();
+    // The sidecar grants the first attempt, the client sees a 503 and
+    // retries with the same request id: one grant.
+    proxy.thenLoseAnswer(UNAVAILABLE);
+    List<BudgetView> after = admin.topUpTokens("spender", "daily", 500);
+    assertEquals(500, after.get(0).granted());
+    List<FaultProxy.Seen> sent = proxy.seen("/admin/users/spender/budgets/daily/top_up");
+    assertEquals(2, sent.size());
+    Set<String> ids = sent.stream().map(s -> field(s.body(), "request_id")).collect(Collectors.toSet());
+    assertEquals(1, ids.size(), "every attempt carries the first request id: " + ids);
+    // Repeated by the caller with its id: still one grant; a new id grants again.
+    String id = ids.iterator().next();
+    assertEquals(500, admin.topUpTokens("spender", "daily", 500, id).get(0).granted());
+    assertEquals(1_000, admin.topUpTokens("spender", "daily", 500).get(0).granted());
+    BudgetView month = admin.topUpCost("spender", "monthly", "2.50", "month-1").get(1);
+    assertEquals(month, admin.topUpCost("spender", "monthly", "2.50", "month-1").get(1));
+    assertEquals(2_500_000L, month.granted());
+  }
+
+  @Test
   void overloadedThenUnavailableThenAnswered() {
     TollgateClient c = client(Sidecar.fastRetries(2));
     proxy.thenRespond(OVERLOADED).thenRespond(UNAVAILABLE);
@@ -153,7 +175,7 @@ class RetryTest {
   }
 
   @Test
-  void permitsFeedbackTopUpsAndReloadsAreNeverRetried() {
+  void permitsFeedbackAndReloadsAreNeverRetried() {
     TollgateClient c = client(Sidecar.fastRetries(2));
     proxy.thenRespond(UNAVAILABLE);
     assertThrows(TollgateException.StoreUnavailable.class,
@@ -163,10 +185,6 @@ class RetryTest {
     assertThrows(TollgateException.StoreUnavailable.class,
         () -> c.blocking().forUser("lu").providerFeedback("gemini", "flash", 200, Map.of(), null));
     assertEquals(1, proxy.seen("/v1/providers/gemini/feedback").size());
-    proxy.thenRespond(UNAVAILABLE);
-    assertThrows(TollgateException.StoreUnavailable.class,
-        () -> c.blocking().admin().topUpTokens("lu", "daily", 10));
-    assertEquals(1, proxy.seen("/admin/users/lu/budgets").size());
     proxy.thenRespond(UNAVAILABLE);
     assertThrows(TollgateException.StoreUnavailable.class, () -> c.blocking().admin().reload());
     assertEquals(1, proxy.seen("/admin/reload").size());
