@@ -674,6 +674,54 @@ async fn under_fail_closed_a_reserve_that_timed_out_after_it_was_sent_is_refunde
     server.resume();
 }
 
+/// Under fail_closed an admission that timed out after it was sent (Redis
+/// paused) runs there when Redis resumes, taking a run lease for a run the
+/// caller was refused (503) and will never release: a ghost holding one of
+/// the user's runs to its TTL. The replica journals its release, so once
+/// Redis answers the lease is gone; a retry of the run that this replica
+/// admits before that keeps its lease (the release is dropped).
+#[tokio::test]
+async fn under_fail_closed_an_admission_that_timed_out_after_it_was_sent_leaves_no_lease() {
+    let (server, clock, store) = on_pausable(FailurePolicy::FailClosed, 5).await;
+    let l = Limiter::new(store.clone(), clock.clone(), plans());
+    let plan = l.plan_for("u1").unwrap();
+    let leases = || async {
+        let st = store
+            .primary()
+            .user_state("u1", plan.turns, plan.tokens)
+            .await
+            .unwrap();
+        st.leases.into_iter().map(|(i, _)| i).collect::<Vec<_>>()
+    };
+    // Load the admission script first (a copy queued before it is loaded
+    // would be answered NOSCRIPT after the pause, and never run).
+    assert!(l.admit_turn("u1", "warm").await.unwrap().is_allowed());
+    l.release_run("u1", "warm").await.unwrap();
+
+    server.pause();
+    match l.admit_turn("u1", "r1").await {
+        Err(LimiterError::Store(e)) => assert!(e.is_transient(), "{e}"),
+        other => panic!("expected the store to fail, got {other:?}"),
+    }
+    assert!(store.needs_recovery(), "the release is journalled");
+    server.resume();
+    // Redis ran the queued admission: r1 holds a lease until the replay.
+    assert_eq!(leases().await, ["r1"]);
+    let r = store.recover().await;
+    assert_eq!((r.replayed, r.remaining), (1, 0), "{r:?}");
+    assert_eq!(leases().await, Vec::<String>::new(), "no ghost lease");
+
+    // Refused the same way, then retried by its caller and admitted
+    // before the store was recovered: the run keeps its lease.
+    server.pause();
+    assert!(l.admit_turn("u1", "r2").await.is_err());
+    server.resume();
+    assert!(l.admit_turn("u1", "r2").await.unwrap().is_allowed());
+    let r = store.recover().await;
+    assert_eq!((r.replayed, r.remaining), (0, 0), "{r:?}");
+    assert_eq!(leases().await, ["r2"], "the admitted retry keeps its lease");
+}
+
 /// A reconciliation that timed out after Redis queued it runs there when
 /// Redis resumes; the replica, which never saw the answer, sends the same
 /// batch again, and Redis applies a batch once: the fallback's charge

@@ -34,7 +34,18 @@ pub(super) enum Close {
         user: String,
         invocation_id: String,
     },
+    /// The release of an admission the caller was refused after it was
+    /// sent to the shared store (it may still run there): replayed as a
+    /// release, dropped if this replica admits the run meanwhile.
+    Abandoned {
+        user: String,
+        invocation_id: String,
+    },
 }
+
+/// The operation an abandoned admission's release is counted under when
+/// the journal is full.
+const ABANDONED: &str = "admit_turn";
 
 #[derive(Debug, Default)]
 pub(super) struct Journal {
@@ -62,6 +73,50 @@ impl<S: Store + Clone> Failover<S> {
         j.entries.push_back((now, close));
         self.inner.dirty.store(true, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Journals the release of an admission the caller was refused after
+    /// it was sent ([`Close::Abandoned`]), once per run. With the journal
+    /// full it is not kept: the lease, if the store took one, ends by its
+    /// TTL.
+    pub(super) fn abandon(&self, user: &str, invocation_id: &str) {
+        let held = self.inner.journal.lock().entries.iter().any(|(_, c)| {
+            matches!(c, Close::Abandoned { user: u, invocation_id: i } if u == user && i == invocation_id)
+        });
+        if held {
+            return;
+        }
+        self.inner.abandoned.store(true, Ordering::Relaxed);
+        let close = Close::Abandoned {
+            user: user.to_owned(),
+            invocation_id: invocation_id.to_owned(),
+        };
+        if self.journal(ABANDONED, close).is_err() {
+            tracing::warn!(
+                user,
+                invocation_id,
+                "journal full: a refused admission the store may still run keeps its lease to its TTL"
+            );
+        }
+    }
+
+    /// Drops the journalled release of an abandoned admission of this run
+    /// (the shared store has since admitted it for a caller).
+    pub(super) fn forget_abandoned(&self, user: &str, invocation_id: &str) {
+        if !self.inner.abandoned.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut j = self.inner.journal.lock();
+        j.entries.retain(|(_, c)| {
+            !matches!(c, Close::Abandoned { user: u, invocation_id: i } if u == user && i == invocation_id)
+        });
+        if !j
+            .entries
+            .iter()
+            .any(|(_, c)| matches!(c, Close::Abandoned { .. }))
+        {
+            self.inner.abandoned.store(false, Ordering::Relaxed);
+        }
     }
 
     fn expire(j: &mut Journal, now: u64) {
@@ -119,6 +174,10 @@ impl<S: Store + Clone> Failover<S> {
                     }
                 }
                 Close::Release {
+                    user,
+                    invocation_id,
+                }
+                | Close::Abandoned {
                     user,
                     invocation_id,
                 } => matches!(

@@ -168,6 +168,10 @@ struct Inner {
     journal: Mutex<Journal>,
     owed: Mutex<HashMap<String, Owed>>,
     dirty: AtomicBool,
+    /// Whether the journal may hold an abandoned admission's release
+    /// (set when one is journalled, cleared when a look finds none): until
+    /// it does, an admission need not look.
+    abandoned: AtomicBool,
     /// Whether the local store has decided anything yet: until it has,
     /// releases, renewals and request-id repeats need not ask it (the
     /// common path stays one store call).
@@ -236,6 +240,7 @@ impl<S: Store + Clone> Failover<S> {
                 journal: Mutex::default(),
                 owed: Mutex::default(),
                 dirty: AtomicBool::new(false),
+                abandoned: AtomicBool::new(false),
                 local_used: AtomicBool::new(false),
                 recovering: AtomicBool::new(false),
                 recovery: tokio::sync::Mutex::new(()),
@@ -295,6 +300,7 @@ impl<S: Store + Clone> Failover<S> {
             journal: Mutex::default(),
             owed: Mutex::default(),
             dirty: AtomicBool::new(false),
+            abandoned: AtomicBool::new(false),
             local_used: AtomicBool::new(false),
             recovering: AtomicBool::new(false),
             recovery: tokio::sync::Mutex::new(()),
@@ -423,8 +429,28 @@ impl<S: Store + Clone> Failover<S> {
     }
 
     /// Sends `call` to the shared store if the breaker lets it, and tells
-    /// the breaker how it went.
+    /// the breaker how it went; after an answer, starts the recovery of
+    /// what waits for the store, if anything does.
     async fn attempt<T>(
+        &self,
+        op: &'static str,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Attempt<T> {
+        let a = self.attempt_only(op, call).await;
+        if matches!(a, Attempt::Done(_)) {
+            self.recover_if_dirty();
+        }
+        a
+    }
+
+    fn recover_if_dirty(&self) {
+        if self.inner.dirty.load(Ordering::Relaxed) {
+            self.spawn_recovery();
+        }
+    }
+
+    /// [`attempt`](Self::attempt) without starting the recovery.
+    async fn attempt_only<T>(
         &self,
         op: &'static str,
         call: impl Future<Output = Result<T, StoreError>>,
@@ -447,9 +473,6 @@ impl<S: Store + Clone> Failover<S> {
             other => {
                 let t = self.inner.breaker.success(clock, pass);
                 self.transition(t, op, None);
-                if self.inner.dirty.load(Ordering::Relaxed) {
-                    self.spawn_recovery();
-                }
                 Attempt::Done(other)
             }
         }

@@ -95,17 +95,52 @@ impl<S: Store + Clone> Failover<S> {
     /// Turn admission ([`Outage::Owed`]): a turn the local store admitted
     /// is owed, and an ambiguous one remembered.
     pub(crate) async fn admit_owed(&self, req: TurnRequest<'_>) -> Result<TurnOutcome, StoreError> {
+        // The recovery is started below, after a release journalled for
+        // an earlier attempt of this run is dropped (it would end the
+        // lease this admission holds).
         let attempt = self
-            .attempt(TurnRequest::NAME, self.primary.call(req))
+            .attempt_only(TurnRequest::NAME, self.primary.call(req))
             .await;
-        let (out, local) = self
+        let sent_and_failed = matches!(attempt, Attempt::Failed(Some(_)));
+        let answered = matches!(attempt, Attempt::Done(_));
+        let decided = self
             .decide_budgeted(
                 TurnRequest::NAME,
                 attempt,
                 closed_budgets(req.budgets),
                 |m, share| req.on_fallback(m, share),
             )
-            .await?;
+            .await;
+        let refused = match &decided {
+            Err(_) => true,
+            Ok((out, _)) => !matches!(out.admit, Admit::Admitted { .. }),
+        };
+        if sent_and_failed && refused {
+            // The caller is refused, but the shared store may still run
+            // the admission (queued behind a pause): its lease would hold
+            // one of the user's runs until its TTL with nobody to release
+            // it. Release it when the store answers again.
+            self.abandon(req.user, req.invocation_id);
+        } else if answered
+            && matches!(
+                decided,
+                Ok((
+                    TurnOutcome {
+                        admit: Admit::Admitted { .. },
+                        ..
+                    },
+                    None
+                ))
+            )
+        {
+            // Admitted by the shared store: a release journalled for an
+            // earlier, refused attempt of this run would end its lease.
+            self.forget_abandoned(req.user, req.invocation_id);
+        }
+        if answered {
+            self.recover_if_dirty();
+        }
+        let (out, local) = decided?;
         if let Some(ambiguous) = local
             && let Admit::Admitted {
                 refreshed: false, ..
