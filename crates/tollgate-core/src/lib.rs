@@ -58,6 +58,7 @@ pub mod lease;
 pub mod limiter;
 pub mod money;
 pub mod plan;
+mod refusals;
 pub mod reserve;
 pub mod session;
 pub mod spend;

@@ -15,6 +15,8 @@ use crate::id::{Id, IntoId};
 use crate::lease::{Admit, TurnParams};
 use crate::money::TokenSplit;
 use crate::plan::{Plan, PlanBook};
+pub use crate::refusals::DEFAULT_REFUSAL_CACHE_ENTRIES;
+use crate::refusals::{Bucket, Refusals};
 use crate::spend::{BudgetAdjust, BudgetCheck, BudgetRequest, BudgetUnit, Crossed, SpentNow};
 use crate::store::{
     BucketRef, Claim, ClaimRequest, Release, ReservationId, ReserveOutcome, ReserveRequest,
@@ -197,6 +199,7 @@ pub struct Limiter<S> {
     plans: ArcSwap<PlanBook>,
     reclaimed: AtomicU64,
     alerts: std::sync::OnceLock<AlertObserver>,
+    refusals: Refusals,
 }
 
 impl<S> std::fmt::Debug for Limiter<S> {
@@ -232,7 +235,31 @@ impl<S: Store> Limiter<S> {
             plans: ArcSwap::from_pointee(plans),
             reclaimed: AtomicU64::new(0),
             alerts: std::sync::OnceLock::new(),
+            refusals: Refusals::new(DEFAULT_REFUSAL_CACHE_ENTRIES),
         }
+    }
+
+    /// Keeps at most `entries` refusals to answer locally (SPEC §3; 0:
+    /// none, every decision asks the store). The default is
+    /// [`DEFAULT_REFUSAL_CACHE_ENTRIES`].
+    #[must_use]
+    pub fn with_refusal_cache(mut self, entries: usize) -> Self {
+        self.refusals = Refusals::new(entries);
+        self
+    }
+
+    /// Refusals this limiter answered without asking the store, because
+    /// the store had just refused the same request until a time still
+    /// ahead (SPEC §3; a metric).
+    pub fn refusals_answered_locally(&self) -> u64 {
+        self.refusals.answered()
+    }
+
+    /// Drops the refusals this limiter keeps for `user`'s turn bucket, so
+    /// its next admission asks the store (after an operator reset the
+    /// user's buckets: the admin reset calls it).
+    pub fn forget_refusals(&self, user: &str) {
+        self.refusals.forget(Bucket::Turns, user);
     }
 
     /// Calls `observer` for every budget alert threshold a user's spend
@@ -270,8 +297,11 @@ impl<S: Store> Limiter<S> {
     /// Swaps in new plans atomically. Lowered capacities apply at the next
     /// refill (levels are capped there). A request already holding a
     /// [`ForUser`] finishes on the plans it took.
+    ///
+    /// The refusals kept to answer locally are dropped (SPEC §3).
     pub fn set_plans(&self, plans: PlanBook) {
         self.plans.store(Arc::new(plans));
+        self.refusals.clear();
     }
 
     /// `user` with the plans in force now: the one snapshot a request
@@ -283,6 +313,9 @@ impl<S: Store> Limiter<S> {
     /// when the user has no plan and there is no default.
     pub fn user<'u>(&self, user: impl IntoId<'u>) -> Result<ForUser<'_, 'u, S>, LimiterError> {
         let user = id("user", user)?;
+        // Before the plans: a refusal decided on plans a reload replaced
+        // is not kept (the reload cleared the table after storing them).
+        let epoch = self.refusals.epoch();
         let book = self.plans.load_full();
         let plan =
             book.resolve(user.as_str())
@@ -295,6 +328,7 @@ impl<S: Store> Limiter<S> {
             user,
             book,
             plan,
+            epoch,
         })
     }
 
@@ -356,6 +390,15 @@ impl<S: Store> Limiter<S> {
         spec: BucketSpec,
         cost: u64,
     ) -> Result<Decision<Taken>, StoreError> {
+        let epoch = self.refusals.epoch();
+        if let Some(d) = self
+            .refusals
+            .check(Bucket::Named, key, cost, self.clock.now_ms())
+        {
+            self.refusals.count_answered();
+            return Ok(Decision::Denied(d));
+        }
+        let fallback = self.store.fallback_decisions();
         let out = self
             .store
             .take_one(TakeRequest {
@@ -369,8 +412,41 @@ impl<S: Store> Limiter<S> {
                 grant,
                 shadow_denied: None,
             },
-            Err(denial) => Decision::Denied(denial),
+            Err(denial) => {
+                self.keep_refusal(Bucket::Named, key, cost, &denial, epoch, fallback);
+                Decision::Denied(denial)
+            }
         })
+    }
+
+    /// Keeps a rate refusal (a `Limited` denial of the bucket's own limit)
+    /// until its hint ends on this limiter's clock: read after the store
+    /// answered, so never before the store's end. Not one a fallback
+    /// decided (the store's count of them moved since `fallback`).
+    fn keep_refusal(
+        &self,
+        bucket: Bucket,
+        key: &str,
+        cost: u64,
+        d: &Denial,
+        epoch: u64,
+        fallback: u64,
+    ) {
+        if self.store.fallback_decisions() != fallback {
+            return;
+        }
+        if let Denial::Limited {
+            limit,
+            retry_after_ms,
+        } = *d
+            && matches!(
+                (bucket, limit),
+                (Bucket::Turns, Limit::TurnRate) | (Bucket::Named, Limit::Bucket)
+            )
+        {
+            let until = self.clock.now_ms().saturating_add(retry_after_ms);
+            self.refusals.refused(bucket, key, cost, until, epoch);
+        }
     }
 
     /// Releases the run lease of `invocation_id`. [`Release::NotHeld`]: it
@@ -587,6 +663,8 @@ pub struct ForUser<'l, 'u, S> {
     user: Id<'u>,
     book: Arc<PlanBook>,
     plan: Arc<Plan>,
+    /// The refusal table's epoch when the plans were read.
+    epoch: u64,
 }
 
 impl<S> std::fmt::Debug for ForUser<'_, '_, S> {
@@ -635,6 +713,13 @@ impl<'l, 'u, S: Store> ForUser<'l, 'u, S> {
         }
     }
 
+    /// Keeps the store's rate refusal `d` of `cost` from `bucket` `key`
+    /// to answer locally until its hint ends (SPEC §3).
+    fn keep_refusal(&self, bucket: Bucket, key: &str, cost: u64, d: &Denial, fallback: u64) {
+        self.limiter
+            .keep_refusal(bucket, key, cost, d, self.epoch, fallback);
+    }
+
     /// Admits a turn (SPEC §3): turn bucket and run lease, all or nothing.
     /// Retrying with the same live `invocation_id` refreshes its lease and
     /// charges nothing.
@@ -647,10 +732,22 @@ impl<'l, 'u, S: Store> ForUser<'l, 'u, S> {
         invocation_id: Id<'_>,
     ) -> Result<Decision<RunLease>, LimiterError> {
         let plan = &*self.plan;
+        let (user, refusals) = (self.user.as_str(), &self.limiter.refusals);
+        // A turn the store refused until a time still ahead is refused
+        // here (SPEC §3), but for a run this replica admitted: a live
+        // holder's retry is admitted with an empty bucket.
+        if !plan.shadow
+            && let Some(d) = refusals.check(Bucket::Turns, user, 1, self.limiter.clock.now_ms())
+            && !refusals.was_admitted(user, invocation_id.as_str())
+        {
+            refusals.count_answered();
+            return Ok(Decision::Denied(d));
+        }
         let checks = match &plan.budgets {
             Some(b) if b.on_exhausted == OnExhausted::DenyTurns => self.budget_checks(),
             _ => Vec::new(),
         };
+        let fallback = self.limiter.store.fallback_decisions();
         let out = self
             .limiter
             .store
@@ -670,6 +767,13 @@ impl<'l, 'u, S: Store> ForUser<'l, 'u, S> {
             self.limiter
                 .reclaimed
                 .fetch_add(u64::from(out.reclaimed), Ordering::Relaxed);
+        }
+        match out.admit {
+            Admit::Admitted { .. } => refusals.admitted(user, invocation_id.as_str()),
+            Admit::Denied(d) if !plan.shadow => {
+                self.keep_refusal(Bucket::Turns, user, 1, &d, fallback);
+            }
+            Admit::Denied(_) => {}
         }
         Ok(match out.admit {
             Admit::Admitted {
@@ -716,6 +820,17 @@ impl<'l, 'u, S: Store> ForUser<'l, 'u, S> {
     /// [`Denial::ExceedsCapacity`]: crate::Denial::ExceedsCapacity
     pub async fn take_turns(&self, cost: u64) -> Result<Decision<Taken>, LimiterError> {
         let plan = &*self.plan;
+        let user = self.user.as_str();
+        if !plan.shadow
+            && let Some(d) =
+                self.limiter
+                    .refusals
+                    .check(Bucket::Turns, user, cost, self.limiter.clock.now_ms())
+        {
+            self.limiter.refusals.count_answered();
+            return Ok(Decision::Denied(d));
+        }
+        let fallback = self.limiter.store.fallback_decisions();
         let out = self
             .limiter
             .store
@@ -725,7 +840,13 @@ impl<'l, 'u, S: Store> ForUser<'l, 'u, S> {
                 cost,
             })
             .await?;
-        Ok(match taken(&out, cost, Limit::TurnRate, &plan.turns) {
+        let decided = taken(&out, cost, Limit::TurnRate, &plan.turns);
+        if let Err(d) = &decided
+            && !plan.shadow
+        {
+            self.keep_refusal(Bucket::Turns, user, cost, d, fallback);
+        }
+        Ok(match decided {
             Ok(grant) => Decision::Allowed {
                 grant,
                 shadow_denied: None,

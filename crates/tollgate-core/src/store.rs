@@ -622,6 +622,16 @@ pub trait Store: Send + Sync + 'static {
     /// decorator makes of it.
     fn call<O: Op>(&self, op: O) -> impl Future<Output = Result<O::Reply, StoreError>> + Send;
 
+    /// How many decisions a fallback made so far instead of the store of
+    /// record (the failure policy's local store,
+    /// [`Failover`](crate::failover::Failover)); 0 for a store without
+    /// one. A limiter keeps a refusal to answer locally only when this did
+    /// not move while it was decided (SPEC §3): a fallback's refusal is not
+    /// the store's.
+    fn fallback_decisions(&self) -> u64 {
+        0
+    }
+
     shorthand! {
         /// Turn admission (SPEC §3): [`TurnRequest`].
         fn admit_turn(req: TurnRequest<'a>) -> TurnOutcome = req;

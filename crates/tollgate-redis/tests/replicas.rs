@@ -235,3 +235,120 @@ async fn the_user_view_counts_old_replicas_tokens_too() {
     let state = store.user_state("u1", turns, tokens).await.unwrap();
     assert_eq!(state.tokens_last_minute, 650, "400 old + 250 new");
 }
+
+/// A store that counts the calls reaching Redis.
+#[derive(Clone)]
+struct Counted {
+    inner: RedisStore,
+    calls: Arc<AtomicU64>,
+}
+
+impl Store for Counted {
+    fn call<O: tollgate_core::store::Op>(
+        &self,
+        op: O,
+    ) -> impl std::future::Future<Output = Result<O::Reply, tollgate_core::StoreError>> + Send {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.inner.call(op)
+    }
+}
+
+/// Refusals answered locally (SPEC §3) keep the fleet exact: four
+/// replicas, each a `Limiter` keeping refusals on its own `RedisStore`,
+/// share one user whose plan grants a turn a second (burst 2), offered
+/// 4,000 admissions a second for a minute (fake clock, Redis on the same
+/// clock). The fleet grants what one store would — the burst plus one per
+/// refill — and Redis sees a few calls per refill, not the flood.
+#[tokio::test]
+async fn four_replicas_keeping_refusals_grant_what_the_store_allows() {
+    use tollgate_core::{FakeClock, Limiter, PlanConfig, PlansConfig, RateConfig};
+    const STEP_MS: u64 = 10;
+    const PER_STEP: usize = 10;
+    const RUN_MS: u64 = 60_000;
+    let clock = FakeClock::new(tollgate_testkit::T0);
+    let plan = PlanConfig {
+        turns: RateConfig {
+            amount: 1,
+            period_ms: 1_000,
+            burst: Some(2),
+        },
+        tokens: RateConfig {
+            amount: 60_000,
+            period_ms: 60_000,
+            burst: None,
+        },
+        max_wait_ms: 0,
+        concurrent_runs: 1_000,
+        lease_ttl_ms: None,
+        concurrency_retry_ms: None,
+        max_llm_calls: None,
+        estimate_tokens: None,
+        max_sessions: None,
+        shadow: false,
+        budgets: None,
+    };
+    let mut cfg = PlansConfig {
+        default_plan: Some("p".into()),
+        ..PlansConfig::default()
+    };
+    cfg.plans.insert("p".into(), plan);
+    let book = cfg.validate().expect("valid plans");
+    let prefix = unique_prefix();
+    let calls = Arc::new(AtomicU64::new(0));
+    let mut replicas = Vec::new();
+    for _ in 0..4 {
+        let redis = RedisStore::connect(
+            RedisConfig::standalone(shared_url())
+                .with_key_prefix(prefix.clone())
+                .with_op_timeout(Duration::from_secs(2)),
+        )
+        .await
+        .expect("connect")
+        .with_clock_override(clock.clone());
+        let store = Counted {
+            inner: redis,
+            calls: calls.clone(),
+        };
+        replicas.push(Limiter::new(store, clock.clone(), book.clone()));
+    }
+    let (mut granted, mut refused, mut n) = (0u64, 0u64, 0u64);
+    let start = clock.now_ms();
+    while clock.now_ms() - start < RUN_MS {
+        for l in &replicas {
+            for _ in 0..PER_STEP {
+                n += 1;
+                let inv = format!("i{n}");
+                if l.admit_turn("flood", inv.as_str())
+                    .await
+                    .unwrap()
+                    .is_allowed()
+                {
+                    granted += 1;
+                    l.release_run("flood", inv.as_str()).await.unwrap();
+                } else {
+                    refused += 1;
+                }
+            }
+        }
+        clock.advance(STEP_MS);
+    }
+    // Ideal: the burst, then one a second over the minute (the refill at
+    // 60 s falls after the last step).
+    let ideal = 2 + RUN_MS / 1_000 - 1;
+    assert!(
+        granted.abs_diff(ideal) <= 1,
+        "granted {granted}, ideal {ideal}"
+    );
+    let admissions = calls.load(Ordering::Relaxed) - granted; // less the releases
+    let per_refusal = admissions.saturating_sub(granted) as f64 / refused as f64;
+    assert!(
+        admissions <= granted + 4 * (RUN_MS / 1_000 + 2),
+        "{admissions} admissions reached Redis for {granted} grants"
+    );
+    assert!(per_refusal < 0.01, "{per_refusal} calls per refusal");
+    eprintln!(
+        "4 replicas, 1 min, {} offered: {granted} granted (ideal {ideal}), {refused} refused, \
+         {admissions} admission calls reached Redis ({per_refusal:.4} per refusal)",
+        granted + refused
+    );
+}

@@ -65,6 +65,9 @@
 //!   measurement to compare like with like.
 //! * `--concurrency N` — tasks, each with one call in flight (default 64).
 //! * `--users N` — distinct users `u0` … `u{N-1}` (default 10000).
+//! * `--user-prefix P` — name them `P0` … instead (default `u`; the HTTP
+//!   modes), e.g. a flooding user beside the normal ones
+//!   (`benches/refusal-flood`).
 //! * `--duration S`, `--warmup S` — measured window and warm-up before it,
 //!   seconds (defaults 10 and 2).
 //! * `--estimate N`, `--actual N` — reserve mode's token counts (1000, 800).
@@ -196,6 +199,7 @@ struct Args {
     mode: Mode,
     concurrency: usize,
     users: usize,
+    user_prefix: String,
     duration: Duration,
     warmup: Duration,
     estimate: u64,
@@ -229,6 +233,7 @@ fn parse_args() -> Args {
         mode: Mode::Admit,
         concurrency: 64,
         users: 10_000,
+        user_prefix: "u".to_owned(),
         duration: Duration::from_secs(10),
         warmup: Duration::from_secs(2),
         estimate: 1_000,
@@ -277,6 +282,11 @@ fn parse_args() -> Args {
             }
             "--concurrency" => a.concurrency = num(&flag, it.next()),
             "--users" => a.users = num(&flag, it.next()),
+            "--user-prefix" => {
+                a.user_prefix = it
+                    .next()
+                    .unwrap_or_else(|| usage("--user-prefix needs a value"));
+            }
             "--duration" => a.duration = secs(&flag, it.next()),
             "--warmup" => a.warmup = secs(&flag, it.next()),
             "--estimate" => a.estimate = num(&flag, it.next()),
@@ -342,7 +352,9 @@ fn parse_args() -> Args {
 fn mint_tokens(a: &Args) -> Result<Vec<HeaderValue>, String> {
     if a.user_header.is_some() {
         return (0..a.users)
-            .map(|i| HeaderValue::from_str(&format!("u{i}")).map_err(|e| e.to_string()))
+            .map(|i| {
+                HeaderValue::from_str(&format!("{}{i}", a.user_prefix)).map_err(|e| e.to_string())
+            })
             .collect();
     }
     // Valid for the whole run and then some.
@@ -350,7 +362,7 @@ fn mint_tokens(a: &Args) -> Result<Vec<HeaderValue>, String> {
     let bearer = |t: String| {
         HeaderValue::from_str(&format!("Bearer {t}")).map_err(|e| format!("token header: {e}"))
     };
-    let users = (0..a.users).map(|i| format!("u{i}"));
+    let users = (0..a.users).map(|i| format!("{}{i}", a.user_prefix));
     if let Some(path) = &a.config {
         let cfg = tollgate_server::load_config(Some(path)).map_err(|e| e.to_string())?;
         let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());

@@ -65,6 +65,9 @@ pub struct EdgeLimits {
     /// gRPC: the HTTP/2 keep-alive ping interval, and how long a ping may
     /// go unanswered.
     pub grpc_keepalive: Duration,
+    /// Rate refusals the limiter keeps to answer locally (SPEC §3; 0:
+    /// none).
+    pub refusal_cache: usize,
 }
 
 /// `max_connections` when not set.
@@ -95,6 +98,7 @@ impl EdgeLimits {
             max_waiting: (max_in_flight / 2).max(1),
             grpc_max_streams: DEFAULT_GRPC_MAX_STREAMS,
             grpc_keepalive: Duration::from_millis(DEFAULT_GRPC_KEEPALIVE_MS),
+            refusal_cache: tollgate_core::limiter::DEFAULT_REFUSAL_CACHE_ENTRIES,
         }
     }
 

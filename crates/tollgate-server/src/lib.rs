@@ -149,7 +149,8 @@ fn app_with_metrics<S: Store + Clone>(
         ..
     } = deciding;
     let verifier = verifier(config, wall)?;
-    let limiter = Limiter::new(store, clock, config.plans.clone());
+    let limiter = Limiter::new(store, clock, config.plans.clone())
+        .with_refusal_cache(config.limits.refusal_cache);
     let m = metrics.clone();
     limiter.on_budget_alert(move |a| {
         m.budget_alerts

@@ -194,6 +194,8 @@ pub struct Metrics {
     pub store_full: Family<OpLabels, Counter>,
     /// Leaked run leases reclaimed by expiry.
     pub reclaimed: Counter,
+    /// Rate refusals answered without asking the store (SPEC §3).
+    pub local_refusals: Counter,
     /// Fence checks answered stale.
     pub fence_rejected: Counter,
     /// Requests being served now (the replica's in-flight count).
@@ -410,6 +412,12 @@ impl Metrics {
             "Run leases that expired without a release and were reclaimed",
             reclaimed.clone(),
         );
+        let local_refusals = Counter::default();
+        registry.register(
+            "refusals_answered_locally",
+            "Rate refusals this replica answered without asking the store: the store had refused the same request until a time still ahead",
+            local_refusals.clone(),
+        );
         let fence_rejected = Counter::default();
         registry.register(
             "fence_rejected",
@@ -571,6 +579,7 @@ impl Metrics {
             fallbacks,
             store_full,
             reclaimed,
+            local_refusals,
             fence_rejected,
             requests_in_flight,
             turns_in_flight,
@@ -612,6 +621,14 @@ impl Metrics {
         let seen = self.reclaimed.get();
         if total > seen {
             self.reclaimed.inc_by(total - seen);
+        }
+    }
+
+    /// Brings the locally answered refusals counter up to `total`.
+    pub fn sync_local_refusals(&self, total: u64) {
+        let seen = self.local_refusals.get();
+        if total > seen {
+            self.local_refusals.inc_by(total - seen);
         }
     }
 

@@ -457,6 +457,8 @@ fn limits_are_validated_with_their_paths_and_default_from_the_cap() {
     assert_eq!(c.limits.max_waits_per_user, 8);
     assert_eq!(c.limits.max_waiting, 32, "half of max_in_flight");
     assert_eq!(c.limits.grpc_max_streams, 100);
+    assert_eq!(c.limits.refusal_cache, 65_536);
+    assert_eq!(config(64, "refusal_cache = 0").limits.refusal_cache, 0);
     // A tiny cap: the per-user default follows the replica's bound.
     let small = config(2, "");
     assert_eq!(
@@ -467,7 +469,7 @@ fn limits_are_validated_with_their_paths_and_default_from_the_cap() {
         "max_in_flight = 10\n[identity]\nmode = \"dev\"\n[limits]\n{}",
         "max_connections = 0\nheader_timeout_ms = 0\nbody_timeout_ms = 600001\n\
          drain_timeout_ms = 3600001\nmax_waiting = 11\nmax_waits_per_user = 6\n\
-         grpc_max_streams = 0\ngrpc_keepalive_ms = 999"
+         grpc_max_streams = 0\ngrpc_keepalive_ms = 999\nrefusal_cache = 16777217"
     );
     let e = Config::parse(&text, "t", std::path::Path::new(".")).unwrap_err();
     let paths: Vec<&str> = e.errors.iter().map(|e| e.path.as_str()).collect();
@@ -480,6 +482,7 @@ fn limits_are_validated_with_their_paths_and_default_from_the_cap() {
         "limits.max_waits_per_user",
         "limits.grpc_max_streams",
         "limits.grpc_keepalive_ms",
+        "limits.refusal_cache",
     ] {
         assert!(paths.contains(&p), "{p} in {e}");
     }

@@ -2165,3 +2165,102 @@ async fn admit_answer_carries_the_plan_a_client_needs() {
     }
     srv.shutdown().await;
 }
+
+const ADMIN_TOKEN: &str = "http-test-admin-token-0123456789abcdef";
+
+/// Calls of the admission script Redis has run (`INFO commandstats`).
+fn evalsha_calls(redis: &RedisServer) -> u64 {
+    let info = redis.command(&["INFO", "commandstats"]).expect("INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A refused user's flood (SPEC §3): once Redis has refused a user's turn
+/// until a time, this replica answers that user's further admissions
+/// itself until then, with what is left of Redis's hint — 200 refusals,
+/// no script call — while another user is decided by Redis as before, and
+/// a retry of a run this replica admitted still goes to Redis. An
+/// operator's reset ends it here at once; so does the hint's end.
+#[tokio::test]
+async fn a_refused_users_flood_does_not_reach_redis() {
+    let redis = RedisServer::start().expect("redis-server");
+    let store = fail_closed_store(&redis.url());
+    let config = format!(
+        "admin_token = \"{ADMIN_TOKEN}\"\n{}",
+        config_text(64, &store, &hs256_identity())
+    );
+    let srv = Server::start(&config).await;
+    // Five turns of burst (20 a minute), two runs at a time.
+    for i in 0..5 {
+        let inv = format!("r{i}");
+        srv.admit("flood", &inv).await.ok();
+        if i > 0 {
+            assert!(srv.release("flood", &inv).await);
+        }
+    }
+    let refused = srv.admit("flood", "r5").await;
+    refused.refused(429, "turn_rate");
+    let hint = refused.body["retry_after_ms"].as_u64().expect("a hint");
+    assert!((1..=3_000).contains(&hint), "{hint}");
+    let before = evalsha_calls(&redis);
+    for i in 0..200 {
+        let r = srv.admit("flood", &format!("x{i}")).await;
+        r.limited("turn_rate", hint);
+    }
+    assert_eq!(evalsha_calls(&redis), before, "no script ran for the flood");
+    // Another user, and a retry of r0 (it holds its lease): Redis decides.
+    srv.admit("calm", "c1").await.ok();
+    srv.admit("flood", "r0").await.ok();
+    assert_eq!(evalsha_calls(&redis), before + 2);
+    let text = srv
+        .client
+        .get(srv.url("/metrics"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    assert_eq!(
+        common::metric(&text, "tollgate_refusals_answered_locally_total "),
+        Some(200.0),
+        "{text}"
+    );
+    // An operator's reset: full buckets, and this replica asks Redis again.
+    let r = srv
+        .send(
+            Method::POST,
+            "/admin/users/flood/reset",
+            Some(&format!("Bearer {ADMIN_TOKEN}")),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    srv.admit("flood", "after-reset").await.ok();
+    assert!(srv.release("flood", "after-reset").await);
+    assert!(srv.release("flood", "r0").await);
+    // Refused again, then kept until the hint ends on this replica's clock.
+    for i in 0..4 {
+        let inv = format!("y{i}");
+        srv.admit("flood", &inv).await.ok();
+        assert!(srv.release("flood", &inv).await);
+    }
+    let r = srv.admit("flood", "y4").await;
+    r.refused(429, "turn_rate");
+    let hint = r.body["retry_after_ms"].as_u64().expect("a hint");
+    let before = evalsha_calls(&redis);
+    srv.admit("flood", "y5").await.limited("turn_rate", hint);
+    assert_eq!(evalsha_calls(&redis), before);
+    srv.clock.advance(hint);
+    let r = srv.admit("flood", "y6").await;
+    assert_eq!(
+        evalsha_calls(&redis),
+        before + 1,
+        "asked at the hint's end: {r:?}"
+    );
+    srv.shutdown().await;
+}

@@ -86,4 +86,8 @@ impl<S: Store> Store for Faulty<S> {
     async fn call<O: Op>(&self, op: O) -> Result<O::Reply, StoreError> {
         self.fault(self.inner.call(op)).await
     }
+
+    fn fallback_decisions(&self) -> u64 {
+        self.inner.fallback_decisions()
+    }
 }

@@ -172,6 +172,8 @@ struct Inner {
     /// (set when one is journalled, cleared when a look finds none): until
     /// it does, an admission need not look.
     abandoned: AtomicBool,
+    /// Decisions the local store made ([`Store::fallback_decisions`]).
+    local_decisions: AtomicU64,
     /// Whether the local store has decided anything yet: until it has,
     /// releases, renewals and request-id repeats need not ask it (the
     /// common path stays one store call).
@@ -241,6 +243,7 @@ impl<S: Store + Clone> Failover<S> {
                 owed: Mutex::default(),
                 dirty: AtomicBool::new(false),
                 abandoned: AtomicBool::new(false),
+                local_decisions: AtomicU64::new(0),
                 local_used: AtomicBool::new(false),
                 recovering: AtomicBool::new(false),
                 recovery: tokio::sync::Mutex::new(()),
@@ -301,6 +304,7 @@ impl<S: Store + Clone> Failover<S> {
             owed: Mutex::default(),
             dirty: AtomicBool::new(false),
             abandoned: AtomicBool::new(false),
+            local_decisions: AtomicU64::new(0),
             local_used: AtomicBool::new(false),
             recovering: AtomicBool::new(false),
             recovery: tokio::sync::Mutex::new(()),
@@ -515,6 +519,7 @@ impl<S: Store + Clone> Failover<S> {
             Some(share) => {
                 self.event(name, true, cause.as_ref());
                 self.inner.local_used.store(true, Ordering::Relaxed);
+                self.inner.local_decisions.fetch_add(1, Ordering::Relaxed);
                 let v = local(&self.inner.fallback, share).await?;
                 Ok((v, Some(cause.is_some())))
             }

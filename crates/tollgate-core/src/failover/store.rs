@@ -3,6 +3,7 @@
 //! and which always fail closed (SPEC §6).
 
 use std::future::Future;
+use std::sync::atomic::Ordering;
 
 use crate::lease::{Admit, TurnParams};
 use crate::spend::{self, BudgetCheck, BudgetRequest, Charged, Spend};
@@ -68,6 +69,10 @@ pub(crate) fn scale_turn(p: &TurnParams, share: f64) -> TurnParams {
 impl<S: Store + Clone> Store for Failover<S> {
     fn call<O: Op>(&self, op: O) -> impl Future<Output = Result<O::Reply, StoreError>> + Send {
         op.failover(self)
+    }
+
+    fn fallback_decisions(&self) -> u64 {
+        self.inner.local_decisions.load(Ordering::Relaxed)
     }
 }
 

@@ -135,7 +135,15 @@ pub struct LimitsConfig {
     /// keep-alive time, ms (default 20,000; 1,000 to 3,600,000).
     #[serde(default)]
     pub grpc_keepalive_ms: Option<u64>,
+    /// Rate refusals kept to answer locally until the store's hint ends
+    /// (SPEC §3): entries of a fixed table (default 65,536; 0 keeps none;
+    /// at most 16,777,216).
+    #[serde(default)]
+    pub refusal_cache: Option<usize>,
 }
+
+/// Largest `[limits] refusal_cache` accepted.
+const MAX_REFUSAL_CACHE: usize = 1 << 24;
 
 /// Largest `[limits] max_connections` accepted.
 const MAX_CONNECTIONS: usize = 1_000_000;
@@ -233,6 +241,16 @@ impl LimitsConfig {
             }
         } else {
             limits.max_waits_per_user = limits.max_waits_per_user.min(limits.max_waiting);
+        }
+        if let Some(n) = self.refusal_cache {
+            if n <= MAX_REFUSAL_CACHE {
+                limits.refusal_cache = n;
+            } else {
+                errors.push(err(
+                    "limits.refusal_cache",
+                    format!("must be between 0 and {MAX_REFUSAL_CACHE}"),
+                ));
+            }
         }
         limits
     }
@@ -353,6 +371,7 @@ impl RestartOnly {
                     "limits.grpc_keepalive_ms",
                     written(&file.limits.grpc_keepalive_ms),
                 ),
+                ("limits.refusal_cache", written(&file.limits.refusal_cache)),
             ],
         }
     }

@@ -281,6 +281,8 @@ async fn reset<S: Store + Clone>(
 ) -> Result<Json<serde_json::Value>, HttpError> {
     path_id(&id, "user")?;
     let reset = app.store().reset_user(&id).await?;
+    // This replica's kept refusals of the user end with it (SPEC §3).
+    app.limiter().forget_refusals(&id);
     tracing::info!(user = %id, reset, "admin: buckets reset");
     Ok(Json(serde_json::json!({ "reset": reset })))
 }

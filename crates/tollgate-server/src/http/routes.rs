@@ -302,6 +302,8 @@ async fn readyz<S: Store + Clone>(
 async fn metrics_text<S: Store + Clone>(State(app): State<App<S>>) -> Response {
     app.metrics()
         .sync_reclaimed(app.limiter().reclaimed_leases());
+    app.metrics()
+        .sync_local_refusals(app.limiter().refusals_answered_locally());
     app.runs().sync(app.clock().now_ms());
     (
         [(

@@ -600,7 +600,8 @@ pub async fn budget_windows_follow_the_calendar<S: Store + Clone>(store: S, cloc
         ..tollgate_core::PlansConfig::default()
     };
     cfg.plans.insert("p".into(), plan);
-    let l = Limiter::new(store, clock.clone(), cfg.validate().expect("valid plan"));
+    let l = Limiter::new(store, clock.clone(), cfg.validate().expect("valid plan"))
+        .with_refusal_cache(0);
     let reserve = |estimate: u64| {
         let l = &l;
         async move {
@@ -737,7 +738,8 @@ pub async fn example_5_budgets<S: Store + Clone>(store: S, clock: FakeClock) {
         model: crate::id("gpt-4o"),
     };
     let (cfg, clock) = pro(&clock);
-    let l = Limiter::new(store, clock.clone(), cfg.validate().expect("valid plan"));
+    let l = Limiter::new(store, clock.clone(), cfg.validate().expect("valid plan"))
+        .with_refusal_cache(0);
     let reserve = |inv: &'static str, estimate: u64, split: Option<(u64, u64, u64)>| {
         let l = &l;
         async move {

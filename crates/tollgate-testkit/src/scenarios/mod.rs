@@ -91,14 +91,15 @@ pub fn support() -> PlanConfig {
     }
 }
 
-/// A limiter whose default plan is `plan`, named "p".
+/// A limiter whose default plan is `plan`, named "p". It keeps no
+/// refusals (SPEC §3): every decision of a scenario is the store's.
 pub fn limiter_with<S: Store>(store: S, clock: &FakeClock, plan: PlanConfig) -> Limiter<S> {
     let mut cfg = PlansConfig {
         default_plan: Some("p".into()),
         ..PlansConfig::default()
     };
     cfg.plans.insert("p".into(), plan);
-    Limiter::new(store, clock.clone(), cfg.validate().expect("valid plan"))
+    Limiter::new(store, clock.clone(), cfg.validate().expect("valid plan")).with_refusal_cache(0)
 }
 
 fn limited<T: std::fmt::Debug>(d: &Decision<T>) -> (Limit, u64) {
