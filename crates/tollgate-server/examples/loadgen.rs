@@ -68,6 +68,11 @@
 //! * `--user-prefix P` — name them `P0` … instead (default `u`; the HTTP
 //!   modes), e.g. a flooding user beside the normal ones
 //!   (`benches/refusal-flood`).
+//! * `--rate R` — offer at most R operations a second in all (each task
+//!   starts one every concurrency / R seconds; default: as fast as the
+//!   answers come), so two runs offer the same load.
+//! * `--refusals-expected` — a 429 to the check operation made before the
+//!   run is not an error (a flood of a user the plan refuses).
 //! * `--duration S`, `--warmup S` — measured window and warm-up before it,
 //!   seconds (defaults 10 and 2).
 //! * `--estimate N`, `--actual N` — reserve mode's token counts (1000, 800).
@@ -200,6 +205,8 @@ struct Args {
     concurrency: usize,
     users: usize,
     user_prefix: String,
+    refusals_expected: bool,
+    rate: Option<f64>,
     duration: Duration,
     warmup: Duration,
     estimate: u64,
@@ -234,6 +241,8 @@ fn parse_args() -> Args {
         concurrency: 64,
         users: 10_000,
         user_prefix: "u".to_owned(),
+        refusals_expected: false,
+        rate: None,
         duration: Duration::from_secs(10),
         warmup: Duration::from_secs(2),
         estimate: 1_000,
@@ -287,6 +296,8 @@ fn parse_args() -> Args {
                     .next()
                     .unwrap_or_else(|| usage("--user-prefix needs a value"));
             }
+            "--refusals-expected" => a.refusals_expected = true,
+            "--rate" => a.rate = Some(num(&flag, it.next())),
             "--duration" => a.duration = secs(&flag, it.next()),
             "--warmup" => a.warmup = secs(&flag, it.next()),
             "--estimate" => a.estimate = num(&flag, it.next()),
@@ -438,6 +449,8 @@ struct TaskStats {
 }
 
 struct Ctx {
+    /// The pause between one task's operation starts (`--rate`).
+    pace: Option<Duration>,
     /// Envoy RLS clients (rls mode), spread over a few HTTP/2 connections.
     rls: Vec<RateLimitServiceClient<Channel>>,
     /// The `x-tollgate-rls-key` metadata of every RLS call, if any.
@@ -728,7 +741,15 @@ async fn worker(ctx: Arc<Ctx>, task: usize) -> TaskStats {
     let mut rng = SplitMix(0x5EED ^ (task as u64).wrapping_mul(0x1234_5678_9ABC_DEF1));
     let users = ctx.tokens.len() as u64;
     let mut seq = 0_u64;
+    // Paced tasks start spread over one pause.
+    let mut next = ctx
+        .pace
+        .map(|p| Instant::now() + p.mul_f64((task % 64) as f64 / 64.0));
     while Instant::now() < ctx.measure_end {
+        if let (Some(at), Some(p)) = (next.as_mut(), ctx.pace) {
+            tokio::time::sleep_until((*at).into()).await;
+            *at += p;
+        }
         let user = usize::try_from(rng.next() % users).unwrap_or(0);
         seq += 1;
         let inv = format!("{}-{task}-{seq}", ctx.tag);
@@ -857,6 +878,10 @@ async fn run(a: Args) -> Result<(), String> {
         tag,
         measure_start: now,
         measure_end: now,
+        pace: a
+            .rate
+            .filter(|r| *r > 0.0)
+            .map(|r| Duration::from_secs_f64(a.concurrency as f64 / r)),
         refusals: Mutex::new(BTreeMap::new()),
     };
 
@@ -864,7 +889,8 @@ async fn run(a: Args) -> Result<(), String> {
     // server refuses (401) or a config that denies everything.
     let (first, second) = ctx.op(0, &format!("{}-check", ctx.tag)).await;
     let second_ok = second.as_ref().is_none_or(|d| d.class == Class::Ok);
-    if first.class != Class::Ok || !second_ok {
+    let refused_as_expected = a.refusals_expected && first.class == Class::Denied;
+    if (first.class != Class::Ok || !second_ok) && !refused_as_expected {
         let body = second
             .as_ref()
             .filter(|_| first.class == Class::Ok)
