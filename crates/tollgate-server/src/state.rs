@@ -263,11 +263,13 @@ impl<S: Store + Clone> App<S> {
         let result = match Config::load(path) {
             Ok(cfg) => {
                 let needs_restart = running.changed(&cfg.restart_only);
-                self.inner.limiter.set_plans(cfg.plans);
                 self.inner.providers.set_book(cfg.providers);
                 for rules in self.inner.reloading.rls_rules.lock().iter() {
                     rules.set(cfg.rls.clone());
                 }
+                // Last: it also drops the refusals kept under the old
+                // plans and rules (SPEC §3).
+                self.inner.limiter.set_plans(cfg.plans);
                 tracing::info!(path = %path.display(), "config reloaded: plans, users, overrides, providers and rate-limit service rules swapped in");
                 if !needs_restart.is_empty() {
                     tracing::warn!(
