@@ -11,8 +11,8 @@
 //! that ends when the store's does. A request of another cost asks the
 //! store.
 //!
-//! The table has a fixed number of slots; an entry goes in the slot its
-//! key hashes to, replacing the older one there. A run this replica
+//! The table has a fixed number of slots of a fixed size; an entry goes in
+//! the slot its key hashes to, replacing the older one there. A run this replica
 //! admitted is remembered the same way (by a keyed hash of user and
 //! invocation, in a fixed array) so a retry of its admission still asks the
 //! store (a live holder's retry is admitted with an empty bucket).
@@ -45,10 +45,14 @@ impl Bucket {
     }
 }
 
-#[derive(Debug)]
+/// One kept refusal. The key is kept as its hash under this process's
+/// random key (64 bits: two keys that share a slot and a hash are
+/// 2^-64 odds, and no client can aim for them), so the table's size is
+/// fixed whatever the ids' lengths.
+#[derive(Debug, Clone, Copy)]
 struct Slot {
     bucket: Bucket,
-    key: Box<str>,
+    key: u64,
     cost: u64,
     until_ms: u64,
 }
@@ -89,12 +93,14 @@ impl Refusals {
         self.hasher.hash_one(v)
     }
 
-    fn slot(&self, bucket: Bucket, key: &str) -> Option<&Mutex<Option<Slot>>> {
+    /// The slot of `bucket` `key`, and the key's hash.
+    fn slot(&self, bucket: Bucket, key: &str) -> Option<(&Mutex<Option<Slot>>, u64)> {
         if self.slots.is_empty() {
             return None;
         }
-        let i = self.hash((bucket, key)) % self.slots.len() as u64;
-        self.slots.get(i as usize)
+        let h = self.hash((bucket, key));
+        let i = h % self.slots.len() as u64;
+        Some((self.slots.get(i as usize)?, h))
     }
 
     /// The epoch to pass to [`refused`](Self::refused): read before the
@@ -106,9 +112,10 @@ impl Refusals {
     /// The refusal of a request of `cost` from `bucket` `key` at `now`, if
     /// one is kept: the store refused that cost until a time still ahead.
     pub(crate) fn check(&self, bucket: Bucket, key: &str, cost: u64, now: u64) -> Option<Denial> {
-        let mut s = self.slot(bucket, key)?.lock();
+        let (slot, h) = self.slot(bucket, key)?;
+        let mut s = slot.lock();
         let held = s.as_ref()?;
-        if held.bucket != bucket || *held.key != *key {
+        if held.bucket != bucket || held.key != h {
             return None;
         }
         if now >= held.until_ms {
@@ -128,7 +135,7 @@ impl Refusals {
     /// Keeps the store's refusal of `cost` from `bucket` `key` until
     /// `until_ms`, unless the table was cleared since `epoch`.
     pub(crate) fn refused(&self, bucket: Bucket, key: &str, cost: u64, until_ms: u64, epoch: u64) {
-        let Some(slot) = self.slot(bucket, key) else {
+        let Some((slot, h)) = self.slot(bucket, key) else {
             return;
         };
         let mut s = slot.lock();
@@ -139,7 +146,7 @@ impl Refusals {
         }
         *s = Some(Slot {
             bucket,
-            key: key.into(),
+            key: h,
             cost,
             until_ms,
         });
@@ -179,11 +186,9 @@ impl Refusals {
     /// Drops the kept refusal of `bucket` `key` (an admin reset).
     pub(crate) fn forget(&self, bucket: Bucket, key: &str) {
         self.epoch.fetch_add(1, Ordering::AcqRel);
-        if let Some(slot) = self.slot(bucket, key) {
+        if let Some((slot, h)) = self.slot(bucket, key) {
             let mut s = slot.lock();
-            if s.as_ref()
-                .is_some_and(|h| h.bucket == bucket && *h.key == *key)
-            {
+            if s.is_some_and(|held| held.bucket == bucket && held.key == h) {
                 *s = None;
             }
         }
