@@ -720,6 +720,24 @@ impl<'l, 'u, S: Store> ForUser<'l, 'u, S> {
             .keep_refusal(bucket, key, cost, d, self.epoch, fallback);
     }
 
+    /// The refusal of a turn of run `invocation_id` this limiter keeps
+    /// (SPEC §3): the store refused the user's turn until a time still
+    /// ahead, and this replica did not admit the run (a live holder's
+    /// retry is admitted with an empty bucket). Never in shadow mode.
+    /// Counted when found.
+    pub(crate) fn kept_turn_refusal(&self, invocation_id: Id<'_>) -> Option<Denial> {
+        let (user, refusals) = (self.user.as_str(), &self.limiter.refusals);
+        if self.plan.shadow {
+            return None;
+        }
+        let d = refusals.check(Bucket::Turns, user, 1, self.limiter.clock.now_ms())?;
+        if refusals.was_admitted(user, invocation_id.as_str()) {
+            return None;
+        }
+        refusals.count_answered();
+        Some(d)
+    }
+
     /// Admits a turn (SPEC §3): turn bucket and run lease, all or nothing.
     /// Retrying with the same live `invocation_id` refreshes its lease and
     /// charges nothing.
@@ -733,14 +751,7 @@ impl<'l, 'u, S: Store> ForUser<'l, 'u, S> {
     ) -> Result<Decision<RunLease>, LimiterError> {
         let plan = &*self.plan;
         let (user, refusals) = (self.user.as_str(), &self.limiter.refusals);
-        // A turn the store refused until a time still ahead is refused
-        // here (SPEC §3), but for a run this replica admitted: a live
-        // holder's retry is admitted with an empty bucket.
-        if !plan.shadow
-            && let Some(d) = refusals.check(Bucket::Turns, user, 1, self.limiter.clock.now_ms())
-            && !refusals.was_admitted(user, invocation_id.as_str())
-        {
-            refusals.count_answered();
+        if let Some(d) = self.kept_turn_refusal(invocation_id) {
             return Ok(Decision::Denied(d));
         }
         let checks = match &plan.budgets {

@@ -315,6 +315,12 @@ impl<S: Store> ForUser<'_, '_, S> {
         session: Option<SessionLease<'_>>,
     ) -> Result<SessionAdmit, LimiterError> {
         let limiter = self.limiter();
+        // A turn refused here (SPEC §3) needs no session lease either.
+        if session.is_some()
+            && let Some(d) = self.kept_turn_refusal(invocation_id)
+        {
+            return Ok(SessionAdmit::Decided(Decision::Denied(d)));
+        }
         let grant = match session {
             Some(lease) => {
                 match limiter

@@ -111,6 +111,26 @@ async fn a_flood_of_refused_admissions_asks_the_store_once_per_refill() {
     }
     assert_eq!(store.calls(), 3, "no refusal reached the store");
     assert_eq!(l.refusals_answered_locally(), 1_000);
+    // A turn in a session: refused before the session lease is taken.
+    let lease = tollgate_core::session::SessionLease {
+        key: "s1",
+        ttl_ms: 10_000,
+    };
+    let d = l
+        .admit_turn_in_session("u", "in-session", Some(lease))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            d,
+            tollgate_core::session::SessionAdmit::Decided(Decision::Denied(Denial::Limited {
+                limit: Limit::TurnRate,
+                ..
+            }))
+        ),
+        "{d:?}"
+    );
+    assert_eq!(store.calls(), 3, "no session lease either");
     // What the store itself answers then: the same hint.
     let direct = Limiter::new(store.inner.clone(), clock.clone(), plans(false));
     let d = direct.admit_turn("u", "probe").await.unwrap();
