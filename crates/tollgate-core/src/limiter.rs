@@ -256,8 +256,9 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Drops the refusals this limiter keeps for `user`'s turn bucket, so
-    /// its next admission asks the store (after an operator reset the
-    /// user's buckets: the admin reset calls it).
+    /// its next admission asks the store. Call it after resetting the
+    /// user's buckets in the store ([`Store::reset_user`]), which knows
+    /// nothing of this table (the sidecar's admin reset does).
     pub fn forget_refusals(&self, user: &str) {
         self.refusals.forget(Bucket::Turns, user);
     }
@@ -377,7 +378,9 @@ impl<S: Store> Limiter<S> {
     /// exact retry hint, a cost larger than the burst is
     /// [`Denial::ExceedsCapacity`], a cost of 0 takes nothing and reports
     /// the bucket. There is no plan, so no shadow mode: a caller with a
-    /// shadow setting of its own applies it to the answer.
+    /// shadow setting of its own applies it to the answer. A refusal is
+    /// kept and the same take (key, spec, cost) answered here until its
+    /// hint ends, without the store (SPEC §3).
     ///
     /// # Errors
     ///
@@ -393,7 +396,7 @@ impl<S: Store> Limiter<S> {
         let epoch = self.refusals.epoch();
         if let Some(d) = self
             .refusals
-            .check(Bucket::Named, key, cost, self.clock.now_ms())
+            .check(Bucket::Named, &(key, spec), cost, self.clock.now_ms())
         {
             self.refusals.count_answered();
             return Ok(Decision::Denied(d));
@@ -413,7 +416,7 @@ impl<S: Store> Limiter<S> {
                 shadow_denied: None,
             },
             Err(denial) => {
-                self.keep_refusal(Bucket::Named, key, cost, &denial, epoch, fallback);
+                self.keep_refusal(Bucket::Named, &(key, spec), cost, &denial, epoch, fallback);
                 Decision::Denied(denial)
             }
         })
@@ -423,10 +426,10 @@ impl<S: Store> Limiter<S> {
     /// until its hint ends on this limiter's clock: read after the store
     /// answered, so never before the store's end. Not one a fallback
     /// decided (the store's count of them moved since `fallback`).
-    fn keep_refusal(
+    fn keep_refusal<K: std::hash::Hash + ?Sized>(
         &self,
         bucket: Bucket,
-        key: &str,
+        key: &K,
         cost: u64,
         d: &Denial,
         epoch: u64,
@@ -740,7 +743,9 @@ impl<'l, 'u, S: Store> ForUser<'l, 'u, S> {
 
     /// Admits a turn (SPEC §3): turn bucket and run lease, all or nothing.
     /// Retrying with the same live `invocation_id` refreshes its lease and
-    /// charges nothing.
+    /// charges nothing. A `turn_rate` refusal is kept and the user's next
+    /// turns are refused here until its hint ends, without the store (but
+    /// for a run this limiter admitted; SPEC §3).
     ///
     /// # Errors
     ///
@@ -818,8 +823,9 @@ impl<'l, 'u, S: Store> ForUser<'l, 'u, S> {
     /// budget. For callers that count turns themselves, such as Envoy's
     /// rate-limit service (`hits_addend`).
     ///
-    /// A refusal takes nothing and carries the exact retry hint; a cost
-    /// larger than the burst is [`Denial::ExceedsCapacity`]. In shadow mode
+    /// A refusal takes nothing, carries the exact retry hint and is kept:
+    /// a take of the same cost is refused here until it ends (SPEC §3); a
+    /// cost larger than the burst is [`Denial::ExceedsCapacity`]. In shadow mode
     /// the store applies the same enforcing transition and only the answer
     /// is rewritten to allowed (`taken: 0`, the denial kept in
     /// `shadow_denied`). A cost of 0 takes nothing and reports the bucket.

@@ -32,7 +32,8 @@ pub const DEFAULT_REFUSAL_CACHE_ENTRIES: usize = 65_536;
 pub(crate) enum Bucket {
     /// A user's turn bucket (key: the user).
     Turns,
-    /// A named bucket (key: its name).
+    /// A named bucket (key: its name and spec, so a refusal under a
+    /// spec a reload replaced is not found).
     Named,
 }
 
@@ -94,7 +95,11 @@ impl Refusals {
     }
 
     /// The slot of `bucket` `key`, and the key's hash.
-    fn slot(&self, bucket: Bucket, key: &str) -> Option<(&Mutex<Option<Slot>>, u64)> {
+    fn slot<K: Hash + ?Sized>(
+        &self,
+        bucket: Bucket,
+        key: &K,
+    ) -> Option<(&Mutex<Option<Slot>>, u64)> {
         if self.slots.is_empty() {
             return None;
         }
@@ -111,7 +116,13 @@ impl Refusals {
 
     /// The refusal of a request of `cost` from `bucket` `key` at `now`, if
     /// one is kept: the store refused that cost until a time still ahead.
-    pub(crate) fn check(&self, bucket: Bucket, key: &str, cost: u64, now: u64) -> Option<Denial> {
+    pub(crate) fn check<K: Hash + ?Sized>(
+        &self,
+        bucket: Bucket,
+        key: &K,
+        cost: u64,
+        now: u64,
+    ) -> Option<Denial> {
         let (slot, h) = self.slot(bucket, key)?;
         let mut s = slot.lock();
         let held = s.as_ref()?;
@@ -134,7 +145,14 @@ impl Refusals {
 
     /// Keeps the store's refusal of `cost` from `bucket` `key` until
     /// `until_ms`, unless the table was cleared since `epoch`.
-    pub(crate) fn refused(&self, bucket: Bucket, key: &str, cost: u64, until_ms: u64, epoch: u64) {
+    pub(crate) fn refused<K: Hash + ?Sized>(
+        &self,
+        bucket: Bucket,
+        key: &K,
+        cost: u64,
+        until_ms: u64,
+        epoch: u64,
+    ) {
         let Some((slot, h)) = self.slot(bucket, key) else {
             return;
         };
@@ -184,7 +202,7 @@ impl Refusals {
     }
 
     /// Drops the kept refusal of `bucket` `key` (an admin reset).
-    pub(crate) fn forget(&self, bucket: Bucket, key: &str) {
+    pub(crate) fn forget<K: Hash + ?Sized>(&self, bucket: Bucket, key: &K) {
         self.epoch.fetch_add(1, Ordering::AcqRel);
         if let Some((slot, h)) = self.slot(bucket, key) {
             let mut s = slot.lock();

@@ -226,6 +226,10 @@ async fn takes_of_turns_and_named_buckets_are_kept_per_cost() {
         Some(19_000)
     );
     assert_eq!(store.calls(), calls);
+    // The same name under another spec (a reload of the rules): the store.
+    let faster = tollgate_core::BucketSpec::new(1, 1_000, 3).unwrap();
+    let _ = l.take_bucket("k", faster, 1).await.unwrap();
+    assert_eq!(store.calls(), calls + 1);
 }
 
 #[tokio::test]

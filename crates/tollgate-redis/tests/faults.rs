@@ -720,6 +720,17 @@ async fn under_fail_closed_an_admission_that_timed_out_after_it_was_sent_leaves_
     let r = store.recover().await;
     assert_eq!((r.replayed, r.remaining), (0, 0), "{r:?}");
     assert_eq!(leases().await, ["r2"], "the admitted retry keeps its lease");
+
+    // Refused twice while Redis is paused (the retry takes the journalled
+    // release out and puts it back): one release, applied once.
+    server.pause();
+    assert!(l.admit_turn("u1", "r3").await.is_err());
+    assert!(l.admit_turn("u1", "r3").await.is_err());
+    server.resume();
+    assert_eq!(leases().await, ["r2", "r3"]);
+    let r = store.recover().await;
+    assert_eq!((r.replayed, r.remaining), (1, 0), "{r:?}");
+    assert_eq!(leases().await, ["r2"]);
 }
 
 /// A reconciliation that timed out after Redis queued it runs there when

@@ -260,8 +260,9 @@ class _Operations:
 
         The top-up carries ``request_id`` (a new UUID unless given): the
         sidecar grants one id once within a day, so the client retries a
-        503 with it, and a caller that lost the answer may repeat the call
-        with the same id."""
+        503 with it. To repeat a top-up whose answer was lost (a timeout,
+        a dropped connection), pass your own ``request_id`` and repeat the
+        call with it."""
         return self._run(
             _ops.admin_budget_top_up(user, window, tokens=tokens, cost=cost, request_id=request_id),
             None,

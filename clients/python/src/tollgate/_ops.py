@@ -417,7 +417,9 @@ def admin_budget_top_up(
 ) -> Call:
     """``POST /admin/users/{user}/budgets/{window}/top_up``, with a request
     id (a new UUID unless given) so its retries grant once."""
-    body: dict[str, Any] = {"request_id": request_id or str(uuid.uuid4())}
+    body: dict[str, Any] = {
+        "request_id": request_id if request_id is not None else str(uuid.uuid4())
+    }
     if tokens is not None:
         body["tokens"] = tokens
     if cost is not None:

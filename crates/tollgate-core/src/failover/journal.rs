@@ -47,6 +47,10 @@ pub(super) enum Close {
 /// the journal is full.
 const ABANDONED: &str = "admit_turn";
 
+fn is_abandoned(c: &Close, user: &str, invocation_id: &str) -> bool {
+    matches!(c, Close::Abandoned { user: u, invocation_id: i } if u == user && i == invocation_id)
+}
+
 #[derive(Debug, Default)]
 pub(super) struct Journal {
     pub(super) entries: VecDeque<(u64, Close)>,
@@ -56,11 +60,15 @@ pub(super) struct Journal {
 impl<S: Store + Clone> Failover<S> {
     /// Keeps a close for the shared store; `Err` when the journal is full.
     pub(super) fn journal(&self, op: &'static str, close: Close) -> Result<(), StoreError> {
-        let now = self.inner.clock.now_ms();
         let mut j = self.inner.journal.lock();
-        Self::expire(&mut j, now);
+        self.push(&mut j, op, close)
+    }
+
+    /// [`journal`](Self::journal) under the journal's lock.
+    fn push(&self, j: &mut Journal, op: &'static str, close: Close) -> Result<(), StoreError> {
+        let now = self.inner.clock.now_ms();
+        Self::expire(j, now);
         if j.entries.len() >= self.inner.journal_capacity {
-            drop(j);
             self.count_full(op);
             return Err(StoreError::new(
                 StoreErrorKind::Full,
@@ -80,36 +88,44 @@ impl<S: Store + Clone> Failover<S> {
     /// full it is not kept: the lease, if the store took one, ends by its
     /// TTL.
     pub(super) fn abandon(&self, user: &str, invocation_id: &str) {
-        let held = self.inner.journal.lock().entries.iter().any(|(_, c)| {
-            matches!(c, Close::Abandoned { user: u, invocation_id: i } if u == user && i == invocation_id)
-        });
-        if held {
+        let mut j = self.inner.journal.lock();
+        if j.entries
+            .iter()
+            .any(|(_, c)| is_abandoned(c, user, invocation_id))
+        {
             return;
         }
-        self.inner.abandoned.store(true, Ordering::Relaxed);
         let close = Close::Abandoned {
             user: user.to_owned(),
             invocation_id: invocation_id.to_owned(),
         };
-        if self.journal(ABANDONED, close).is_err() {
-            tracing::warn!(
+        match self.push(&mut j, ABANDONED, close) {
+            // Set under the lock, with the entry there: a look that finds
+            // the flag set finds the entry.
+            Ok(()) => self.inner.abandoned.store(true, Ordering::Relaxed),
+            Err(_) => tracing::warn!(
                 user,
                 invocation_id,
                 "journal full: a refused admission the store may still run keeps its lease to its TTL"
-            );
+            ),
         }
     }
 
-    /// Drops the journalled release of an abandoned admission of this run
-    /// (the shared store has since admitted it for a caller).
-    pub(super) fn forget_abandoned(&self, user: &str, invocation_id: &str) {
+    /// Takes the journalled release of an abandoned admission of this run
+    /// out of the journal, if one waits: `true` if it did. A new
+    /// admission of the run takes it out before it is sent (the store may
+    /// refresh the lease for it) and puts it back unless the store
+    /// admitted the run. One the recovery already took out and is sending
+    /// is not seen.
+    pub(super) fn take_abandoned(&self, user: &str, invocation_id: &str) -> bool {
         if !self.inner.abandoned.load(Ordering::Relaxed) {
-            return;
+            return false;
         }
         let mut j = self.inner.journal.lock();
-        j.entries.retain(|(_, c)| {
-            !matches!(c, Close::Abandoned { user: u, invocation_id: i } if u == user && i == invocation_id)
-        });
+        let before = j.entries.len();
+        j.entries
+            .retain(|(_, c)| !is_abandoned(c, user, invocation_id));
+        let taken = j.entries.len() < before;
         if !j
             .entries
             .iter()
@@ -117,6 +133,7 @@ impl<S: Store + Clone> Failover<S> {
         {
             self.inner.abandoned.store(false, Ordering::Relaxed);
         }
+        taken
     }
 
     fn expire(j: &mut Journal, now: u64) {

@@ -100,9 +100,11 @@ impl<S: Store + Clone> Failover<S> {
     /// Turn admission ([`Outage::Owed`]): a turn the local store admitted
     /// is owed, and an ambiguous one remembered.
     pub(crate) async fn admit_owed(&self, req: TurnRequest<'_>) -> Result<TurnOutcome, StoreError> {
-        // The recovery is started below, after a release journalled for
-        // an earlier attempt of this run is dropped (it would end the
-        // lease this admission holds).
+        // A release journalled for an earlier attempt of this run, refused
+        // after it was sent, would end the lease the store may refresh
+        // for this one: out while this one is decided, back unless the
+        // store admits the run. The recovery starts after that (below).
+        let had = self.take_abandoned(req.user, req.invocation_id);
         let attempt = self
             .attempt_only(TurnRequest::NAME, self.primary.call(req))
             .await;
@@ -116,31 +118,26 @@ impl<S: Store + Clone> Failover<S> {
                 |m, share| req.on_fallback(m, share),
             )
             .await;
-        let refused = match &decided {
-            Err(_) => true,
-            Ok((out, _)) => !matches!(out.admit, Admit::Admitted { .. }),
-        };
-        if sent_and_failed && refused {
-            // The caller is refused, but the shared store may still run
-            // the admission (queued behind a pause): its lease would hold
-            // one of the user's runs until its TTL with nobody to release
-            // it. Release it when the store answers again.
+        let admitted = matches!(
+            &decided,
+            Ok((
+                TurnOutcome {
+                    admit: Admit::Admitted { .. },
+                    ..
+                },
+                _
+            ))
+        );
+        let refused = decided.is_err() || !admitted;
+        if answered && admitted {
+            // The store admitted the run: its lease is the caller's.
+        } else if had || (sent_and_failed && refused) {
+            // The caller is refused (or decided locally), but the shared
+            // store may still run this admission, or ran an earlier one
+            // (queued behind a pause): its lease would hold one of the
+            // user's runs until its TTL with nobody to release it.
+            // Release it when the store answers again.
             self.abandon(req.user, req.invocation_id);
-        } else if answered
-            && matches!(
-                decided,
-                Ok((
-                    TurnOutcome {
-                        admit: Admit::Admitted { .. },
-                        ..
-                    },
-                    None
-                ))
-            )
-        {
-            // Admitted by the shared store: a release journalled for an
-            // earlier, refused attempt of this run would end its lease.
-            self.forget_abandoned(req.user, req.invocation_id);
         }
         if answered {
             self.recover_if_dirty();

@@ -136,8 +136,8 @@ pub struct LimitsConfig {
     #[serde(default)]
     pub grpc_keepalive_ms: Option<u64>,
     /// Rate refusals kept to answer locally until the store's hint ends
-    /// (SPEC §3): entries of a fixed table (default 65,536; 0 keeps none;
-    /// at most 16,777,216).
+    /// (SPEC §3): entries of a fixed table of about 48 bytes each (default
+    /// 65,536; 0 keeps none; at most 16,777,216).
     #[serde(default)]
     pub refusal_cache: Option<usize>,
 }

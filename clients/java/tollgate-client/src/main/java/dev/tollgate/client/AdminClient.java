@@ -108,8 +108,8 @@ public final class AdminClient {
 
   /**
    * Raises a token budget's current window by {@code tokens} until it ends (logged). The sidecar
-   * grants one request id once within a day, so a 503 is retried with it, and a caller that lost
-   * the answer may repeat the call with the same id.
+   * grants one request id once within a day, so a 503 is retried with it; a caller that may have to
+   * repeat a top-up whose answer was lost gives its own id and repeats the call with it.
    *
    * @param user the user id
    * @param window {@code daily}, {@code weekly} or {@code monthly}
