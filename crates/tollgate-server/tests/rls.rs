@@ -420,6 +420,11 @@ async fn generic_descriptors_use_named_buckets_with_their_own_rates() {
             ("retry-after", "1"),
         ])
     );
+    // Asked again before the hint ends: the same answer, from this
+    // replica's kept refusal (SPEC §3), the store not asked.
+    let r = rls.one(&[("generic_key", "search")], 0).await;
+    assert_eq!(r.statuses, [status(Code::OverLimit, search(), 0, ms(500))]);
+    assert_eq!(rls.app.limiter().refusals_answered_locally(), 1);
     // Every other value: its own bucket of 1 per second, burst 1.
     let other = || limit(1, Unit::Second, "generic_key");
     let r = rls.one(&[("generic_key", "index")], 0).await;
@@ -436,7 +441,7 @@ async fn generic_descriptors_use_named_buckets_with_their_own_rates() {
     let r = rls.one(&[("generic_key", "search")], 0).await;
     assert_eq!(r.statuses, [status(Code::Ok, search(), 0, ms(2_000))]);
     assert_eq!(rls.decisions("bucket", "allowed", "search"), 5);
-    assert_eq!(rls.decisions("bucket", "denied", "search"), 1);
+    assert_eq!(rls.decisions("bucket", "denied", "search"), 2);
     assert_eq!(rls.decisions("bucket", "denied", "generic_key"), 1);
     rls.stop().await;
 }
