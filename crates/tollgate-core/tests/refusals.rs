@@ -8,9 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tollgate_core::store::Op;
 use tollgate_core::{
-    Clock, Decision, Denial, FakeClock, Limit, Limiter, MemoryStore, PlanConfig, PlansConfig,
-    RateConfig, Store, StoreError,
+    Clock, Decision, Denial, FakeClock, Limit, Limiter, MemoryStore, PlanConfig, RateConfig, Store,
+    StoreError,
 };
+use tollgate_testkit::scenarios::{book_with, support};
 
 /// A store that counts the calls that reach it.
 #[derive(Clone)]
@@ -37,35 +38,19 @@ impl Counting {
 
 const T0: u64 = 1_800_000_000_000;
 
-/// Two turns of burst, one more every 10 s.
+/// Two turns of burst, one more every 10 s; runs enough.
 fn plans(shadow: bool) -> tollgate_core::PlanBook {
-    let plan = PlanConfig {
+    book_with(PlanConfig {
         turns: RateConfig {
             amount: 1,
             period_ms: 10_000,
             burst: Some(2),
         },
-        tokens: RateConfig {
-            amount: 60_000,
-            period_ms: 60_000,
-            burst: None,
-        },
         max_wait_ms: 0,
         concurrent_runs: 100,
-        lease_ttl_ms: None,
-        concurrency_retry_ms: None,
-        max_llm_calls: None,
-        estimate_tokens: None,
-        max_sessions: None,
         shadow,
-        budgets: None,
-    };
-    let mut cfg = PlansConfig {
-        default_plan: Some("p".into()),
-        ..PlansConfig::default()
-    };
-    cfg.plans.insert("p".into(), plan);
-    cfg.validate().expect("valid plans")
+        ..support()
+    })
 }
 
 fn limiter(shadow: bool) -> (Limiter<Counting>, Counting, FakeClock) {

@@ -261,38 +261,21 @@ impl Store for Counted {
 /// refill — and Redis sees a few calls per refill, not the flood.
 #[tokio::test]
 async fn four_replicas_keeping_refusals_grant_what_the_store_allows() {
-    use tollgate_core::{FakeClock, Limiter, PlanConfig, PlansConfig, RateConfig};
+    use tollgate_core::{FakeClock, Limiter, PlanConfig, RateConfig};
+    use tollgate_testkit::scenarios::{book_with, support};
     const STEP_MS: u64 = 10;
     const PER_STEP: usize = 10;
     const RUN_MS: u64 = 60_000;
     let clock = FakeClock::new(tollgate_testkit::T0);
-    let plan = PlanConfig {
+    let book = book_with(PlanConfig {
         turns: RateConfig {
             amount: 1,
             period_ms: 1_000,
             burst: Some(2),
         },
-        tokens: RateConfig {
-            amount: 60_000,
-            period_ms: 60_000,
-            burst: None,
-        },
-        max_wait_ms: 0,
         concurrent_runs: 1_000,
-        lease_ttl_ms: None,
-        concurrency_retry_ms: None,
-        max_llm_calls: None,
-        estimate_tokens: None,
-        max_sessions: None,
-        shadow: false,
-        budgets: None,
-    };
-    let mut cfg = PlansConfig {
-        default_plan: Some("p".into()),
-        ..PlansConfig::default()
-    };
-    cfg.plans.insert("p".into(), plan);
-    let book = cfg.validate().expect("valid plans");
+        ..support()
+    });
     let prefix = unique_prefix();
     let calls = Arc::new(AtomicU64::new(0));
     let mut replicas = Vec::new();

@@ -128,10 +128,9 @@ impl<S: Store + Clone> Failover<S> {
                 _
             ))
         );
-        let refused = decided.is_err() || !admitted;
         if answered && admitted {
             // The store admitted the run: its lease is the caller's.
-        } else if had || (sent_and_failed && refused) {
+        } else if had || (sent_and_failed && !admitted) {
             // The caller is refused (or decided locally), but the shared
             // store may still run this admission, or ran an earlier one
             // (queued behind a pause): its lease would hold one of the

@@ -625,19 +625,17 @@ pub async fn provider_permit<S: Store + Clone>(
         }
     });
     let tenant_label = tenant_label.as_deref();
+    let count = |outcome| {
+        app.metrics()
+            .provider_permit(provider, &req.model, tenant_label, outcome, clock.now_ms());
+    };
     let decision = match governor.permit(permit).await {
         Ok(d) => d,
         Err(e) => {
             let err = crate::outcome::from_provider(e, clock.now_ms());
             if let ApiError::ProviderExhausted { reason, .. } = &err {
                 // A configured key (exhaustion is only recorded for those).
-                app.metrics().provider_permit(
-                    provider,
-                    &req.model,
-                    tenant_label,
-                    "refused",
-                    clock.now_ms(),
-                );
+                count("refused");
                 tracing::info!(
                     user,
                     provider,
@@ -656,13 +654,7 @@ pub async fn provider_permit<S: Store + Clone>(
             } else {
                 "granted"
             };
-            app.metrics().provider_permit(
-                provider,
-                &req.model,
-                tenant_label,
-                outcome,
-                clock.now_ms(),
-            );
+            count(outcome);
             app.metrics()
                 .provider_rate(provider, &req.model, grant.effective_permille);
             let wait_ms = if req.wait && grant.wait_ms > 0 {
@@ -682,13 +674,7 @@ pub async fn provider_permit<S: Store + Clone>(
             })
         }
         Decision::Denied(d) => {
-            app.metrics().provider_permit(
-                provider,
-                &req.model,
-                tenant_label,
-                "refused",
-                clock.now_ms(),
-            );
+            count("refused");
             if d.limit() == tollgate_core::Limit::Cooldown {
                 let until = clock
                     .now_ms()

@@ -8,7 +8,8 @@
 
 use tollgate_core::store::UserState;
 use tollgate_core::{
-    Decision, Denial, FakeClock, Limit, Limiter, PlanConfig, PlansConfig, RateConfig, Store,
+    Decision, Denial, FakeClock, Limit, Limiter, PlanBook, PlanConfig, PlansConfig, RateConfig,
+    Store,
 };
 
 mod buckets;
@@ -91,15 +92,20 @@ pub fn support() -> PlanConfig {
     }
 }
 
-/// A limiter whose default plan is `plan`, named "p". It keeps no
-/// refusals (SPEC §3): every decision of a scenario is the store's.
-pub fn limiter_with<S: Store>(store: S, clock: &FakeClock, plan: PlanConfig) -> Limiter<S> {
+/// Plans whose default plan is `plan`, named "p".
+pub fn book_with(plan: PlanConfig) -> PlanBook {
     let mut cfg = PlansConfig {
         default_plan: Some("p".into()),
         ..PlansConfig::default()
     };
     cfg.plans.insert("p".into(), plan);
-    Limiter::new(store, clock.clone(), cfg.validate().expect("valid plan")).with_refusal_cache(0)
+    cfg.validate().expect("valid plan")
+}
+
+/// A limiter whose default plan is `plan`, named "p". It keeps no
+/// refusals (SPEC §3): every decision of a scenario is the store's.
+pub fn limiter_with<S: Store>(store: S, clock: &FakeClock, plan: PlanConfig) -> Limiter<S> {
+    Limiter::new(store, clock.clone(), book_with(plan)).with_refusal_cache(0)
 }
 
 fn limited<T: std::fmt::Debug>(d: &Decision<T>) -> (Limit, u64) {
